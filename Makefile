@@ -1,0 +1,29 @@
+# adpsgd: `make demo` trains the default job, `make test` runs the suite; both install first.
+VENV ?= .venv
+PYTHON ?= python3
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: install demo test lint clean
+
+install: $(STAMP)
+
+$(STAMP): setup.cfg pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade "pip>=24" "setuptools>=68" wheel
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/adpsgd-run --help > /dev/null
+	touch $(STAMP)
+
+demo: install
+	$(BIN)/adpsgd-run
+
+test: install
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+lint: install
+	$(BIN)/ruff check .
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -1,0 +1,3 @@
+"""Importing this module registers every recipe."""
+
+from . import digit_images  # noqa: F401

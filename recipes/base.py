@@ -1,0 +1,60 @@
+"""The recipe interface: what the trainer needs from a task.
+
+A recipe builds its datasets and model and knows how to compute the training loss and the
+held-out metric. Metrics are computed from *sums* (errors, counts, loss sums) so that every rank
+can evaluate a shard of the held-out set and one allreduce gives the exact global numbers.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from torch.utils.data import Dataset, default_collate
+
+from runner.config import Section
+
+
+@dataclass
+class RecipeConfig(Section):
+    name: str = ""
+
+
+class Recipe(ABC):
+    Config: ClassVar[type] = RecipeConfig
+    # The metric that summarises a run, and whether higher is better (top1) or lower (wer).
+    primary_metric: ClassVar[str] = "loss"
+    higher_is_better: ClassVar[bool] = False
+
+    def __init__(self, cfg: Any):
+        self.cfg = cfg
+
+    def check_data(self) -> None:
+        """Raise UserError (one line: what is missing and how to prepare it) before ranks start."""
+
+    @abstractmethod
+    def datasets(self) -> tuple[Dataset, Dataset]:
+        """(train, held-out) datasets; every rank gets the same, the trainer shards them."""
+
+    @abstractmethod
+    def build_model(self) -> torch.nn.Module: ...
+
+    def collate(self, samples: list[Any]) -> Any:
+        return default_collate(samples)
+
+    def to_device(self, batch: Any, device: torch.device) -> Any:
+        return tuple(t.to(device, non_blocking=True) for t in batch)
+
+    @abstractmethod
+    def loss(self, model: torch.nn.Module, batch: Any) -> torch.Tensor:
+        """Training loss averaged over the batch."""
+
+    @abstractmethod
+    def eval_sums(self, model: torch.nn.Module, batch: Any) -> dict[str, float]:
+        """Summable held-out statistics of one batch; must include ``loss_sum`` and ``count``."""
+
+    @abstractmethod
+    def metrics(self, sums: dict[str, float]) -> dict[str, float]:
+        """Final metrics (``loss`` and the recipe's own, e.g. ``top1``) from global sums."""

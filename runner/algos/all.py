@@ -1,0 +1,3 @@
+"""Importing this module registers every algorithm."""
+
+from . import ssgd  # noqa: F401

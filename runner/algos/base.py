@@ -1,0 +1,105 @@
+"""The algorithm interface: hooks around one shared training loop.
+
+The trainer (runner/trainer.py) owns the loop; an algorithm only decides what happens to
+gradients and parameters at fixed points of each step::
+
+    before_forward(step)          # e.g. post a non-blocking model exchange
+    loss = recipe.loss(...) * gradient_weight(local, global)
+    before_backward(step)
+    loss.backward()               # gradient hooks installed in setup() may fire here
+    after_backward(step)          # gradients are local; synchronise or hand them over
+    apply_update(optimizer)       # default: optimizer.step()
+    after_step(step)              # e.g. gossip, periodic averaging
+
+plus ``pause()``/``resume()`` around evaluation, ``finish()`` (shutdown protocol: no rank may
+exit while a peer still waits on it) and ``state_dict()`` for checkpoints. Class attributes
+describe capabilities so that the trainer and the CLI never special-case an algorithm by name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from omegaconf import DictConfig
+
+from ..comm import Communicator, World
+from ..config import Section
+from ..timers import Timers
+
+
+@dataclass
+class AlgoConfig(Section):
+    name: str = ""
+
+
+@dataclass
+class TrainContext:
+    cfg: DictConfig  # the whole validated run config
+    world: World
+    comm: Communicator  # all ranks
+    node_comm: Communicator  # ranks of this (real or emulated) node
+    device: torch.device
+    timers: Timers
+
+
+class Algorithm:
+    Config: ClassVar[type] = AlgoConfig
+    # Capabilities.
+    identical_replicas: ClassVar[bool] = False  # every rank holds the same model after a step
+    asynchronous: ClassVar[bool] = False  # ranks progress at their own pace
+    uses_topology: ClassVar[bool] = False
+
+    def __init__(self, cfg: Any, ctx: TrainContext):
+        self.cfg = cfg
+        self.ctx = ctx
+        self.world = ctx.world
+        self.comm = ctx.comm
+        self.timers = ctx.timers
+
+    @classmethod
+    def check_world(cls, run_cfg: DictConfig) -> None:
+        """Raise ConfigError before ranks start when the world shape cannot work."""
+
+    def setup(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        self.model = model
+        self.optimizer = optimizer
+
+    def gradient_weight(self, local_count: int, global_count: int) -> float:
+        """Factor on this rank's mean loss. Decentralized models use their own batch mean."""
+        return 1.0
+
+    def before_forward(self, step: int) -> None:
+        pass
+
+    def before_backward(self, step: int) -> None:
+        pass
+
+    def after_backward(self, step: int) -> None:
+        pass
+
+    def apply_update(self, optimizer: torch.optim.Optimizer) -> None:
+        optimizer.step()
+
+    def after_step(self, step: int) -> None:
+        pass
+
+    def pause(self) -> None:
+        """Quiesce background communication (evaluation, checkpoints)."""
+
+    def resume(self) -> None:
+        pass
+
+    def finish(self) -> None:
+        """Complete outstanding communication; return only when no peer still needs us."""
+
+    def stats(self) -> dict[str, float]:
+        """Extra per-rank numbers for TensorBoard and summary.json (staleness, exchanges...)."""
+        return {}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass

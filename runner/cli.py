@@ -1,0 +1,169 @@
+"""``adpsgd-run``: the Hydra app over conf/.
+
+Before Hydra starts anything, :func:`preflight` composes the config for the command line (for
+``-m``, every combination of the sweep) and validates it, so that a typo, a wrong type or an
+impossible value ends with one line that names the key and the fix, before any run dir or rank
+exists. Hydra then composes again, creates the run dir (``hydra.run.dir``), and the task saves
+the validated config to ``.hydra/run.yaml`` and hands over to the launcher.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+import sys
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+
+from .errors import UserError, one_line
+
+CONFIG_MODULE = "runner.conf"
+CONFIG_NAME = "config"
+# Flags after which Hydra only prints something (no run): skip the preflight.
+INFO_FLAGS = {"--help", "-h", "--hydra-help", "--info", "-i", "--version", "--cfg", "-c",
+              "--shell-completion", "-sc"}
+VALUE_FLAGS = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name",
+               "-cn", "--config-dir", "-cd", "--experimental-rerun", "--info", "-i"}
+
+
+def split_argv(argv: list[str]) -> tuple[list[str], bool, str, bool]:
+    """(overrides, multirun, config name, info-only) from a Hydra command line."""
+    overrides, multirun, config_name, info = [], False, CONFIG_NAME, False
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        name, _, inline = arg.partition("=") if arg.startswith("-") else (arg, "", "")
+        if arg in ("-m", "--multirun"):
+            multirun = True
+        elif arg.startswith("-"):
+            info = info or name in INFO_FLAGS
+            if name in ("--config-name", "-cn"):
+                config_name = inline or (argv[i + 1] if i + 1 < len(argv) else config_name)
+            if name in VALUE_FLAGS and not inline and i + 1 < len(argv) \
+                    and not argv[i + 1].startswith("-") and "=" not in argv[i + 1]:
+                i += 1
+        else:
+            overrides.append(arg)
+        i += 1
+    return overrides, multirun, config_name, info
+
+
+def _dotted_keys(node, prefix: str = "") -> list[str]:
+    keys = []
+    for key, value in node.items():
+        dotted = f"{prefix}{key}"
+        keys.append(dotted)
+        if isinstance(value, DictConfig):
+            keys.extend(_dotted_keys(value, dotted + "."))
+    return keys
+
+
+def hydra_error(ex: Exception, base: DictConfig | None) -> UserError:
+    """Turn Hydra's multi-line composition errors into one actionable line."""
+    text = str(ex)
+    missing = re.search(r"Could not find '([^/']+)/([^']+)'", text)
+    if missing:
+        group, option = missing.groups()
+        options = re.findall(r"^\t(\S+)$", text, flags=re.M)
+        choices = ", ".join(options) or "(none)"
+        return UserError(f"unknown {group} {option!r} (available: {choices})",
+                         f"{group}={options[0]}" if options else f"add conf/{group}/{option}.yaml")
+    override = re.search(r"Could not override '([^']+)'", text)
+    if override:
+        key = override.group(1)
+        known = _dotted_keys(base) if base is not None else []
+        close = difflib.get_close_matches(key, known, n=1)
+        return UserError(f"unknown key {key!r}",
+                         f"did you mean {close[0]}?" if close else
+                         f"check the spelling, or add it with +{key}=VALUE")
+    return UserError(one_line(text).replace(
+        "Set the environment variable HYDRA_FULL_ERROR=1 for a complete stack trace.", "").strip()
+        or type(ex).__name__, "check the command line")
+
+
+def compose_all(overrides: list[str], multirun: bool, config_name: str) -> list[DictConfig]:
+    """Compose every job of the command line (every sweep combination with -m)."""
+    from hydra import compose, initialize_config_module
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+    except Exception as ex:  # noqa: BLE001 - Hydra raises several parse error types
+        raise hydra_error(ex, None) from None
+    jobs = BasicSweeper.split_arguments(parsed, None)[0] if multirun else [overrides]
+    configs = []
+    with initialize_config_module(config_module=CONFIG_MODULE, version_base=None):
+        base = None
+        for job in jobs:
+            try:
+                configs.append(compose(config_name=config_name, overrides=list(job)))
+            except Exception as ex:  # noqa: BLE001
+                if base is None:
+                    base = compose(config_name=config_name)
+                raise hydra_error(ex, base) from None
+    return configs
+
+
+def validate_job(cfg: DictConfig) -> DictConfig:
+    from recipes import RECIPES
+
+    from .config import validate
+
+    typed = validate(cfg)
+    RECIPES.get(typed.recipe.name)(typed.recipe).check_data()
+    return typed
+
+
+def preflight(argv: list[str]) -> None:
+    overrides, multirun, config_name, info = split_argv(argv)
+    if info:
+        return
+    for cfg in compose_all(overrides, multirun, config_name):
+        validate_job(cfg)
+
+
+@hydra.main(version_base=None, config_path=f"pkg://{CONFIG_MODULE}", config_name=CONFIG_NAME)
+def run_job(cfg: DictConfig) -> None:
+    from .launch import LAUNCHERS
+    from .reporting import results_table
+    from .worker import RUN_CONFIG
+
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    try:
+        typed = validate_job(cfg)
+    except UserError as ex:
+        print(f"adpsgd-run: error: {ex}", file=sys.stderr)
+        raise SystemExit(2) from None
+    for sub in ("tb", "logs", "checkpoints"):
+        (run_dir / sub).mkdir(parents=True, exist_ok=True)
+    OmegaConf.save(typed, run_dir / RUN_CONFIG)
+    print(f"adpsgd-run: {typed.algo.name} on {typed.recipe.name} with "
+          f"{typed.launcher.nprocs} rank(s); run dir {run_dir}", flush=True)
+    try:
+        status = LAUNCHERS.get(typed.launcher.name)(typed.launcher).launch(typed, run_dir)
+    except UserError as ex:
+        print(f"adpsgd-run: error: {ex}", file=sys.stderr)
+        raise SystemExit(2) from None
+    if status == 0:
+        print(results_table(run_dir), flush=True)
+    else:
+        print(f"adpsgd-run: job failed (exit status {status}); logs in {run_dir / 'logs'}",
+              file=sys.stderr)
+        raise SystemExit(status)
+
+
+def main() -> None:
+    try:
+        preflight(sys.argv[1:])
+    except UserError as ex:
+        print(f"adpsgd-run: error: {ex}", file=sys.stderr)
+        raise SystemExit(2) from None
+    run_job()
+
+
+if __name__ == "__main__":
+    main()

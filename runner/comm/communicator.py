@@ -1,0 +1,168 @@
+"""Collectives over a group of ranks.
+
+Control data (a few numbers, small Python objects) travels over MPI on the calling thread.
+Tensor collectives run, in submission order, on one communication thread per communicator:
+over a duplicate of the MPI communicator for CPU tensors, or over a torch.distributed group
+(NCCL for GPU tensors; gloo exercises the same path on CPU). A dedicated thread gives real
+overlap with computation without relying on MPI's asynchronous progress, and the duplicate keeps
+its collectives apart from the control collectives that the main thread issues at the same time
+(MPI requires collectives on one communicator to be ordered).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+import torch
+
+from .world import mpi
+
+TENSOR_BACKENDS = ("mpi", "nccl", "gloo")
+
+
+class Handle:
+    """A pending tensor collective; ``wait()`` returns the tensor once it is complete."""
+
+    def __init__(self, future: Future):
+        self._future = future
+
+    def wait(self, timeout: float | None = None) -> Any:
+        return self._future.result(timeout=timeout)
+
+    def done(self) -> bool:
+        return self._future.done()
+
+
+class Communicator:
+    def __init__(self, mpi_comm, backend: str = "mpi", torch_group=None, name: str = "world"):
+        if backend not in TENSOR_BACKENDS:
+            raise ValueError(f"unknown tensor backend {backend!r}")
+        self.MPI = mpi()
+        self.mpi_comm = mpi_comm
+        self.backend = backend
+        self.torch_group = torch_group
+        self.name = name
+        self.rank = mpi_comm.Get_rank()
+        self.size = mpi_comm.Get_size()
+        self._tensor_comm = mpi_comm.Dup() if backend == "mpi" else None
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"comm-{name}")
+        self._busy_lock = threading.Lock()
+        self.busy_s = 0.0  # seconds the communication thread spent inside collectives
+
+    # ---- tensor collectives (communication thread) -------------------------------------
+    def _submit(self, fn: Callable[[], Any]) -> Handle:
+        def timed():
+            start = time.perf_counter()
+            try:
+                return fn()
+            finally:
+                with self._busy_lock:
+                    self.busy_s += time.perf_counter() - start
+
+        return Handle(self._executor.submit(timed))
+
+    def iallreduce_(self, tensor: torch.Tensor, op: str = "sum") -> Handle:
+        """Start an in-place allreduce (``op`` is ``sum`` or ``mean``) of a contiguous tensor."""
+        if op not in ("sum", "mean"):
+            raise ValueError(f"unsupported reduction {op!r}")
+        if not tensor.is_contiguous():
+            raise ValueError("collectives need contiguous tensors; use a flat buffer")
+
+        def run():
+            if self.size > 1:
+                if self.backend == "mpi":
+                    self._tensor_comm.Allreduce(self.MPI.IN_PLACE, _as_numpy(tensor),
+                                                op=self.MPI.SUM)
+                else:
+                    import torch.distributed as dist
+
+                    dist.all_reduce(tensor, group=self.torch_group)
+                if op == "mean":
+                    tensor.div_(self.size)
+            return tensor
+
+        return self._submit(run)
+
+    def allreduce_(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
+        return self.iallreduce_(tensor, op).wait()
+
+    def broadcast_(self, tensor: torch.Tensor, root: int = 0) -> torch.Tensor:
+        def run():
+            if self.size > 1:
+                if self.backend == "mpi":
+                    self._tensor_comm.Bcast(_as_numpy(tensor), root=root)
+                else:
+                    import torch.distributed as dist
+
+                    global_root = dist.get_global_rank(self.torch_group, root) \
+                        if self.torch_group is not None else root
+                    dist.broadcast(tensor, src=global_root, group=self.torch_group)
+            return tensor
+
+        return self._submit(run).wait()
+
+    # ---- control collectives (calling thread, MPI) ---------------------------------------
+    def allreduce_numbers(self, values: Sequence[float], op: str = "sum") -> np.ndarray:
+        data = np.asarray(values, dtype=np.float64)
+        out = np.empty_like(data)
+        mpi_op = {"sum": self.MPI.SUM, "max": self.MPI.MAX, "min": self.MPI.MIN}[op]
+        self.mpi_comm.Allreduce(data, out, op=mpi_op)
+        return out
+
+    def gather_objects(self, obj: Any, root: int = 0) -> list[Any] | None:
+        return self.mpi_comm.gather(obj, root=root)
+
+    def bcast_object(self, obj: Any, root: int = 0) -> Any:
+        return self.mpi_comm.bcast(obj, root=root)
+
+    def allgather_objects(self, obj: Any) -> list[Any]:
+        return self.mpi_comm.allgather(obj)
+
+    def barrier(self) -> None:
+        self.mpi_comm.Barrier()
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=True)
+        if self._tensor_comm is not None:
+            self._tensor_comm.Free()
+            self._tensor_comm = None
+
+
+def _as_numpy(tensor: torch.Tensor) -> np.ndarray:
+    if tensor.device.type != "cpu":
+        raise ValueError("the MPI backend handles CPU tensors; use comm.backend=nccl on GPU")
+    return tensor.detach().numpy()
+
+
+def init_torch_distributed(mpi_comm, backend: str, timeout_s: float = 600.0) -> None:
+    """Start torch.distributed (NCCL or gloo) with the rendezvous address shared over MPI."""
+    import datetime
+
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return
+    address = None
+    if mpi_comm.Get_rank() == 0:
+        host = os.environ.get("MASTER_ADDR") or socket.gethostbyname(socket.gethostname())
+        with socket.socket() as probe:  # ask the OS for a free port on this host
+            probe.bind(("", 0))
+            address = (host, probe.getsockname()[1])
+    host, port = mpi_comm.bcast(address, root=0)
+    dist.init_process_group(backend, init_method=f"tcp://{host}:{port}",
+                            rank=mpi_comm.Get_rank(), world_size=mpi_comm.Get_size(),
+                            timeout=datetime.timedelta(seconds=timeout_s))
+
+
+def torch_subgroups(groups: Sequence[Sequence[int]]) -> list:
+    """Create one torch.distributed group per rank list (every rank must call this)."""
+    import torch.distributed as dist
+
+    return [dist.new_group(ranks=list(ranks)) for ranks in groups]

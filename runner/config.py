@@ -1,0 +1,205 @@
+"""Configuration schemas and validation.
+
+Hydra composes ``conf/``; :func:`validate` then merges every section into its dataclass schema
+(so a typo or a wrong type is an error naming the key) and runs each schema's ``check`` for
+impossible values. Algorithm, recipe and launcher schemas live next to their implementations and
+are found through the registries.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
+
+from .errors import ConfigError, one_line
+
+
+class Section:
+    """Mixin for schema dataclasses: ``check`` raises ConfigError for impossible values."""
+
+    def check(self, prefix: str, cfg: DictConfig) -> None:
+        return None
+
+
+def require(condition: bool, key: str, problem: str, fix: str) -> None:
+    if not condition:
+        raise ConfigError(key, problem, fix)
+
+
+@dataclass
+class TrainerConfig(Section):
+    epochs: int = 3
+    batch_size: int = 32  # per rank
+    eval_every: Optional[int] = None  # also evaluate every N steps (None: epoch ends only)
+    eval_batch_size: int = 256
+    num_workers: int = 0
+    log_every: int = 10  # steps between TensorBoard training scalars
+    device: str = "auto"  # auto | cpu | cuda
+    progress: bool = True  # tqdm bar from rank 0
+
+    def check(self, prefix: str, cfg: DictConfig) -> None:
+        require(self.epochs >= 1, f"{prefix}.epochs", f"must be >= 1, got {self.epochs}",
+                f"{prefix}.epochs=3")
+        require(self.batch_size >= 1, f"{prefix}.batch_size",
+                f"must be >= 1, got {self.batch_size}", f"{prefix}.batch_size=32")
+        require(self.eval_batch_size >= 1, f"{prefix}.eval_batch_size",
+                f"must be >= 1, got {self.eval_batch_size}", f"{prefix}.eval_batch_size=256")
+        require(self.eval_every is None or self.eval_every >= 1, f"{prefix}.eval_every",
+                f"must be >= 1 or null, got {self.eval_every}", f"{prefix}.eval_every=null")
+        require(self.num_workers >= 0, f"{prefix}.num_workers", "must be >= 0",
+                f"{prefix}.num_workers=0")
+        require(self.log_every >= 1, f"{prefix}.log_every", "must be >= 1",
+                f"{prefix}.log_every=10")
+        require(self.device in ("auto", "cpu", "cuda"), f"{prefix}.device",
+                f"must be auto, cpu or cuda, got {self.device!r}", f"{prefix}.device=auto")
+
+
+@dataclass
+class OptimConfig(Section):
+    lr: float = 0.1  # learning rate for a global batch of `reference_batch` samples
+    reference_batch: int = 256
+    scaling: str = "linear"  # linear: lr * global_batch / reference_batch; none: lr as given
+    warmup_epochs: float = 0.0  # ramp from `lr` to the scaled rate over this many epochs
+    momentum: float = 0.9
+    nesterov: bool = False
+    weight_decay: float = 0.0
+    schedule: str = "constant"  # constant | step | cosine
+    milestones: list[float] = field(default_factory=list)  # epochs, for schedule=step
+    decay_factor: float = 0.1  # multiplier at each milestone
+
+    def check(self, prefix: str, cfg: DictConfig) -> None:
+        require(self.lr > 0, f"{prefix}.lr", f"must be > 0, got {self.lr}", f"{prefix}.lr=0.1")
+        require(self.reference_batch >= 1, f"{prefix}.reference_batch", "must be >= 1",
+                f"{prefix}.reference_batch=256")
+        require(self.scaling in ("linear", "none"), f"{prefix}.scaling",
+                f"must be linear or none, got {self.scaling!r}", f"{prefix}.scaling=linear")
+        require(self.warmup_epochs >= 0, f"{prefix}.warmup_epochs", "must be >= 0",
+                f"{prefix}.warmup_epochs=0")
+        require(0 <= self.momentum < 1, f"{prefix}.momentum",
+                f"must be in [0, 1), got {self.momentum}", f"{prefix}.momentum=0.9")
+        require(not self.nesterov or self.momentum > 0, f"{prefix}.nesterov",
+                "Nesterov momentum needs momentum > 0", f"{prefix}.momentum=0.9")
+        require(self.weight_decay >= 0, f"{prefix}.weight_decay", "must be >= 0",
+                f"{prefix}.weight_decay=0")
+        require(self.schedule in ("constant", "step", "cosine"), f"{prefix}.schedule",
+                f"must be constant, step or cosine, got {self.schedule!r}",
+                f"{prefix}.schedule=constant")
+        require(list(self.milestones) == sorted(self.milestones), f"{prefix}.milestones",
+                "must be increasing", f"{prefix}.milestones=[30,60,80]")
+        require(0 < self.decay_factor <= 1, f"{prefix}.decay_factor", "must be in (0, 1]",
+                f"{prefix}.decay_factor=0.1")
+
+
+@dataclass
+class CommConfig(Section):
+    backend: str = "auto"  # auto (mpi on CPU, nccl on GPU) | mpi | nccl | gloo
+    bucket_mb: float = 4.0  # gradient bucket size for overlapped allreduce
+
+    def check(self, prefix: str, cfg: DictConfig) -> None:
+        require(self.backend in ("auto", "mpi", "nccl", "gloo"), f"{prefix}.backend",
+                f"must be auto, mpi, nccl or gloo, got {self.backend!r}",
+                f"{prefix}.backend=auto")
+        require(self.bucket_mb > 0, f"{prefix}.bucket_mb", "must be > 0",
+                f"{prefix}.bucket_mb=4")
+
+
+@dataclass
+class TopologyConfig(Section):
+    name: str = "ring"
+
+
+FIXED_SECTIONS: dict[str, type] = {
+    "trainer": TrainerConfig,
+    "optim": OptimConfig,
+    "comm": CommConfig,
+    "topology": TopologyConfig,
+}
+
+
+def _registries() -> dict[str, Any]:
+    from recipes import RECIPES
+
+    from .algos import ALGORITHMS
+    from .launch import LAUNCHERS
+
+    return {"recipe": RECIPES, "algo": ALGORITHMS, "launcher": LAUNCHERS}
+
+
+def _known_keys(schema: type) -> list[str]:
+    return [f.name for f in dataclasses.fields(schema)]
+
+
+def _typed_section(prefix: str, schema: type, node: Any) -> DictConfig:
+    """Merge ``node`` into ``schema``; turn OmegaConf's errors into one line naming the key."""
+    base = OmegaConf.structured(schema)
+    try:
+        merged = OmegaConf.merge(base, node if node is not None else {})
+    except ConfigKeyError as ex:
+        key = str(ex.key) if getattr(ex, "key", None) is not None else "?"
+        close = difflib.get_close_matches(key, _known_keys(schema), n=1)
+        fix = f"{prefix}.{close[0]}=..." if close else (
+            f"remove it; known keys: {', '.join(_known_keys(schema))}")
+        raise ConfigError(f"{prefix}.{key}", "unknown key", fix) from None
+    except ValidationError as ex:
+        key = f"{prefix}.{ex.full_key}" if ex.full_key else prefix
+        field_type = getattr(ex, "ref_type", None)
+        problem = one_line(ex.msg).split(" full_key:")[0]
+        raise ConfigError(key, problem,
+                          f"give {key} a value of the right type"
+                          + (f" ({field_type})" if field_type else "")) from None
+    except OmegaConfBaseException as ex:
+        raise ConfigError(prefix, one_line(ex.msg if hasattr(ex, "msg") else ex),
+                          "check the override") from None
+    return merged
+
+
+def validate(cfg: DictConfig) -> DictConfig:
+    """Return a resolved, typed copy of the composed config, or raise ConfigError."""
+    try:
+        plain = OmegaConf.to_container(cfg, resolve=True)
+    except OmegaConfBaseException as ex:
+        raise ConfigError(str(getattr(ex, "full_key", "config")), one_line(ex),
+                          "fix the interpolation") from None
+    assert isinstance(plain, dict)
+    typed: dict[str, Any] = {}
+    seed = plain.pop("seed", 0)
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        raise ConfigError("seed", f"must be an integer, got {seed!r}", "seed=0")
+    typed["seed"] = seed
+
+    for section, schema in FIXED_SECTIONS.items():
+        typed[section] = _typed_section(section, schema, plain.pop(section, None))
+    for section, registry in _registries().items():
+        node = plain.pop(section, None) or {}
+        name = node.get("name")
+        if name not in registry:
+            raise ConfigError(f"{section}.name", f"unknown {registry.kind} {name!r}",
+                              f"choose {section}=NAME with NAME one of: "
+                              f"{', '.join(registry.names())}")
+        typed[section] = _typed_section(section, registry.get(name).Config, node)
+    for extra_key, value in plain.items():
+        # Sections owned by later features (e.g. faults) validate themselves; anything else
+        # is a typo at the top level.
+        if extra_key not in EXTRA_SECTIONS:
+            close = difflib.get_close_matches(extra_key, [*typed, *EXTRA_SECTIONS], n=1)
+            raise ConfigError(extra_key, "unknown top-level key",
+                              f"did you mean {close[0]}?" if close else "remove it")
+        typed[extra_key] = _typed_section(extra_key, EXTRA_SECTIONS[extra_key], value)
+
+    result = OmegaConf.create(typed)
+    for section, node in typed.items():
+        if isinstance(node, DictConfig):
+            OmegaConf.to_object(node).check(section, result)
+    algo_cls = _registries()["algo"].get(result.algo.name)
+    algo_cls.check_world(result)
+    OmegaConf.set_struct(result, True)
+    return result
+
+
+# Optional top-level sections registered by features that are not part of every run.
+EXTRA_SECTIONS: dict[str, type] = {}

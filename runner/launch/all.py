@@ -1,0 +1,3 @@
+"""Importing this module registers every launcher."""
+
+from . import local  # noqa: F401

@@ -1,0 +1,40 @@
+"""Launcher interface: start ``launcher.nprocs`` ranks of ``runner.worker`` for one run dir."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar, Optional
+
+from omegaconf import DictConfig
+
+from ..config import Section, require
+
+
+@dataclass
+class LauncherConfig(Section):
+    name: str = ""
+    nprocs: int = 2  # total ranks
+    procs_per_node: Optional[int] = None  # ranks per node (emulated when launched locally)
+
+    def check(self, prefix: str, cfg: DictConfig) -> None:
+        require(self.nprocs >= 1, f"{prefix}.nprocs", f"must be >= 1, got {self.nprocs}",
+                f"{prefix}.nprocs=2")
+        if self.procs_per_node is not None:
+            require(self.procs_per_node >= 1, f"{prefix}.procs_per_node",
+                    f"must be >= 1, got {self.procs_per_node}", f"{prefix}.procs_per_node=null")
+            require(self.nprocs % self.procs_per_node == 0, f"{prefix}.procs_per_node",
+                    f"{self.procs_per_node} does not divide launcher.nprocs={self.nprocs}",
+                    "choose procs_per_node so that nprocs is a multiple of it")
+
+
+class Launcher(ABC):
+    Config: ClassVar[type] = LauncherConfig
+
+    def __init__(self, cfg: Any):
+        self.cfg = cfg
+
+    @abstractmethod
+    def launch(self, run_cfg: DictConfig, run_dir: Path) -> int:
+        """Run the job to the end; return its exit status."""

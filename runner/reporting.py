@@ -1,0 +1,106 @@
+"""What a run leaves behind: tb/ events, metrics.jsonl, summary.json, and the console table.
+
+Only rank 0 writes. Layout of a run dir (the interface contract):
+
+* ``tb/``            TensorBoard events: train/*, eval/*, time/*/rank<N>, hparams
+* ``metrics.jsonl``  one JSON object per evaluation (epoch, step, samples, wall_s, split, loss,
+                     and top1/top5 or wer)
+* ``summary.json``   final metrics, throughput, time split, consensus distance, status
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None  # JSON has no NaN/Inf; null is unambiguous
+    return value
+
+
+def write_json_atomic(path: Path, payload: dict[str, Any]) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump(payload, f, indent=2, sort_keys=True)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+class RunLog:
+    """Rank 0's writer for TensorBoard, metrics.jsonl and summary.json."""
+
+    def __init__(self, run_dir: str | Path):
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.run_dir = Path(run_dir)
+        self.writer = SummaryWriter(log_dir=str(self.run_dir / "tb"))
+        self.metrics_path = self.run_dir / "metrics.jsonl"
+
+    def scalars(self, values: dict[str, float], step: int) -> None:
+        for tag, value in values.items():
+            self.writer.add_scalar(tag, value, step)
+
+    def text(self, tag: str, text: str, step: int) -> None:
+        self.writer.add_text(tag, text, step)
+
+    def evaluation(self, record: dict[str, Any]) -> None:
+        with open(self.metrics_path, "a") as f:
+            f.write(json.dumps({k: _finite(v) for k, v in record.items()}) + "\n")
+
+    def hparams(self, params: dict[str, Any], final_metrics: dict[str, float]) -> None:
+        """One hparams entry in tb/ itself (SummaryWriter.add_hparams would open a subdir)."""
+        from torch.utils.tensorboard.summary import hparams
+
+        clean = {k: v if isinstance(v, (int, float, str, bool)) else str(v)
+                 for k, v in params.items()}
+        metrics = {f"hparam/{k}": v for k, v in final_metrics.items()
+                   if isinstance(v, (int, float)) and math.isfinite(v)}
+        experiment, session_start, session_end = hparams(clean, metrics)
+        file_writer = self.writer._get_file_writer()
+        for summary in (experiment, session_start, session_end):
+            file_writer.add_summary(summary)
+        for tag, value in metrics.items():
+            self.writer.add_scalar(tag, value)
+
+    def summary(self, payload: dict[str, Any]) -> None:
+        write_json_atomic(self.run_dir / "summary.json",
+                          {k: _finite(v) for k, v in payload.items()})
+
+    def close(self) -> None:
+        self.writer.flush()
+        self.writer.close()
+
+
+def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def results_table(run_dir: str | Path) -> str:
+    """A short console table of the evaluations and the final summary of one run."""
+    rows = [r for r in read_metrics(run_dir) if r.get("split") == "eval"]
+    summary_path = Path(run_dir) / "summary.json"
+    summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+    metric_keys = [k for k in ("top1", "top5", "wer", "wer_swb", "wer_ch")
+                   if any(k in r for r in rows)]
+    header = ["epoch", "step", "wall_s", "loss", *metric_keys]
+    lines = ["  ".join(f"{h:>9}" for h in header)]
+    for r in rows:
+        cells = [f"{r['epoch']:9.2f}", f"{r['step']:9d}", f"{r['wall_s']:9.1f}",
+                 f"{r['loss']:9.4f}"] + [f"{r.get(k, float('nan')):9.2f}" for k in metric_keys]
+        lines.append("  ".join(cells))
+    if summary:
+        lines.append(
+            f"{summary.get('algo')} on {summary.get('recipe')}, {summary.get('nprocs')} ranks: "
+            f"{summary.get('samples_per_s', 0):.0f} samples/s, status {summary.get('status')}, "
+            f"run dir {run_dir}")
+    return "\n".join(lines)

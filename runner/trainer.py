@@ -1,0 +1,321 @@
+"""The one training loop shared by every algorithm.
+
+Per step: fetch this rank's shard batch, set the learning rate from global samples seen,
+forward/backward, and let the algorithm act at its hooks (runner/algos/base.py). Held-out
+evaluation runs at every epoch end (and every ``trainer.eval_every`` steps): each rank evaluates
+a strided shard of the held-out set and one reduction of the recipe's sums gives exact global
+metrics. Rank 0 writes TensorBoard, metrics.jsonl and summary.json.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+import random
+import time
+from pathlib import Path
+from typing import Any, TextIO
+
+import numpy as np
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from recipes import RECIPES
+
+from .algos import ALGORITHMS, TrainContext
+from .comm import Communicator, World
+from .comm.buffers import flatten, flatten_parameters, unflatten
+from .data import BatchFetcher, ShardedBatches
+from .errors import UserError
+from .reporting import RunLog
+from .schedule import LRSchedule
+from .timers import Timers
+
+log = logging.getLogger("adpsgd")
+
+
+def resolve_device(name: str, local_rank: int) -> torch.device:
+    if name == "cpu" or (name == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise UserError("trainer.device=cuda but no GPU is visible", "use trainer.device=auto")
+    index = local_rank % torch.cuda.device_count()
+    torch.cuda.set_device(index)
+    return torch.device("cuda", index)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+class Trainer:
+    def __init__(self, cfg: DictConfig, run_dir: str | Path, world: World, comm: Communicator,
+                 node_comm: Communicator, device: torch.device,
+                 progress_stream: TextIO | None = None):
+        self.cfg, self.run_dir, self.world, self.comm = cfg, Path(run_dir), world, comm
+        self.device = device
+        self.progress_stream = progress_stream
+        self.timers = Timers()
+        tcfg = cfg.trainer
+
+        self.recipe = RECIPES.get(cfg.recipe.name)(cfg.recipe)
+        self.train_set, self.eval_set = self.recipe.datasets()
+        if len(self.eval_set) == 0:
+            raise UserError(f"recipe {cfg.recipe.name}: the held-out set has no samples",
+                            "point the recipe at a non-empty evaluation set")
+
+        # Identical initial models: same seed everywhere, then rank 0's copy wins anyway.
+        seed_everything(cfg.seed)
+        self.model = self.recipe.build_model().to(device)
+        self.param_buffers = flatten_parameters(self.model.parameters())
+        for flat in self.param_buffers:
+            comm.broadcast_(flat, root=0)
+        for buf in self.model.buffers():
+            if buf.is_floating_point() and buf.is_contiguous():
+                comm.broadcast_(buf, root=0)
+        # From here on, randomness (dropout, augmentation) differs per rank.
+        seed_everything(cfg.seed + 1_000_003 * (world.rank + 1))
+
+        o = cfg.optim
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=o.lr, momentum=o.momentum,
+                                         nesterov=o.nesterov, weight_decay=o.weight_decay)
+        ctx = TrainContext(cfg=cfg, world=world, comm=comm, node_comm=node_comm, device=device,
+                           timers=self.timers)
+        self.algo = ALGORITHMS.get(cfg.algo.name)(cfg.algo, ctx)
+        self.algo.setup(self.model, self.optimizer)
+
+        self.shards = ShardedBatches(len(self.train_set), world.rank, world.size,
+                                     tcfg.batch_size, cfg.seed)
+        self.eval_shards = ShardedBatches(len(self.eval_set), world.rank, world.size,
+                                          tcfg.eval_batch_size, cfg.seed, shuffle=False)
+        pin = device.type == "cuda"
+        self.fetch = BatchFetcher(self.train_set, self.recipe.collate, tcfg.num_workers, pin)
+        self.eval_fetch = BatchFetcher(self.eval_set, self.recipe.collate, tcfg.num_workers, pin)
+        self.schedule = LRSchedule(o, world.size * tcfg.batch_size, len(self.train_set),
+                                   tcfg.epochs)
+        self.runlog = RunLog(self.run_dir) if world.is_main else None
+        self._eval_model: torch.nn.Module | None = None
+        self.step = 0
+        self.samples = 0  # global samples consumed (exact: every rank knows every shard size)
+        self.local_samples = 0
+        self.history: list[dict[str, Any]] = []
+
+    # ---- training --------------------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        tcfg = self.cfg.trainer
+        total_steps = tcfg.epochs * self.shards.steps_per_epoch
+        progress = None
+        if self.world.is_main and tcfg.progress and self.progress_stream is not None:
+            from tqdm import tqdm
+
+            progress = tqdm(total=total_steps, file=self.progress_stream, unit="step",
+                            dynamic_ncols=True, desc=f"{self.cfg.algo.name} x{self.world.size}")
+        self.start_time = time.perf_counter()
+        self.train_time = 0.0
+        loss_sum, loss_steps, last_log = 0.0, 0, (time.perf_counter(), 0)
+        train_started = time.perf_counter()
+        for epoch in range(tcfg.epochs):
+            batches = self.shards.epoch_batches(epoch)
+            stream = self.fetch.iterate(batches)
+            for k in range(self.shards.steps_per_epoch):
+                with self.timers.time("data"):
+                    batch = next(stream)
+                loss = self.train_step(batch, len(batches[k]), self.shards.global_count(k))
+                if loss is not None:
+                    loss_sum, loss_steps = loss_sum + loss, loss_steps + 1
+                if self.step % tcfg.log_every == 0 or k == self.shards.steps_per_epoch - 1:
+                    mean_loss = loss_sum / max(loss_steps, 1)
+                    if loss_steps and not math.isfinite(mean_loss):
+                        raise UserError(
+                            f"non-finite training loss at step {self.step} on rank "
+                            f"{self.world.rank}", "lower optim.lr or raise optim.warmup_epochs")
+                    now = time.perf_counter()
+                    rate = (self.samples - last_log[1]) / max(now - last_log[0], 1e-9)
+                    last_log = (now, self.samples)
+                    if self.runlog:
+                        self.runlog.scalars({"train/loss": mean_loss, "train/lr": self.lr,
+                                             "train/samples_per_s": rate}, self.step)
+                    if progress:
+                        progress.set_postfix(loss=f"{mean_loss:.4f}", lr=f"{self.lr:.4g}")
+                    loss_sum, loss_steps = 0.0, 0
+                if progress:
+                    progress.update(1)
+                at_epoch_end = k == self.shards.steps_per_epoch - 1
+                if at_epoch_end or (tcfg.eval_every and self.step % tcfg.eval_every == 0):
+                    self.train_time += time.perf_counter() - train_started
+                    self.evaluate()
+                    train_started = time.perf_counter()
+        self.algo.finish()
+        if progress:
+            progress.close()
+        return self.finalize()
+
+    def train_step(self, batch: Any, local_count: int, global_count: int) -> float | None:
+        self.step += 1
+        self.lr = self.schedule.lr_at(self.samples)
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.lr
+        self.optimizer.zero_grad(set_to_none=False)  # keep gradient views of flat buckets
+        self.algo.before_forward(self.step)
+        loss_value = None
+        with self.timers.time("compute"):
+            if batch is not None:
+                batch = self.recipe.to_device(batch, self.device)
+                loss = self.recipe.loss(self.model, batch)
+                weight = self.algo.gradient_weight(local_count, global_count)
+                self.algo.before_backward(self.step)
+                (loss * weight).backward()
+                loss_value = loss.item()
+            else:
+                self.algo.before_backward(self.step)
+        self.algo.after_backward(self.step)
+        with self.timers.time("compute"):
+            self.algo.apply_update(self.optimizer)
+        self.algo.after_step(self.step)
+        self.samples += global_count
+        self.local_samples += local_count
+        return loss_value
+
+    # ---- evaluation --------------------------------------------------------------------
+    def _scratch_model(self) -> torch.nn.Module:
+        """A second model for evaluating averaged or broadcast weights (flat, like ours)."""
+        if self._eval_model is None:
+            self._eval_model = copy.deepcopy(self.model)
+            self._eval_params = flatten_parameters(self._eval_model.parameters())
+        return self._eval_model
+
+    def _fill_scratch(self, reduce) -> torch.nn.Module:
+        """Copy our weights into the scratch model, then ``reduce`` each flat buffer in place."""
+        target = self._scratch_model()
+        for src, dst in zip(self.param_buffers, self._eval_params):
+            reduce(dst.copy_(src))
+        floats = [b for b in target.buffers() if b.is_floating_point()]
+        for mine, theirs in zip(self.model.buffers(), target.buffers()):
+            theirs.copy_(mine)
+        if floats:  # running statistics (BatchNorm) travel as one message too
+            flat = flatten(floats)
+            reduce(flat)
+            for buf, value in zip(floats, unflatten(flat, floats)):
+                buf.copy_(value)
+        return target
+
+    def _evaluate_model(self, model: torch.nn.Module) -> dict[str, float]:
+        was_training = model.training
+        model.eval()
+        sums: dict[str, float] = {}
+        with torch.no_grad():
+            for batch in self.eval_fetch.iterate(self.eval_shards.epoch_batches(0)):
+                if batch is None:
+                    continue
+                batch = self.recipe.to_device(batch, self.device)
+                for key, value in self.recipe.eval_sums(model, batch).items():
+                    sums[key] = sums.get(key, 0.0) + float(value)
+        model.train(was_training)
+        total: dict[str, float] = {}
+        for part in self.comm.allgather_objects(sums):
+            for key, value in part.items():
+                total[key] = total.get(key, 0.0) + value
+        return self.recipe.metrics(total)
+
+    def consensus_distance(self) -> float:
+        """Xi = (1/n) sum_i ||x_i - xbar||^2 over all parameters (algorithms.md §0.2)."""
+        local = 0.0
+        for flat in self.param_buffers:
+            mean = self.comm.allreduce_(flat.detach().clone(), op="mean")
+            local += float((flat.detach() - mean).double().pow(2).sum())
+        return float(self.comm.allreduce_numbers([local])[0]) / self.world.size
+
+    def evaluate(self) -> None:
+        self.algo.pause()
+        with self.timers.time("eval"):
+            results: dict[str, dict[str, float]] = {}
+            if self.algo.identical_replicas:
+                results["eval"] = self._evaluate_model(self.model)
+            else:
+                # The averaged model (what the theory analyses) and rank 0's own model.
+                results["eval"] = self._evaluate_model(
+                    self._fill_scratch(lambda t: self.comm.allreduce_(t, op="mean")))
+                results["eval_rank0"] = self._evaluate_model(
+                    self._fill_scratch(lambda t: self.comm.broadcast_(t, root=0)))
+            consensus = self.consensus_distance()
+            per_rank = self.comm.gather_objects(
+                {**self.timers.snapshot(), "comm_busy": self.comm.busy_s, **self.algo.stats()})
+        self.algo.resume()
+        if not self.runlog:
+            return
+        wall = time.perf_counter() - self.start_time
+        epoch = self.samples / len(self.train_set)
+        for split, metrics in results.items():
+            record = {"epoch": round(epoch, 4), "step": self.step, "samples": self.samples,
+                      "wall_s": round(wall, 3), "split": split, **metrics,
+                      "consensus_distance": consensus, "lr": self.lr}
+            self.history.append(record)
+            self.runlog.evaluation(record)
+            self.runlog.scalars({f"{split}/{k}": v for k, v in metrics.items()}, self.step)
+        self.runlog.scalars({"consensus/distance": consensus}, self.step)
+        assert per_rank is not None
+        for rank, timers in enumerate(per_rank):
+            self.runlog.scalars({f"time/{name}_s/rank{rank}": value
+                                 for name, value in timers.items()}, self.step)
+        self.per_rank = per_rank
+        log.info("eval at epoch %.2f step %d: %s", epoch, self.step,
+                 {s: {k: round(v, 4) for k, v in m.items()} for s, m in results.items()})
+
+    # ---- summary -------------------------------------------------------------------------
+    def finalize(self) -> dict[str, Any]:
+        train_time = self.comm.allreduce_numbers([self.train_time], op="max")[0]
+        local_samples = self.comm.allreduce_numbers([self.local_samples])[0]
+        summary: dict[str, Any] = {}
+        if self.world.is_main:
+            self._save_final_model()
+            evals = [r for r in self.history if r["split"] == "eval"]
+            final = {k: v for k, v in evals[-1].items()
+                     if k not in ("epoch", "step", "samples", "wall_s", "split")}
+            means = {name: float(np.mean([t.get(name, 0.0) for t in self.per_rank]))
+                     for name in ("compute", "comm", "idle", "data", "eval", "comm_busy")}
+            summary = {
+                "status": "completed",
+                "algo": self.cfg.algo.name,
+                "recipe": self.cfg.recipe.name,
+                "nprocs": self.world.size,
+                "procs_per_node": self.world.local_size,
+                "epochs": self.cfg.trainer.epochs,
+                "steps": self.step,
+                "samples": int(local_samples),
+                "train_s": train_time,
+                "wall_s": time.perf_counter() - self.start_time,
+                "samples_per_s": local_samples / max(train_time, 1e-9),
+                "final": final,
+                self.recipe.primary_metric: final.get(self.recipe.primary_metric),
+                "consensus_distance": final.get("consensus_distance"),
+                "compute_s": means["compute"],
+                "comm_s": means["comm"],
+                "idle_s": means["idle"],
+                "data_s": means["data"],
+                "eval_s": means["eval"],
+                "comm_busy_s": means["comm_busy"],
+                "per_rank": self.per_rank,
+            }
+            if "eval_rank0" in {r["split"] for r in self.history}:
+                summary["final_rank0"] = [r for r in self.history
+                                          if r["split"] == "eval_rank0"][-1]
+            hparams = {"algo": self.cfg.algo.name, "recipe": self.cfg.recipe.name,
+                       "nprocs": self.world.size, "batch_size": self.cfg.trainer.batch_size,
+                       "lr": self.cfg.optim.lr, "epochs": self.cfg.trainer.epochs,
+                       "seed": self.cfg.seed}
+            assert self.runlog is not None
+            self.runlog.hparams(hparams, {k: v for k, v in final.items()
+                                          if isinstance(v, (int, float))})
+            self.runlog.summary(summary)
+            self.runlog.close()
+        self.comm.barrier()
+        return summary
+
+    def _save_final_model(self) -> None:
+        path = self.run_dir / "checkpoints" / "final_rank0.pt"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save({"model": self.model.state_dict(), "step": self.step,
+                    "config": OmegaConf.to_container(self.cfg)}, path)
