@@ -44,8 +44,10 @@ class Recipe(ABC):
     def collate(self, samples: list[Any]) -> Any:
         return default_collate(samples)
 
-    def to_device(self, batch: Any, device: torch.device) -> Any:
-        return tuple(t.to(device, non_blocking=True) for t in batch)
+    def to_device(self, batch: Any, device: torch.device, dtype: torch.dtype) -> Any:
+        """Move a batch to the device; floating tensors take the model's dtype."""
+        return tuple(t.to(device, dtype if t.is_floating_point() else None, non_blocking=True)
+                     for t in batch)
 
     @abstractmethod
     def loss(self, model: torch.nn.Module, batch: Any) -> torch.Tensor:

@@ -24,8 +24,8 @@ from .base import Recipe, RecipeConfig
 class DigitImagesConfig(RecipeConfig):
     heldout_fraction: float = 0.2
     split_seed: int = 0
-    channels: list[int] = field(default_factory=lambda: [16, 32])
-    hidden: int = 64
+    channels: list[int] = field(default_factory=lambda: [32, 64])
+    hidden: int = 128
     dropout: float = 0.0
 
     def check(self, prefix, cfg) -> None:
@@ -33,7 +33,7 @@ class DigitImagesConfig(RecipeConfig):
                 f"must be in (0, 1), got {self.heldout_fraction}",
                 f"{prefix}.heldout_fraction=0.2")
         require(len(self.channels) == 2 and min(self.channels) >= 1, f"{prefix}.channels",
-                "needs two positive channel counts", f"{prefix}.channels=[16,32]")
+                "needs two positive channel counts", f"{prefix}.channels=[32,64]")
         require(0 <= self.dropout < 1, f"{prefix}.dropout", "must be in [0, 1)",
                 f"{prefix}.dropout=0")
 

@@ -40,6 +40,7 @@ class TrainerConfig(Section):
     num_workers: int = 0
     log_every: int = 10  # steps between TensorBoard training scalars
     device: str = "auto"  # auto | cpu | cuda
+    dtype: str = "float32"  # float64 for numerical checks (equivalence tests)
     progress: bool = True  # tqdm bar from rank 0
 
     def check(self, prefix: str, cfg: DictConfig) -> None:
@@ -57,6 +58,8 @@ class TrainerConfig(Section):
                 f"{prefix}.log_every=10")
         require(self.device in ("auto", "cpu", "cuda"), f"{prefix}.device",
                 f"must be auto, cpu or cuda, got {self.device!r}", f"{prefix}.device=auto")
+        require(self.dtype in ("float32", "float64"), f"{prefix}.dtype",
+                f"must be float32 or float64, got {self.dtype!r}", f"{prefix}.dtype=float32")
 
 
 @dataclass

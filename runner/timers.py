@@ -11,8 +11,12 @@ from contextlib import contextmanager
 class Timers:
     """Accumulated seconds per activity name, for one thread."""
 
+    REPORTED = ("compute", "comm", "idle", "data", "eval")
+
     def __init__(self) -> None:
         self.seconds: dict[str, float] = defaultdict(float)
+        for name in self.REPORTED:  # always present in reports, even when zero
+            self.seconds[name] = 0.0
 
     @contextmanager
     def time(self, name: str) -> Iterator[None]:

@@ -10,6 +10,7 @@ metrics. Rank 0 writes TensorBoard, metrics.jsonl and summary.json.
 from __future__ import annotations
 
 import copy
+import hashlib
 import logging
 import math
 import random
@@ -51,6 +52,14 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def parameter_digest(buffers: list[torch.Tensor]) -> str:
+    """SHA-256 of the exact bytes of a model's flat parameter buffers."""
+    digest = hashlib.sha256()
+    for flat in buffers:
+        digest.update(flat.detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
 class Trainer:
     def __init__(self, cfg: DictConfig, run_dir: str | Path, world: World, comm: Communicator,
                  node_comm: Communicator, device: torch.device,
@@ -69,7 +78,8 @@ class Trainer:
 
         # Identical initial models: same seed everywhere, then rank 0's copy wins anyway.
         seed_everything(cfg.seed)
-        self.model = self.recipe.build_model().to(device)
+        self.dtype = getattr(torch, tcfg.dtype)
+        self.model = self.recipe.build_model().to(device=device, dtype=self.dtype)
         self.param_buffers = flatten_parameters(self.model.parameters())
         for flat in self.param_buffers:
             comm.broadcast_(flat, root=0)
@@ -163,7 +173,7 @@ class Trainer:
         loss_value = None
         with self.timers.time("compute"):
             if batch is not None:
-                batch = self.recipe.to_device(batch, self.device)
+                batch = self.recipe.to_device(batch, self.device, self.dtype)
                 loss = self.recipe.loss(self.model, batch)
                 weight = self.algo.gradient_weight(local_count, global_count)
                 self.algo.before_backward(self.step)
@@ -210,7 +220,7 @@ class Trainer:
             for batch in self.eval_fetch.iterate(self.eval_shards.epoch_batches(0)):
                 if batch is None:
                     continue
-                batch = self.recipe.to_device(batch, self.device)
+                batch = self.recipe.to_device(batch, self.device, self.dtype)
                 for key, value in self.recipe.eval_sums(model, batch).items():
                     sums[key] = sums.get(key, 0.0) + float(value)
         model.train(was_training)
@@ -268,6 +278,7 @@ class Trainer:
     def finalize(self) -> dict[str, Any]:
         train_time = self.comm.allreduce_numbers([self.train_time], op="max")[0]
         local_samples = self.comm.allreduce_numbers([self.local_samples])[0]
+        digests = self.comm.gather_objects(parameter_digest(self.param_buffers))
         summary: dict[str, Any] = {}
         if self.world.is_main:
             self._save_final_model()
@@ -291,6 +302,8 @@ class Trainer:
                 "final": final,
                 self.recipe.primary_metric: final.get(self.recipe.primary_metric),
                 "consensus_distance": final.get("consensus_distance"),
+                # Bitwise comparison of every rank's final parameters.
+                "replicas_identical": len(set(digests or [])) == 1,
                 "compute_s": means["compute"],
                 "comm_s": means["comm"],
                 "idle_s": means["idle"],

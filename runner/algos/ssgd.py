@@ -47,6 +47,10 @@ class SSGD(Algorithm):
 
     def after_backward(self, step):
         self.buckets.flush()  # buckets whose parameters got no gradient this step
+        # Waiting for the slowest rank to finish its backward is idle time; what is left of
+        # the reductions after everyone has arrived is communication not hidden by backward.
+        with self.timers.time("idle"):
+            self.comm.barrier()
         with self.timers.time("comm"):
             for handle in self._pending:
                 handle.wait()

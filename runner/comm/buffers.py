@@ -27,13 +27,13 @@ def flatten(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
 
 def unflatten(flat: torch.Tensor, like: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     """Views of ``flat`` shaped like ``like`` (inverse of :func:`flatten`)."""
+    needed = sum(t.numel() for t in like)
+    if needed != flat.numel():
+        raise ValueError(f"flat buffer has {flat.numel()} elements, tensors need {needed}")
     views, offset = [], 0
     for t in like:
-        n = t.numel()
-        views.append(flat[offset:offset + n].view_as(t))
-        offset += n
-    if offset != flat.numel():
-        raise ValueError(f"flat buffer has {flat.numel()} elements, tensors need {offset}")
+        views.append(flat[offset:offset + t.numel()].view_as(t))
+        offset += t.numel()
     return views
 
 

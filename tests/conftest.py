@@ -1,0 +1,44 @@
+"""Shared helpers: run the installed CLI and real MPI ranks from tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BIN = Path(sys.executable).parent
+REPO = Path(__file__).resolve().parents[1]
+MPI_SCRIPTS = Path(__file__).parent / "mpi"
+
+
+def run_cli(args: list[str], cwd: Path | str, timeout: float = 300, check: bool = True,
+            env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run ``adpsgd-run ARGS`` as a user would; fail with its output when it fails."""
+    proc = subprocess.run([str(BIN / "adpsgd-run"), *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=timeout, env={**os.environ, **(env or {})})
+    if check and proc.returncode != 0:
+        pytest.fail(f"adpsgd-run {' '.join(args)} exited {proc.returncode}\n"
+                    f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}")
+    return proc
+
+
+def run_mpi(nprocs: int, script: str, *args: str, timeout: float = 180
+            ) -> subprocess.CompletedProcess:
+    """Run tests/mpi/SCRIPT on ``nprocs`` real ranks with the venv's mpiexec."""
+    cmd = [str(BIN / "mpiexec"), "-n", str(nprocs), sys.executable, str(MPI_SCRIPTS / script),
+           *args]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    if proc.returncode != 0:
+        pytest.fail(f"{' '.join(cmd)} exited {proc.returncode}\n"
+                    f"stdout:\n{proc.stdout[-4000:]}\nstderr:\n{proc.stderr[-4000:]}")
+    return proc
+
+
+def read_run(run_dir: Path) -> tuple[list[dict], dict]:
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return metrics, json.loads((run_dir / "summary.json").read_text())

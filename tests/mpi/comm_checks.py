@@ -1,0 +1,71 @@
+"""Run under mpiexec -n N (N even): python comm_checks.py {mpi|gloo}. Exits non-zero on failure."""
+
+import sys
+
+import torch
+from harness import run_on_ranks
+
+from runner.comm.buffers import flatten, flatten_parameters, unflatten
+from runner.comm.communicator import Communicator, init_torch_distributed, torch_subgroups
+from runner.comm.world import detect_world
+
+backend = sys.argv[1]
+
+def checks(world_mpi):
+    rank, size = world_mpi.Get_rank(), world_mpi.Get_size()
+    world, node_mpi = detect_world(world_mpi, procs_per_node=2)
+    assert (world.rank, world.size) == (rank, size)
+    assert (world.node, world.local_rank, world.local_size) == (rank // 2, rank % 2, 2)
+    assert world.num_nodes == size // 2
+    node_group = None
+    if backend == "gloo":
+        init_torch_distributed(world_mpi, "gloo")
+        node_group = torch_subgroups([[2 * s, 2 * s + 1] for s in range(size // 2)])[world.node]
+    comm = Communicator(world_mpi, backend)
+    node = Communicator(node_mpi, backend, torch_group=node_group, name="node")
+
+    base = torch.arange(1000, dtype=torch.float32)
+    t = base * (rank + 1)
+    comm.allreduce_(t, "sum")
+    assert torch.equal(t, base * size * (size + 1) / 2), "allreduce sum"
+
+    # Several reductions in flight on the communication thread while the main thread runs its
+    # own control collective: results must be right and in submission order.
+    handles = [comm.iallreduce_(torch.full((50_000,), float(rank + 10 * i)), "mean")
+               for i in range(5)]
+    assert comm.allreduce_numbers([rank, 1.0]).tolist() == [size * (size - 1) / 2, size]
+    for i, h in enumerate(handles):
+        assert torch.allclose(h.wait(), torch.full((50_000,), (size - 1) / 2 + 10 * i))
+
+    local = torch.full((7,), float(rank))
+    node.allreduce_(local, "mean")
+    assert torch.allclose(local, torch.full((7,), 2 * world.node + 0.5)), "node mean"
+
+    b = torch.full((33,), float(rank))
+    comm.broadcast_(b, root=size - 1)
+    assert torch.equal(b, torch.full((33,), float(size - 1))), "broadcast"
+    nb = torch.full((5,), float(rank))
+    node.broadcast_(nb, root=1)
+    assert torch.equal(nb, torch.full((5,), float(2 * world.node + 1))), "node broadcast"
+
+    # A model's parameters as one flat buffer: one message reduces the whole model exactly
+    # like reducing every tensor on its own.
+    torch.manual_seed(rank)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Linear(5, 3))
+    expected = [p.detach().clone() for p in model.parameters()]
+    for e in expected:
+        comm.allreduce_(e, "sum")
+    (flat,) = flatten_parameters(model.parameters())
+    comm.allreduce_(flat, "sum")
+    for p, e in zip(model.parameters(), expected):
+        assert torch.allclose(p, e, atol=1e-6), "flat allreduce"
+    packed = flatten([p.detach() for p in model.parameters()])
+    for p, view in zip(model.parameters(), unflatten(packed, list(model.parameters()))):
+        assert torch.equal(p, view)
+    assert comm.busy_s > 0
+    comm.close()
+    node.close()
+    return f"comm checks passed ({backend})"
+
+
+run_on_ranks(checks)

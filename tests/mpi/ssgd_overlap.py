@@ -1,0 +1,62 @@
+"""Run under mpiexec -n 2: SSGD's bucket allreduces finish while backward is still running,
+and the averaged gradient equals the mean of the ranks' gradients."""
+
+import time
+from types import SimpleNamespace
+
+import torch
+from harness import run_on_ranks
+from torch import nn
+
+from runner.algos import TrainContext
+from runner.algos.ssgd import SSGD
+from runner.comm.communicator import Communicator
+from runner.comm.world import detect_world, mpi
+from runner.timers import Timers
+
+
+def checks(world_mpi):
+    torch.set_num_threads(1)
+    world, _ = detect_world(world_mpi, procs_per_node=None)
+    comm = Communicator(world_mpi, "mpi")
+    cfg = SimpleNamespace(comm=SimpleNamespace(bucket_mb=0.25))  # the one key SSGD reads
+    ctx = TrainContext(cfg=cfg, world=world, comm=comm, node_comm=comm,
+                       device=torch.device("cpu"), timers=Timers())
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Linear(256, 256) for _ in range(12)])
+    algo = SSGD(None, ctx)
+    algo.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
+
+    finished = []
+    launch = comm.iallreduce_
+
+    def recording_iallreduce(tensor, op="sum"):
+        handle = launch(tensor, op)
+        handle._future.add_done_callback(lambda _: finished.append(time.perf_counter()))
+        return handle
+
+    comm.iallreduce_ = recording_iallreduce
+    torch.manual_seed(100 + world.rank)
+    x = torch.randn(4096, 256)  # backward long enough (~10 ms a layer) to overlap with
+    algo.before_backward(1)
+    loss = model(x).square().mean()
+    world_mpi.Barrier()  # start backward together: skew between ranks is not what we measure
+    loss.backward()
+    backward_end = time.perf_counter()
+    algo.after_backward(1)
+    assert len(finished) == len(algo.buckets.buckets) > 3
+    early = sum(t < backward_end for t in finished)
+    assert early >= 1, "no bucket reduction finished before backward ended"
+
+    # The averaged gradient is the mean of every rank's local gradient.
+    averaged = torch.cat([p.grad.reshape(-1).clone() for p in model.parameters()])
+    model.zero_grad(set_to_none=False)
+    model(x).square().mean().backward()
+    total = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+    world_mpi.Allreduce(mpi().IN_PLACE, total.numpy(), op=mpi().SUM)
+    assert torch.allclose(averaged, total / world.size, atol=1e-6)
+    comm.close()
+    return f"{early}/{len(finished)} bucket reductions done before backward ended"
+
+
+run_on_ranks(checks)
