@@ -150,11 +150,10 @@ def _typed_section(prefix: str, schema: type, node: Any) -> DictConfig:
         raise ConfigError(f"{prefix}.{key}", "unknown key", fix) from None
     except ValidationError as ex:
         key = f"{prefix}.{ex.full_key}" if ex.full_key else prefix
-        field_type = getattr(ex, "ref_type", None)
+        declared = {f.name: f.type for f in dataclasses.fields(schema)}.get(str(ex.key))
         problem = one_line(ex.msg).split(" full_key:")[0]
-        raise ConfigError(key, problem,
-                          f"give {key} a value of the right type"
-                          + (f" ({field_type})" if field_type else "")) from None
+        fix = f"{key}=<{declared}>" if declared else f"give {key} a value of the right type"
+        raise ConfigError(key, problem, fix) from None
     except OmegaConfBaseException as ex:
         raise ConfigError(prefix, one_line(ex.msg if hasattr(ex, "msg") else ex),
                           "check the override") from None

@@ -1,6 +1,7 @@
 """Communication layer on real MPI ranks (mpiexec -n 2 and -n 4, oversubscribed on 2 cores)."""
 
 import pytest
+
 from conftest import run_mpi
 
 pytestmark = pytest.mark.mpi

@@ -2,9 +2,10 @@
 
 import pytest
 import torch
-from conftest import read_run, run_cli
 
 from recipes.digit_images import DigitImages, DigitImagesConfig
+
+from conftest import read_run, run_cli
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow]
 

@@ -3,11 +3,12 @@
 import sys
 
 import torch
-from harness import run_on_ranks
 
 from runner.comm.buffers import flatten, flatten_parameters, unflatten
 from runner.comm.communicator import Communicator, init_torch_distributed, torch_subgroups
 from runner.comm.world import detect_world
+
+from harness import run_on_ranks
 
 backend = sys.argv[1]
 

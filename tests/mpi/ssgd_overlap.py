@@ -5,7 +5,6 @@ import time
 from types import SimpleNamespace
 
 import torch
-from harness import run_on_ranks
 from torch import nn
 
 from runner.algos import TrainContext
@@ -13,6 +12,8 @@ from runner.algos.ssgd import SSGD
 from runner.comm.communicator import Communicator
 from runner.comm.world import detect_world, mpi
 from runner.timers import Timers
+
+from harness import run_on_ranks
 
 
 def checks(world_mpi):

@@ -1,0 +1,160 @@
+"""adpsgd-run as users drive it: validation, Hydra flags, sweeps, failures and Ctrl-C."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import BIN, REPO, read_run, run_cli
+
+BAD_COMMANDS = [
+    (["recipe=nope"], "unknown recipe 'nope'", "recipe=digit_images"),
+    (["algo=nope"], "unknown algo 'nope'", "algo=ssgd"),
+    (["topology=nope"], "unknown topology 'nope'", "topology=ring"),
+    (["launcher=nope"], "unknown launcher 'nope'", "launcher=local"),
+    (["trainer.epoch=3"], "unknown key 'trainer.epoch'", "trainer.epochs"),
+    (["trainer.epochs=abc"], "trainer.epochs", "trainer.epochs=<int>"),
+    (["optim.lr=fast"], "optim.lr", "optim.lr=<float>"),
+    (["trainer.batch_size=0"], "trainer.batch_size: must be >= 1", "trainer.batch_size=32"),
+    (["optim.lr=0"], "optim.lr: must be > 0", "optim.lr=0.1"),
+    (["optim.momentum=1.5"], "optim.momentum", "optim.momentum=0.9"),
+    (["launcher.nprocs=0"], "launcher.nprocs: must be >= 1", "launcher.nprocs=2"),
+    (["launcher.nprocs=4", "launcher.procs_per_node=3"], "3 does not divide", "procs_per_node"),
+    (["launcher.mpiexec=/no/such/mpiexec"], "mpiexec '/no/such/mpiexec' not found", "mpiexec"),
+    (["+nonsense=1"], "nonsense: unknown top-level key", "remove it"),
+    (["recipe.heldout_fraction=1.5"], "recipe.heldout_fraction", "heldout_fraction=0.2"),
+]
+
+
+@pytest.mark.parametrize("args,cause,fix", BAD_COMMANDS)
+def test_bad_overrides_end_with_one_clear_line_before_anything_starts(tmp_path, args, cause,
+                                                                      fix):
+    proc = run_cli(args, cwd=tmp_path, check=False, timeout=60)
+    assert proc.returncode == 2
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("adpsgd-run: error: ")
+    assert cause in lines[0] and "Fix:" in lines[0] and fix in lines[0], lines[0]
+    assert not (tmp_path / "runs").exists()  # no run dir, no rank
+
+
+def test_a_bad_value_in_any_sweep_combination_stops_the_sweep_before_it_starts(tmp_path):
+    proc = run_cli(["-m", "launcher.nprocs=1", "optim.lr=0.2,-1",
+                    f"hydra.sweep.dir={tmp_path / 'sweep'}"], cwd=tmp_path, check=False)
+    assert proc.returncode == 2 and "optim.lr: must be > 0" in proc.stderr
+    assert not (tmp_path / "sweep").exists()
+
+
+def test_help_lists_groups_and_usage(tmp_path):
+    proc = run_cli(["--help"], cwd=tmp_path)
+    for text in ("adpsgd-run", "recipe: digit_images", "algo: ssgd", "launcher: local",
+                 "--cfg job"):
+        assert text in proc.stdout, text
+
+
+def test_cfg_job_prints_the_composed_config_without_running(tmp_path):
+    proc = run_cli(["--cfg", "job", "algo=ssgd", "trainer.epochs=7"], cwd=tmp_path)
+    assert "epochs: 7" in proc.stdout and "name: ssgd" in proc.stdout
+    assert "name: digit_images" in proc.stdout
+    assert not (tmp_path / "runs").exists()
+
+
+def test_experiment_preset_overrides_several_groups(tmp_path):
+    proc = run_cli(["--cfg", "job", "experiment=digit_images_ssgd"], cwd=tmp_path)
+    assert "nprocs: 2" in proc.stdout and "epochs: 3" in proc.stdout
+
+
+@pytest.mark.slow
+def test_multirun_sweep_runs_jobs_one_after_another(tmp_path):
+    sweep = tmp_path / "sweep"
+    run_cli(["-m", "launcher.nprocs=1", "trainer.epochs=1", "trainer.progress=false",
+             "optim.lr=0.2,0.3", f"hydra.sweep.dir={sweep}"], cwd=tmp_path)
+    runs = sorted(p for p in sweep.iterdir() if p.is_dir())
+    assert len(runs) == 2
+    lrs, ends, starts = [], [], []
+    for run in runs:
+        metrics, summary = read_run(run)
+        assert summary["status"] == "completed"
+        lrs.append(float((run / ".hydra" / "run.yaml").read_text().split("lr: ")[1].split()[0]))
+        starts.append((run / ".hydra" / "run.yaml").stat().st_mtime)  # written at job start
+        ends.append((run / "summary.json").stat().st_mtime)
+    assert lrs == [0.2, 0.3]
+    assert starts[1] >= ends[0]  # the second job started after the first one finished
+
+
+@pytest.mark.slow
+def test_one_rank_runs_in_process_without_mpiexec(tmp_path):
+    run_dir = tmp_path / "run"
+    # An mpiexec that does not exist proves it is not used for one rank.
+    run_cli(["launcher.nprocs=1", "launcher.mpiexec=/no/such/mpiexec", "trainer.epochs=1",
+             f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+    _, summary = read_run(run_dir)
+    assert summary["nprocs"] == 1 and summary["status"] == "completed"
+    assert "rank 0 of 1" in (run_dir / "logs" / "rank0.log").read_text()
+
+
+@pytest.mark.mpi
+def test_a_failing_rank_ends_the_job_with_one_line_and_a_non_zero_status(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = run_cli(["launcher.nprocs=2", "optim.lr=1e12", "optim.warmup_epochs=0",
+                    "trainer.epochs=2", "trainer.log_every=1", f"hydra.run.dir={run_dir}"],
+                   cwd=tmp_path, check=False, timeout=120)
+    assert proc.returncode != 0
+    assert "non-finite training loss" in proc.stderr
+    assert "Fix: lower optim.lr" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.mpi
+def test_ctrl_c_stops_every_rank(tmp_path):
+    run_dir = tmp_path / "run"
+    cli = subprocess.Popen([str(BIN / "adpsgd-run"), "launcher.nprocs=2", "trainer.epochs=500",
+                            "trainer.progress=false", f"hydra.run.dir={run_dir}"],
+                           cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True)
+    deadline = time.monotonic() + 120
+    started = run_dir / "logs" / "rank1.log"
+    while time.monotonic() < deadline and not (
+            started.exists() and "rank 1 of 2" in started.read_text()):
+        time.sleep(0.2)
+    assert started.exists(), "ranks never started"
+    assert _worker_pids(run_dir), "no worker process found"
+    cli.send_signal(signal.SIGINT)  # what Ctrl-C in a terminal delivers
+    _, stderr = cli.communicate(timeout=60)
+    assert cli.returncode == 130
+    assert "interrupted, stopping all ranks" in stderr
+    time.sleep(0.5)
+    assert _worker_pids(run_dir) == []
+
+
+def _worker_pids(run_dir: Path) -> list[int]:
+    proc = subprocess.run(["pgrep", "-f", f"runner.worker {run_dir}"], capture_output=True,
+                          text=True)
+    return [int(pid) for pid in proc.stdout.split()]
+
+
+@pytest.mark.slow
+def test_non_editable_install_ships_the_configs(tmp_path):
+    site = tmp_path / "site"
+    # --target installs into its own folder and leaves this environment (and its editable
+    # install) alone, unlike --prefix.
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
+                    "--no-build-isolation", "--target", str(site), str(REPO)], check=True,
+                   capture_output=True, timeout=300)
+    assert (site / "runner" / "conf" / "config.yaml").exists()
+    assert (site / "runner" / "conf" / "recipe" / "digit_images.yaml").exists()
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    where = subprocess.run(
+        [sys.executable, "-c", "import runner.conf; print(runner.conf.__file__)"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, check=True)
+    assert where.stdout.startswith(str(site))  # the installed copy, not the checkout
+    run_dir = tmp_path / "run"
+    proc = subprocess.run([str(site / "bin" / "adpsgd-run"), "launcher.nprocs=1",
+                           "trainer.epochs=1", f"hydra.run.dir={run_dir}"], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert read_run(run_dir)[1]["status"] == "completed"
