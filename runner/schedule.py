@@ -19,8 +19,10 @@ class LRSchedule:
         self.epochs = epochs
         scale = global_batch / optim.reference_batch if optim.scaling == "linear" else 1.0
         self.peak = optim.lr * scale
-        # GOYAL's gradual warmup starts at the small-batch rate; without scaling it starts at 0.
-        self.start = optim.lr if optim.scaling == "linear" else 0.0
+        # GOYAL's gradual warmup starts at the reference-batch rate and climbs to the scaled
+        # rate (nothing to climb when the global batch is not above reference_batch); without
+        # scaling it starts from 0.
+        self.start = min(optim.lr, self.peak) if optim.scaling == "linear" else 0.0
         self.warmup_samples = optim.warmup_epochs * train_size
 
     def lr_at(self, samples: float) -> float:

@@ -111,66 +111,49 @@ class Trainer:
         self.step = 0
         self.samples = 0  # global samples consumed (exact: every rank knows every shard size)
         self.local_samples = 0
+        self._loss_sum: torch.Tensor | float = 0.0
+        self._loss_steps = 0
         self.history: list[dict[str, Any]] = []
 
     # ---- training --------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
         tcfg = self.cfg.trainer
-        total_steps = tcfg.epochs * self.shards.steps_per_epoch
-        progress = None
+        steps = self.shards.steps_per_epoch
+        self.progress = None
         if self.world.is_main and tcfg.progress and self.progress_stream is not None:
             from tqdm import tqdm
 
-            progress = tqdm(total=total_steps, file=self.progress_stream, unit="step",
-                            dynamic_ncols=True, desc=f"{self.cfg.algo.name} x{self.world.size}")
+            self.progress = tqdm(total=tcfg.epochs * steps, file=self.progress_stream,
+                                 unit="step", dynamic_ncols=True,
+                                 desc=f"{self.cfg.algo.name} x{self.world.size}")
         self.start_time = time.perf_counter()
-        self.train_time = 0.0
-        loss_sum, loss_steps, last_log = 0.0, 0, (time.perf_counter(), 0)
-        train_started = time.perf_counter()
+        self._last_log = (self.start_time, 0)
         for epoch in range(tcfg.epochs):
             batches = self.shards.epoch_batches(epoch)
             stream = self.fetch.iterate(batches)
-            for k in range(self.shards.steps_per_epoch):
+            for k in range(steps):
                 with self.timers.time("data"):
                     batch = next(stream)
-                loss = self.train_step(batch, len(batches[k]), self.shards.global_count(k))
-                if loss is not None:
-                    loss_sum, loss_steps = loss_sum + loss, loss_steps + 1
-                if self.step % tcfg.log_every == 0 or k == self.shards.steps_per_epoch - 1:
-                    mean_loss = loss_sum / max(loss_steps, 1)
-                    if loss_steps and not math.isfinite(mean_loss):
-                        raise UserError(
-                            f"non-finite training loss at step {self.step} on rank "
-                            f"{self.world.rank}", "lower optim.lr or raise optim.warmup_epochs")
-                    now = time.perf_counter()
-                    rate = (self.samples - last_log[1]) / max(now - last_log[0], 1e-9)
-                    last_log = (now, self.samples)
-                    if self.runlog:
-                        self.runlog.scalars({"train/loss": mean_loss, "train/lr": self.lr,
-                                             "train/samples_per_s": rate}, self.step)
-                    if progress:
-                        progress.set_postfix(loss=f"{mean_loss:.4f}", lr=f"{self.lr:.4g}")
-                    loss_sum, loss_steps = 0.0, 0
-                if progress:
-                    progress.update(1)
-                at_epoch_end = k == self.shards.steps_per_epoch - 1
-                if at_epoch_end or (tcfg.eval_every and self.step % tcfg.eval_every == 0):
-                    self.train_time += time.perf_counter() - train_started
+                self.train_step(batch, len(batches[k]), self.shards.global_count(k))
+                epoch_end = k == steps - 1
+                if self.step % tcfg.log_every == 0 or epoch_end:
+                    self.log_training()
+                if self.progress:
+                    self.progress.update(1)
+                if epoch_end or (tcfg.eval_every and self.step % tcfg.eval_every == 0):
                     self.evaluate()
-                    train_started = time.perf_counter()
         self.algo.finish()
-        if progress:
-            progress.close()
+        if self.progress:
+            self.progress.close()
         return self.finalize()
 
-    def train_step(self, batch: Any, local_count: int, global_count: int) -> float | None:
+    def train_step(self, batch: Any, local_count: int, global_count: int) -> None:
         self.step += 1
         self.lr = self.schedule.lr_at(self.samples)
         for group in self.optimizer.param_groups:
             group["lr"] = self.lr
         self.optimizer.zero_grad(set_to_none=False)  # keep gradient views of flat buckets
         self.algo.before_forward(self.step)
-        loss_value = None
         with self.timers.time("compute"):
             if batch is not None:
                 batch = self.recipe.to_device(batch, self.device, self.dtype)
@@ -178,7 +161,9 @@ class Trainer:
                 weight = self.algo.gradient_weight(local_count, global_count)
                 self.algo.before_backward(self.step)
                 (loss * weight).backward()
-                loss_value = loss.item()
+                # Summed on the device: reading it every step would synchronise a GPU.
+                self._loss_sum = self._loss_sum + loss.detach()
+                self._loss_steps += 1
             else:
                 self.algo.before_backward(self.step)
         self.algo.after_backward(self.step)
@@ -187,7 +172,24 @@ class Trainer:
         self.algo.after_step(self.step)
         self.samples += global_count
         self.local_samples += local_count
-        return loss_value
+
+    def log_training(self) -> None:
+        """Rank 0's running mean loss, the rate and the throughput since the last log."""
+        if self._loss_steps == 0:
+            return
+        mean_loss = float(self._loss_sum) / self._loss_steps
+        self._loss_sum, self._loss_steps = 0.0, 0
+        if not math.isfinite(mean_loss):
+            raise UserError(f"non-finite training loss at step {self.step} on rank "
+                            f"{self.world.rank}", "lower optim.lr or raise optim.warmup_epochs")
+        now = time.perf_counter()
+        rate = (self.samples - self._last_log[1]) / max(now - self._last_log[0], 1e-9)
+        self._last_log = (now, self.samples)
+        if self.runlog:
+            self.runlog.scalars({"train/loss": mean_loss, "train/lr": self.lr,
+                                 "train/samples_per_s": rate}, self.step)
+        if self.progress:
+            self.progress.set_postfix(loss=f"{mean_loss:.4f}", lr=f"{self.lr:.4g}")
 
     # ---- evaluation --------------------------------------------------------------------
     def _scratch_model(self) -> torch.nn.Module:
@@ -276,7 +278,8 @@ class Trainer:
 
     # ---- summary -------------------------------------------------------------------------
     def finalize(self) -> dict[str, Any]:
-        train_time = self.comm.allreduce_numbers([self.train_time], op="max")[0]
+        elapsed = time.perf_counter() - self.start_time - self.timers.seconds["eval"]
+        train_time = self.comm.allreduce_numbers([elapsed], op="max")[0]
         local_samples = self.comm.allreduce_numbers([self.local_samples])[0]
         digests = self.comm.gather_objects(parameter_digest(self.param_buffers))
         summary: dict[str, Any] = {}

@@ -91,9 +91,13 @@ def test_one_rank_runs_in_process_without_mpiexec(tmp_path):
     run_dir = tmp_path / "run"
     # An mpiexec that does not exist proves it is not used for one rank.
     run_cli(["launcher.nprocs=1", "launcher.mpiexec=/no/such/mpiexec", "trainer.epochs=1",
-             f"hydra.run.dir={run_dir}"], cwd=tmp_path)
-    _, summary = read_run(run_dir)
+             "trainer.batch_size=32", "trainer.eval_every=20", f"hydra.run.dir={run_dir}"],
+            cwd=tmp_path)
+    metrics, summary = read_run(run_dir)
     assert summary["nprocs"] == 1 and summary["status"] == "completed"
+    steps_per_epoch = -(-summary["samples"] // 32)
+    # Every trainer.eval_every steps, and at the epoch end.
+    assert [m["step"] for m in metrics] == [20, 40, steps_per_epoch]
     assert "rank 0 of 1" in (run_dir / "logs" / "rank0.log").read_text()
 
 

@@ -23,3 +23,9 @@ def test_no_scaling_and_cosine():
     assert schedule.lr_at(0) == 0.2
     assert math.isclose(schedule.lr_at(500), 0.1)
     assert schedule.lr_at(1000) < 1e-12
+
+
+def test_warmup_never_starts_above_the_scaled_rate():
+    optim = OptimConfig(lr=0.4, reference_batch=256, warmup_epochs=2)
+    schedule = LRSchedule(optim, global_batch=64, train_size=1000, epochs=5)
+    assert [schedule.lr_at(s) for s in (0, 500, 2000, 4000)] == [0.1] * 4
