@@ -68,9 +68,14 @@ def hydra_error(ex: Exception, base: DictConfig | None) -> UserError:
     if missing:
         group, option = missing.groups()
         options = re.findall(r"^\t(\S+)$", text, flags=re.M)
-        choices = ", ".join(options) or "(none)"
-        return UserError(f"unknown {group} {option!r} (available: {choices})",
-                         f"{group}={options[0]}" if options else f"add conf/{group}/{option}.yaml")
+        if not options:
+            return UserError(f"unknown {group} {option!r}", f"add conf/{group}/{option}.yaml")
+        # Suggest the closest spelling, else the group's default.
+        default = base.get(group, {}).get("name") if base is not None else None
+        suggestion = (difflib.get_close_matches(option, options, n=1)
+                      or [default if default in options else options[0]])[0]
+        return UserError(f"unknown {group} {option!r} (available: {', '.join(options)})",
+                         f"{group}={suggestion}")
     override = re.search(r"Could not override '([^']+)'", text)
     if override:
         key = override.group(1)
@@ -97,14 +102,11 @@ def compose_all(overrides: list[str], multirun: bool, config_name: str) -> list[
     jobs = BasicSweeper.split_arguments(parsed, None)[0] if multirun else [overrides]
     configs = []
     with initialize_config_module(config_module=CONFIG_MODULE, version_base=None):
-        base = None
         for job in jobs:
             try:
                 configs.append(compose(config_name=config_name, overrides=list(job)))
             except Exception as ex:  # noqa: BLE001
-                if base is None:
-                    base = compose(config_name=config_name)
-                raise hydra_error(ex, base) from None
+                raise hydra_error(ex, compose(config_name=config_name)) from None
     return configs
 
 

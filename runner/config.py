@@ -116,11 +116,31 @@ class TopologyConfig(Section):
     name: str = "ring"
 
 
+@dataclass
+class StragglerConfig:
+    ranks: list[int] = field(default_factory=list)  # these ranks compute `factor` times slower
+    factor: float = 1.0
+
+
+@dataclass
+class FaultsConfig(Section):
+    straggler: StragglerConfig = field(default_factory=StragglerConfig)
+
+    def check(self, prefix: str, cfg: DictConfig) -> None:
+        nprocs = cfg.launcher.nprocs
+        require(self.straggler.factor >= 1, f"{prefix}.straggler.factor",
+                f"must be >= 1, got {self.straggler.factor}", f"{prefix}.straggler.factor=4")
+        bad = [r for r in self.straggler.ranks if not 0 <= r < nprocs]
+        require(not bad, f"{prefix}.straggler.ranks", f"ranks {bad} do not exist with "
+                f"launcher.nprocs={nprocs}", f"{prefix}.straggler.ranks=[{nprocs - 1}]")
+
+
 FIXED_SECTIONS: dict[str, type] = {
     "trainer": TrainerConfig,
     "optim": OptimConfig,
     "comm": CommConfig,
     "topology": TopologyConfig,
+    "faults": FaultsConfig,
 }
 
 

@@ -93,7 +93,7 @@ class Trainer:
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=o.lr, momentum=o.momentum,
                                          nesterov=o.nesterov, weight_decay=o.weight_decay)
         ctx = TrainContext(cfg=cfg, world=world, comm=comm, node_comm=node_comm, device=device,
-                           timers=self.timers)
+                           timers=self.timers, param_buffers=self.param_buffers)
         self.algo = ALGORITHMS.get(cfg.algo.name)(cfg.algo, ctx)
         self.algo.setup(self.model, self.optimizer)
 
@@ -109,39 +109,68 @@ class Trainer:
         self.runlog = RunLog(self.run_dir) if world.is_main else None
         self._eval_model: torch.nn.Module | None = None
         self.step = 0
-        self.samples = 0  # global samples consumed (exact: every rank knows every shard size)
-        self.local_samples = 0
+        self.samples = 0  # global samples consumed, as this rank knows it (see run())
+        self.lockstep_samples = 0  # the same if every rank advances in lockstep
+        self.local_samples = 0  # this rank's own
+        straggler = cfg.faults.straggler
+        self.slowdown = straggler.factor if world.rank in straggler.ranks else 1.0
         self._loss_sum: torch.Tensor | float = 0.0
         self._loss_steps = 0
         self.history: list[dict[str, Any]] = []
 
     # ---- training --------------------------------------------------------------------
+    def eval_boundaries(self) -> list[int]:
+        """Global sample counts at which to evaluate: epoch ends, and every
+        ``trainer.eval_every`` steps' worth of global samples. The last one is the budget."""
+        tcfg, n_train = self.cfg.trainer, len(self.train_set)
+        budget = tcfg.epochs * n_train
+        points = {e * n_train for e in range(1, tcfg.epochs + 1)}
+        if tcfg.eval_every:
+            stride = tcfg.eval_every * self.world.size * tcfg.batch_size
+            points |= set(range(stride, budget, stride))
+        return sorted(points)
+
     def run(self) -> dict[str, Any]:
+        """Train until the global sample count reaches ``epochs`` passes over the data.
+
+        Lockstep algorithms know that count exactly and every rank takes the same steps.
+        Asynchronous ones estimate it, so fast ranks take more steps than slow ones (each
+        cycles through its own shard); evaluations are collective and happen when the count
+        crosses a boundary, which every rank does in the same order.
+        """
         tcfg = self.cfg.trainer
         steps = self.shards.steps_per_epoch
+        boundaries = self.eval_boundaries()
         self.progress = None
         if self.world.is_main and tcfg.progress and self.progress_stream is not None:
             from tqdm import tqdm
 
-            self.progress = tqdm(total=tcfg.epochs * steps, file=self.progress_stream,
-                                 unit="step", dynamic_ncols=True,
+            self.progress = tqdm(total=boundaries[-1], file=self.progress_stream,
+                                 unit="sample", unit_scale=True, dynamic_ncols=True,
                                  desc=f"{self.cfg.algo.name} x{self.world.size}")
         self.start_time = time.perf_counter()
         self._last_log = (self.start_time, 0)
-        for epoch in range(tcfg.epochs):
-            batches = self.shards.epoch_batches(epoch)
+        local_epoch, done = 0, 0
+        while done < len(boundaries):
+            batches = self.shards.epoch_batches(local_epoch)
             stream = self.fetch.iterate(batches)
             for k in range(steps):
                 with self.timers.time("data"):
                     batch = next(stream)
                 self.train_step(batch, len(batches[k]), self.shards.global_count(k))
-                epoch_end = k == steps - 1
-                if self.step % tcfg.log_every == 0 or epoch_end:
+                self.lockstep_samples += self.shards.global_count(k)
+                seen = self.algo.global_samples(self.local_samples, self.lockstep_samples)
+                self.samples = max(self.samples, int(seen))
+                if self.step % tcfg.log_every == 0 or k == steps - 1:
                     self.log_training()
                 if self.progress:
-                    self.progress.update(1)
-                if epoch_end or (tcfg.eval_every and self.step % tcfg.eval_every == 0):
+                    self.progress.update(min(self.samples, boundaries[-1]) - self.progress.n)
+                while done < len(boundaries) and self.samples >= boundaries[done]:
+                    done += 1
                     self.evaluate()
+                if done == len(boundaries):
+                    break
+            local_epoch += 1
         self.algo.finish()
         if self.progress:
             self.progress.close()
@@ -157,10 +186,13 @@ class Trainer:
         with self.timers.time("compute"):
             if batch is not None:
                 batch = self.recipe.to_device(batch, self.device, self.dtype)
+                started = time.perf_counter()
                 loss = self.recipe.loss(self.model, batch)
                 weight = self.algo.gradient_weight(local_count, global_count)
                 self.algo.before_backward(self.step)
                 (loss * weight).backward()
+                if self.slowdown > 1:  # injected straggler: the same work, `factor` x slower
+                    time.sleep((self.slowdown - 1) * (time.perf_counter() - started))
                 # Summed on the device: reading it every step would synchronise a GPU.
                 self._loss_sum = self._loss_sum + loss.detach()
                 self._loss_steps += 1
@@ -170,7 +202,6 @@ class Trainer:
         with self.timers.time("compute"):
             self.algo.apply_update(self.optimizer)
         self.algo.after_step(self.step)
-        self.samples += global_count
         self.local_samples += local_count
 
     def log_training(self) -> None:
@@ -242,6 +273,9 @@ class Trainer:
 
     def evaluate(self) -> None:
         self.algo.pause()
+        # Every rank learns the exact global count (asynchronous ranks only estimate it).
+        self.samples = int(self.comm.allreduce_numbers([self.local_samples])[0])
+        self.algo.sync_global_samples(self.samples)
         with self.timers.time("eval"):
             results: dict[str, dict[str, float]] = {}
             if self.algo.identical_replicas:

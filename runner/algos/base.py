@@ -18,7 +18,7 @@ describe capabilities so that the trainer and the CLI never special-case an algo
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
@@ -42,6 +42,7 @@ class TrainContext:
     node_comm: Communicator  # ranks of this (real or emulated) node
     device: torch.device
     timers: Timers
+    param_buffers: list[torch.Tensor] = field(default_factory=list)  # the model, flat
 
 
 class Algorithm:
@@ -69,6 +70,19 @@ class Algorithm:
     def gradient_weight(self, local_count: int, global_count: int) -> float:
         """Factor on this rank's mean loss. Decentralized models use their own batch mean."""
         return 1.0
+
+    def global_samples(self, local_samples: int, lockstep_samples: int) -> float:
+        """Global samples consumed so far, as this rank knows it.
+
+        Lockstep algorithms know it exactly (``lockstep_samples``: every rank knows every
+        shard). Asynchronous ones estimate it; the trainer evaluates and stops when this
+        crosses sample boundaries, so the estimate must never decrease.
+        """
+        return lockstep_samples
+
+    def sync_global_samples(self, exact: int) -> None:
+        """At each evaluation the trainer shares the exact global count (asynchronous ones
+        correct their estimate with it)."""
 
     def before_forward(self, step: int) -> None:
         pass

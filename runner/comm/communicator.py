@@ -25,6 +25,7 @@ import torch
 from .world import mpi
 
 TENSOR_BACKENDS = ("mpi", "nccl", "gloo")
+EXCHANGE = 11  # MPI tag of model exchanges
 
 
 class Handle:
@@ -101,12 +102,47 @@ class Communicator:
                 else:
                     import torch.distributed as dist
 
-                    global_root = dist.get_global_rank(self.torch_group, root) \
-                        if self.torch_group is not None else root
-                    dist.broadcast(tensor, src=global_root, group=self.torch_group)
+                    dist.broadcast(tensor, src=self._global(root), group=self.torch_group)
             return tensor
 
         return self._submit(run).wait()
+
+    def exchange_(self, send: torch.Tensor, send_to: Sequence[int],
+                  recv_from: dict[int, torch.Tensor]) -> Handle:
+        """Send ``send`` to every rank in ``send_to`` and fill ``recv_from[peer]`` from every
+        peer, all posted at once so that two ranks sending to each other cannot block.
+
+        Messages between two ranks arrive in the order they were posted, and this
+        communicator posts in submission order, so consecutive exchanges never mix.
+        """
+
+        def run():
+            if self.backend == "mpi":
+                requests = [self._tensor_comm.Irecv(_as_numpy(buf), source=peer, tag=EXCHANGE)
+                            for peer, buf in recv_from.items()]
+                requests += [self._tensor_comm.Isend(_as_numpy(send), dest=peer, tag=EXCHANGE)
+                             for peer in send_to]
+                self.MPI.Request.Waitall(requests)
+            elif recv_from or send_to:
+                import torch.distributed as dist
+
+                ops = [dist.P2POp(dist.irecv, buf, self._global(peer), group=self.torch_group)
+                       for peer, buf in recv_from.items()]
+                ops += [dist.P2POp(dist.isend, send, self._global(peer), group=self.torch_group)
+                        for peer in send_to]
+                for request in dist.batch_isend_irecv(ops):
+                    request.wait()
+            return recv_from
+
+        return self._submit(run)
+
+    def _global(self, rank: int) -> int:
+        """torch.distributed addresses peers by global rank."""
+        if self.torch_group is None:
+            return rank
+        import torch.distributed as dist
+
+        return dist.get_global_rank(self.torch_group, rank)
 
     # ---- control collectives (calling thread, MPI) ---------------------------------------
     def allreduce_numbers(self, values: Sequence[float], op: str = "sum") -> np.ndarray:

@@ -2,11 +2,13 @@
 
 import sys
 
+import numpy as np
 import torch
 
 from runner.comm.buffers import flatten, flatten_parameters, unflatten
 from runner.comm.communicator import Communicator, init_torch_distributed, torch_subgroups
 from runner.comm.world import detect_world
+from runner.data import ShardedBatches
 
 from harness import run_on_ranks
 
@@ -48,6 +50,33 @@ def checks(world_mpi):
     nb = torch.full((5,), float(rank))
     node.broadcast_(nb, root=1)
     assert torch.equal(nb, torch.full((5,), float(2 * world.node + 1))), "node broadcast"
+
+    # Ring exchange: send to both neighbours, receive from both, all posted at once (with 2
+    # ranks both neighbours are the same rank).
+    left, right = (rank - 1) % size, (rank + 1) % size
+    neighbours = sorted({left, right})
+    mine = torch.full((1000,), float(rank))
+    received = {peer: torch.empty(1000) for peer in neighbours}
+    comm.exchange_(mine, neighbours, received).wait()
+    assert torch.equal(received[left], torch.full((1000,), float(left))), "exchange left"
+    assert torch.equal(received[right], torch.full((1000,), float(right))), "exchange right"
+    # Directed: send to the right only, receive from the left only; twice in a row keeps
+    # the order.
+    first = comm.exchange_(torch.full((8,), 1.0 + rank), [right], {left: torch.empty(8)})
+    second = comm.exchange_(torch.full((8,), -1.0 - rank), [right], {left: torch.empty(8)})
+    assert torch.equal(first.wait()[left], torch.full((8,), 1.0 + left))
+    assert torch.equal(second.wait()[left], torch.full((8,), -1.0 - left))
+    # Inside a node, peers are node-local ranks.
+    pair = {1 - world.local_rank: torch.empty(3)}
+    node.exchange_(torch.full((3,), float(rank)), [1 - world.local_rank], pair).wait()
+    assert torch.equal(pair[1 - world.local_rank], torch.full((3,), float(rank ^ 1)))
+
+    # Shards: what every rank draws in an epoch covers the dataset exactly once.
+    for n_items, batch in ((1438, 32), (101, 8)):
+        shards = ShardedBatches(n_items, rank, size, batch, seed=7)
+        mine = np.concatenate(shards.epoch_batches(2)).tolist()
+        everything = sorted(i for part in world_mpi.allgather(mine) for i in part)
+        assert everything == list(range(n_items)), "shards do not cover the data once"
 
     # A model's parameters as one flat buffer: one message reduces the whole model exactly
     # like reducing every tensor on its own.

@@ -16,4 +16,5 @@ def run_on_ranks(check) -> None:
         traceback.print_exc()
         sys.stderr.flush()
         world.Abort(1)
+        sys.exit(1)  # in case Abort returns before the process is killed
     print(f"rank {world.Get_rank()}: {message}", flush=True)
