@@ -139,7 +139,6 @@ FIXED_SECTIONS: dict[str, type] = {
     "trainer": TrainerConfig,
     "optim": OptimConfig,
     "comm": CommConfig,
-    "topology": TopologyConfig,
     "faults": FaultsConfig,
 }
 
@@ -149,8 +148,10 @@ def _registries() -> dict[str, Any]:
 
     from .algos import ALGORITHMS
     from .launch import LAUNCHERS
+    from .topology import TOPOLOGIES
 
-    return {"recipe": RECIPES, "algo": ALGORITHMS, "launcher": LAUNCHERS}
+    return {"recipe": RECIPES, "algo": ALGORITHMS, "topology": TOPOLOGIES,
+            "launcher": LAUNCHERS}
 
 
 def _known_keys(schema: type) -> list[str]:

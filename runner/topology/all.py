@@ -1,0 +1,3 @@
+"""Importing this module registers every topology."""
+
+from . import graphs, random_ring, torus  # noqa: F401
