@@ -94,7 +94,7 @@ class Trainer:
                                          nesterov=o.nesterov, weight_decay=o.weight_decay)
         ctx = TrainContext(cfg=cfg, world=world, comm=comm, node_comm=node_comm, device=device,
                            timers=self.timers, param_buffers=self.param_buffers)
-        self.algo = ALGORITHMS.get(cfg.algo.name)(cfg.algo, ctx)
+        self.algo = ALGORITHMS.get(cfg.algo.name).build(cfg.algo, ctx)
         self.algo.setup(self.model, self.optimizer)
 
         self.shards = ShardedBatches(len(self.train_set), world.rank, world.size,
@@ -148,6 +148,7 @@ class Trainer:
             self.progress = tqdm(total=boundaries[-1], file=self.progress_stream,
                                  unit="sample", unit_scale=True, dynamic_ncols=True,
                                  desc=f"{self.cfg.algo.name} x{self.world.size}")
+        self.comm.barrier()  # start together: set-up time differs between ranks
         self.start_time = time.perf_counter()
         self._last_log = (self.start_time, 0)
         local_epoch, done = 0, 0
@@ -288,7 +289,8 @@ class Trainer:
                     self._fill_scratch(lambda t: self.comm.broadcast_(t, root=0)))
             consensus = self.consensus_distance()
             per_rank = self.comm.gather_objects(
-                {**self.timers.snapshot(), "comm_busy": self.comm.busy_s, **self.algo.stats()})
+                {"time": {**self.timers.snapshot(), "comm_busy": self.comm.busy_s},
+                 "algo": self.algo.stats()})
         self.algo.resume()
         if not self.runlog:
             return
@@ -303,9 +305,11 @@ class Trainer:
             self.runlog.scalars({f"{split}/{k}": v for k, v in metrics.items()}, self.step)
         self.runlog.scalars({"consensus/distance": consensus}, self.step)
         assert per_rank is not None
-        for rank, timers in enumerate(per_rank):
+        for rank, report in enumerate(per_rank):
             self.runlog.scalars({f"time/{name}_s/rank{rank}": value
-                                 for name, value in timers.items()}, self.step)
+                                 for name, value in report["time"].items()}, self.step)
+            self.runlog.scalars({f"algo/{name}/rank{rank}": value
+                                 for name, value in report["algo"].items()}, self.step)
         self.per_rank = per_rank
         log.info("eval at epoch %.2f step %d: %s", epoch, self.step,
                  {s: {k: round(v, 4) for k, v in m.items()} for s, m in results.items()})
@@ -322,8 +326,10 @@ class Trainer:
             evals = [r for r in self.history if r["split"] == "eval"]
             final = {k: v for k, v in evals[-1].items()
                      if k not in ("epoch", "step", "samples", "wall_s", "split")}
-            means = {name: float(np.mean([t.get(name, 0.0) for t in self.per_rank]))
+            times = [report["time"] for report in self.per_rank]
+            means = {name: float(np.mean([t.get(name, 0.0) for t in times]))
                      for name in ("compute", "comm", "idle", "data", "eval", "comm_busy")}
+            algo_stats = [report["algo"] for report in self.per_rank]
             summary = {
                 "status": "completed",
                 "algo": self.cfg.algo.name,
@@ -347,7 +353,10 @@ class Trainer:
                 "data_s": means["data"],
                 "eval_s": means["eval"],
                 "comm_busy_s": means["comm_busy"],
-                "per_rank": self.per_rank,
+                "per_rank": times,
+                # Algorithm-specific numbers per rank (exchanges, staleness...), and means.
+                "algo_stats": {name: [stats.get(name) for stats in algo_stats]
+                               for name in sorted({k for st in algo_stats for k in st})},
             }
             if "eval_rank0" in {r["split"] for r in self.history}:
                 summary["final_rank0"] = [r for r in self.history

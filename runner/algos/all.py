@@ -1,3 +1,3 @@
 """Importing this module registers every algorithm."""
 
-from . import dpsgd, ssgd  # noqa: F401
+from . import adpsgd, dpsgd, hadpsgd, ssgd  # noqa: F401

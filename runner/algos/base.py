@@ -60,6 +60,11 @@ class Algorithm:
         self.timers = ctx.timers
 
     @classmethod
+    def build(cls, cfg: Any, ctx: TrainContext) -> Algorithm:
+        """The algorithm object for ``cfg`` (a variant may pick another class)."""
+        return cls(cfg, ctx)
+
+    @classmethod
     def check_world(cls, run_cfg: DictConfig) -> None:
         """Raise ConfigError before ranks start when the world shape cannot work."""
 

@@ -37,17 +37,36 @@ def unflatten(flat: torch.Tensor, like: Sequence[torch.Tensor]) -> list[torch.Te
     return views
 
 
+def _groups(params: Iterable[torch.nn.Parameter]) -> list[list[torch.nn.Parameter]]:
+    """Parameters grouped by (dtype, device), in order: the layout of every flat buffer."""
+    groups: dict[tuple[torch.dtype, torch.device], list[torch.nn.Parameter]] = {}
+    for p in params:
+        groups.setdefault((p.dtype, p.device), []).append(p)
+    return list(groups.values())
+
+
+def flatten_gradients(params: Iterable[torch.nn.Parameter]) -> list[torch.Tensor]:
+    """Give every parameter a ``.grad`` that is a view of a flat buffer laid out exactly like
+    :func:`flatten_parameters`' buffers, so that an optimizer over the flat parameters can use
+    these buffers as gradients."""
+    buffers = []
+    for members in _groups(params):
+        flat = torch.zeros(sum(p.numel() for p in members), dtype=members[0].dtype,
+                           device=members[0].device)
+        for p, view in zip(members, unflatten(flat, members)):
+            p.grad = view
+        buffers.append(flat)
+    return buffers
+
+
 def flatten_parameters(params: Iterable[torch.nn.Parameter]) -> list[torch.Tensor]:
     """Rebind parameters to views of flat buffers (one per dtype/device); return the buffers.
 
     After this call, writing into a returned buffer changes the parameters and vice versa, so a
     whole model can be sent, received or averaged as a handful of messages.
     """
-    groups: dict[tuple[torch.dtype, torch.device], list[torch.nn.Parameter]] = {}
-    for p in params:
-        groups.setdefault((p.dtype, p.device), []).append(p)
     buffers = []
-    for members in groups.values():
+    for members in _groups(params):
         flat = flatten(members)
         for p, view in zip(members, unflatten(flat, members)):
             p.data = view

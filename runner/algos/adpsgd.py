@@ -1,0 +1,211 @@
+"""AD-PSGD: asynchronous decentralized parallel SGD (algorithms.md §3, §5.3).
+
+Logical update (one gradient of one learner i; one averaging of a pair i, j)::
+
+    x_i, x_j <- (x_i + x_j) / 2               W_k = I - (e_i - e_j)(e_i - e_j)^T / 2
+    x_i      <- x_i - gamma * g_i(xhat_i)     xhat_i: a possibly stale read of x_i
+
+How it runs. Each learner's model x is shared by two threads:
+
+* the training thread computes g on a snapshot of x (copied into the model before every
+  forward pass) and applies its optimizer step to x under a short lock. It never waits for
+  communication.
+* one gossip thread per learner (runner/comm/pairwise.py) owns the averaging: learners are
+  split into actives (even) and passives (odd); only an active starts an averaging, always with
+  a passive, once per local step. ``pattern=fixed`` alternates between the right and left ring
+  neighbour; ``pattern=random`` picks a uniformly random passive (TASLP's randomized pattern).
+  Both ends average exactly the two snapshots they exchanged and merge the result into x, which
+  keeps the pair's sum and equals an atomic averaging followed by the gradients that arrived in
+  the meantime. Waits only go from actives to passives, so no deadlock is possible.
+
+Progress and the learning-rate schedule follow an estimate of global samples (counters ride on
+every exchange and are made exact at each evaluation): fast learners take more steps than slow
+ones. Evaluation and the end quiesce the gossip (no new exchange, a barrier, in-flight ones
+completed): no learner exits while a peer waits on it. Momentum stays local (§0.3).
+
+``delay_by_one=true`` selects the delay-by-one scheme instead (§5.4, delay_by_one.py).
+Subclassed by hadpsgd.py, where each learner is a node of ranks (a super learner).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..comm.buffers import flatten_gradients
+from ..comm.communicator import Communicator
+from ..comm.pairwise import PairwiseAverager
+from ..comm.world import mpi
+from ..config import require
+from ..errors import ConfigError
+from . import ALGORITHMS
+from .base import AlgoConfig, Algorithm
+
+
+@dataclass
+class ADPSGDConfig(AlgoConfig):
+    name: str = "adpsgd"
+    pattern: str = "fixed"  # fixed: alternate right/left ring neighbour; random: any passive
+    delay_by_one: bool = False  # the delay-by-one scheme of algorithms.md §5.4
+    timeout_s: float = 300.0  # an exchange with no answer for this long is an error
+
+    def check(self, prefix, cfg):
+        require(self.pattern in ("fixed", "random"), f"{prefix}.pattern",
+                f"must be fixed or random, got {self.pattern!r}", f"{prefix}.pattern=fixed")
+        require(self.timeout_s > 0, f"{prefix}.timeout_s", "must be > 0",
+                f"{prefix}.timeout_s=300")
+
+
+def ring_or_random_peer(pattern: str, index: int, count: int, seed: int):
+    """Peer schedule of active ``index`` among ``count`` participants (even ones active)."""
+    if pattern == "fixed":
+        return lambda k: (index + (1 if k % 2 == 0 else -1)) % count
+    rng = np.random.default_rng([seed, index])
+    return lambda k: 2 * int(rng.integers(count // 2)) + 1
+
+
+@ALGORITHMS.register("adpsgd")
+class ADPSGD(Algorithm):
+    Config = ADPSGDConfig
+    asynchronous = True
+
+    @classmethod
+    def build(cls, cfg, ctx):
+        if cfg.delay_by_one:
+            from .delay_by_one import DelayByOne
+
+            return DelayByOne(cfg, ctx)
+        return cls(cfg, ctx)
+
+    @classmethod
+    def participants(cls, run_cfg) -> int:
+        return run_cfg.launcher.nprocs
+
+    @classmethod
+    def check_world(cls, run_cfg):
+        count = cls.participants(run_cfg)
+        if count > 1 and count % 2:
+            raise ConfigError("launcher.nprocs", f"{cls.registered_name} pairs active and "
+                              f"passive learners, so it needs an even number of them, got "
+                              f"{count}", cls.even_fix(run_cfg))
+
+    @classmethod
+    def even_fix(cls, run_cfg) -> str:
+        return f"launcher.nprocs={run_cfg.launcher.nprocs + 1}"
+
+    # ---- the group of ranks that forms one learner ---------------------------------------
+    def learner_comm(self) -> Communicator:
+        """Ranks that share one model: just this rank (hadpsgd: its node)."""
+        return Communicator(mpi().COMM_SELF, "mpi", name="self")
+
+    def setup(self, model, optimizer):
+        super().setup(model, optimizer)
+        self.group = self.learner_comm()
+        self.is_leader = self.group.rank == 0
+        self.replica = self.ctx.param_buffers  # what forward/backward run on
+        self.grads = flatten_gradients(model.parameters())
+        self.x = [flat.detach().clone() for flat in self.replica]
+        self.lock = threading.Lock()
+        masters = [torch.nn.Parameter(flat, requires_grad=False) for flat in self.x]
+        for master, grad in zip(masters, self.grads):
+            master.grad = grad
+        d = optimizer.defaults
+        self.optimizer_x = torch.optim.SGD(masters, lr=d["lr"], momentum=d["momentum"],
+                                           nesterov=d["nesterov"],
+                                           weight_decay=d["weight_decay"])
+        world_mpi = self.comm.mpi_comm
+        leaders = world_mpi.Split(0 if self.is_leader else mpi().UNDEFINED, self.world.rank)
+        self.averager = None
+        self.staleness: list[int] = []
+        if self.is_leader and leaders.Get_size() > 1:
+            index, count = leaders.Get_rank(), leaders.Get_size()
+            self.averager = PairwiseAverager(
+                leaders, self.x, self.lock, is_active=index % 2 == 0,
+                next_peer=ring_or_random_peer(self.cfg.pattern, index, count,
+                                              self.ctx.cfg.seed),
+                timeout_s=self.cfg.timeout_s)
+        if leaders != mpi().COMM_NULL:
+            leaders.Free()
+        self._snapshot_version = 0
+
+    def _refresh_replica(self) -> None:
+        """Copy x into the model the next gradient is computed on (and into every replica)."""
+        if self.is_leader:
+            with self.lock:
+                for replica, x in zip(self.replica, self.x):
+                    replica.copy_(x)
+                self._snapshot_version = self.averager.version if self.averager else 0
+        if self.group.size > 1:
+            with self.timers.time("comm"):
+                for replica in self.replica:
+                    self.group.broadcast_(replica, root=0)
+
+    # ---- hooks -------------------------------------------------------------------------
+    def before_forward(self, step):
+        self._refresh_replica()
+
+    def after_backward(self, step):
+        if self.group.size > 1:  # a super learner averages its members' gradients
+            with self.timers.time("comm"):
+                for grad in self.grads:
+                    self.group.allreduce_(grad, op="mean")
+
+    def apply_update(self, optimizer):
+        if not self.is_leader:
+            return
+        for group in self.optimizer_x.param_groups:
+            group["lr"] = optimizer.param_groups[0]["lr"]
+        with self.lock:
+            self.optimizer_x.step()
+            if self.averager:
+                self.staleness.append(self.averager.version - self._snapshot_version)
+
+    def global_samples(self, local_samples, lockstep_samples):
+        estimate = 0
+        if self.averager:
+            # A learner's samples are its members' (equal batches inside a node).
+            self.averager.tick(local_samples * self.group.size)
+            estimate = self.averager.global_samples()
+        elif self.is_leader:
+            estimate = lockstep_samples  # one learner: nothing to estimate
+        if self.group.size > 1:  # every member follows its leader's clock
+            estimate = self.group.bcast_object(estimate, root=0)
+        return estimate
+
+    def sync_global_samples(self, exact):
+        # Exact per-learner counts, over the world's control communicator (the gossip
+        # thread's communicator stays its own). Leaders appear in world-rank order, which is
+        # their order among participants.
+        mine = int(self.averager.counts[self.averager.rank]) if self.averager else None
+        counts = [c for c in self.comm.allgather_objects(mine) if c is not None]
+        if self.averager:
+            self.averager.counts[:] = counts
+
+    def pause(self):
+        if self.averager:
+            self.averager.quiesce(self.comm.barrier)
+        else:
+            self.comm.barrier()  # take part in the leaders' quiescence barrier
+        self._refresh_replica()  # evaluate x itself
+
+    def resume(self):
+        if self.averager:
+            self.averager.resume()
+
+    def finish(self):
+        if self.averager:
+            self.averager.stop(self.comm.barrier)
+        else:
+            self.comm.barrier()
+        self._refresh_replica()
+
+    def stats(self):
+        if not self.averager:
+            return {}
+        staleness = self.staleness or [0]
+        return {"exchanges": float(self.averager.exchanges),
+                "staleness_mean": float(np.mean(staleness)),
+                "staleness_max": float(np.max(staleness))}

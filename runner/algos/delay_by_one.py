@@ -1,0 +1,76 @@
+"""Delay-by-one AD-PSGD (algorithms.md §5.4, the runner's reconstruction; ``algo=adpsgd
+algo.delay_by_one=true``).
+
+Every step k each learner i exchanges its model with one scheduled peer p(k) (a perfect
+matching known to both ends: alternating ring matchings for ``pattern=fixed``, a random
+matching drawn from (seed, k) for ``pattern=random``), but consumes the message one step later::
+
+    post send(x_i^k -> p(k)), recv(buf <- p(k))            # overlaps the gradient of step k
+    y = the model received during step k-1 (x_i^0 at the first step)
+    x_i^{k+1} = (1 - w) x_i^k + w y - gamma * g_i(x_i^k),  w = 1/2
+
+A learner waits only for a message sent one full step earlier, so communication is hidden
+when learners run at the same speed. With gamma = 0 the quantity sum_i x^k + w sum_i x^{k-1}
+is conserved and all models converge to its mean. Warning: the tempting variant
+``x^{k+1} = x^k - gamma g + (X^{k-1}(W - I))_i`` diverges (eigenvalue -1/3 grows by sqrt(4/3)
+per step on the ring) and is deliberately not implemented.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .base import Algorithm
+
+MIX = 0.5  # w
+
+
+def matching_partner(pattern: str, rank: int, size: int, step: int, seed: int) -> int:
+    """The peer of ``rank`` at ``step`` in a perfect matching of ``size`` (even) learners."""
+    if pattern == "fixed":  # pairs (2m, 2m+1) on even steps, (2m+1, 2m+2) on odd steps
+        up = (rank % 2 == 0) == (step % 2 == 0)
+        return (rank + (1 if up else -1)) % size
+    order = np.random.default_rng([seed, step]).permutation(size)
+    position = int(np.flatnonzero(order == rank)[0])
+    return int(order[position ^ 1])
+
+
+class DelayByOne(Algorithm):
+    def setup(self, model, optimizer):
+        super().setup(model, optimizer)
+        self.params = self.ctx.param_buffers
+        self.sent = [[torch.empty_like(x) for x in self.params] for _ in range(2)]
+        self.received = [[torch.empty_like(x) for x in self.params] for _ in range(2)]
+        self._in_flight = None  # (handles, peer) posted at this step
+        self._previous = None  # ... and at the step before, consumed now
+
+    def _partner(self, step: int) -> int:
+        return matching_partner(self.cfg.pattern, self.world.rank, self.world.size, step,
+                                self.ctx.cfg.seed)
+
+    def before_forward(self, step):
+        if self.world.size == 1:
+            return
+        slot, peer = step % 2, self._partner(step)
+        handles = []
+        for x, sent, received in zip(self.params, self.sent[slot], self.received[slot]):
+            sent.copy_(x)  # x changes before this message is consumed
+            handles.append(self.comm.exchange_(sent, [peer], {peer: received}))
+        self._previous, self._in_flight = self._in_flight, (handles, peer)
+
+    def after_backward(self, step):
+        if self.world.size == 1 or self._previous is None:
+            return  # first step: y = x, nothing to mix
+        handles, peer = self._previous
+        with self.timers.time("comm"), torch.no_grad():
+            for x, handle in zip(self.params, handles):
+                y = handle.wait()[peer]
+                x.mul_(1 - MIX).add_(y, alpha=MIX)
+        self._previous = None
+
+    def finish(self):
+        if self._in_flight is not None:  # the last exchange: no peer may be left waiting
+            for handle in self._in_flight[0]:
+                handle.wait()
+            self._in_flight = None

@@ -1,0 +1,58 @@
+"""H-ADPSGD: hierarchical AD-PSGD (algorithms.md §4).
+
+The L ranks of a node (``launcher.procs_per_node``; real nodes under SLURM) form a super
+learner z_s; the S super learners run AD-PSGD among themselves::
+
+    every step, inside node s:  G_s = (1/L) sum_l g_l(z_s)      (node allreduce)
+                                z_s <- z_s - gamma * G_s          (applied by the node leader)
+    between nodes, asynchronous: active super learner s and passive r: z_s, z_r <- (z_s + z_r)/2
+
+The node leader (local rank 0) owns z_s and its gossip thread; before every step it broadcasts
+z_s to the node, so the replicas inside a node are identical. S = 1 is synchronous SGD over
+the node; L = 1 is AD-PSGD. S must be even (or 1): actives and passives are paired.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..comm.communicator import Communicator
+from ..errors import ConfigError
+from . import ALGORITHMS
+from .adpsgd import ADPSGD, ADPSGDConfig
+
+
+@dataclass
+class HADPSGDConfig(ADPSGDConfig):
+    name: str = "hadpsgd"
+
+
+@ALGORITHMS.register("hadpsgd")
+class HADPSGD(ADPSGD):
+    Config = HADPSGDConfig
+
+    @classmethod
+    def build(cls, cfg, ctx):
+        if cfg.delay_by_one:
+            raise ConfigError("algo.delay_by_one", "hadpsgd has no delay-by-one variant",
+                              "use algo=adpsgd algo.delay_by_one=true")
+        return cls(cfg, ctx)
+
+    @classmethod
+    def participants(cls, run_cfg) -> int:
+        ppn = run_cfg.launcher.procs_per_node
+        if not ppn:
+            raise ConfigError("launcher.procs_per_node", "hadpsgd needs nodes to form super "
+                              "learners", "set launcher.procs_per_node, e.g. "
+                              f"launcher.procs_per_node={max(1, run_cfg.launcher.nprocs // 2)}")
+        return run_cfg.launcher.nprocs // ppn
+
+    @classmethod
+    def even_fix(cls, run_cfg) -> str:
+        ppn = run_cfg.launcher.procs_per_node
+        nodes = run_cfg.launcher.nprocs // ppn
+        return (f"use an even number of nodes, e.g. launcher.nprocs={ppn * (nodes + 1)} "
+                f"with launcher.procs_per_node={ppn}")
+
+    def learner_comm(self) -> Communicator:
+        return self.ctx.node_comm

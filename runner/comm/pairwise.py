@@ -1,0 +1,209 @@
+"""Asynchronous pairwise model averaging between an active and a passive rank (AD-PSGD §3).
+
+One gossip thread per participant owns the averaging of a shared model ``x`` (flat buffers):
+
+* an **active** takes a snapshot ``s_a`` of x, sends it to a passive peer, receives the peer's
+  snapshot ``s_p``, and merges ``x <- x + ((s_a + s_p)/2 - s_a)``;
+* a **passive** never initiates: when a request arrives it takes a snapshot ``s_p``, replies
+  with it and merges ``x <- x + ((s_a + s_p)/2 - s_p)``.
+
+Both ends average exactly the two vectors that were exchanged, so the pair's sum is preserved
+and the result equals "average atomically, then apply the gradients that arrived meanwhile":
+the training thread keeps applying its own gradients to x (under the same short lock) and never
+waits for a transfer. Every wait is a poll with back-off (no core spent spinning on an
+oversubscribed machine) and a timeout whose message names this rank, its peer and the
+operation. Waits always go from an active to a passive, and passives never wait for anyone, so
+no cycle of waits (deadlock) can form.
+
+Progress counters ride along: each message carries the sender's table of samples seen per
+participant, merged by maximum, which gives every rank an estimate of global progress.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+import time
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from .world import mpi
+
+REQUEST, REPLY, MODEL_REQUEST, MODEL_REPLY = 21, 22, 23, 24
+SWITCH_INTERVAL_S = 2e-4
+log = logging.getLogger("adpsgd")
+
+
+class ExchangeTimeout(RuntimeError):
+    pass
+
+
+class PairwiseAverager:
+    def __init__(self, mpi_comm, buffers: list[torch.Tensor], lock: threading.Lock,
+                 is_active: bool, next_peer: Callable[[int], int], timeout_s: float = 300.0,
+                 rate_limited: bool = True):
+        """``mpi_comm``: the participants (a duplicate is used, never shared with other
+        threads); ``buffers``: the shared model x; ``next_peer(k)``: the passive peer of this
+        active's k-th exchange; ``rate_limited``: an active averages once per :meth:`tick`."""
+        self.MPI = mpi()
+        self.comm = mpi_comm.Dup()
+        self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
+        self.buffers, self.lock = buffers, lock
+        self.is_active, self.next_peer = is_active, next_peer
+        self.timeout_s, self.rate_limited = timeout_s, rate_limited
+        self.snapshots = [torch.empty_like(b) for b in buffers]
+        self.received = [torch.empty_like(b) for b in buffers]
+        self.counts = np.zeros(self.size, dtype=np.int64)  # samples seen per participant
+        self.exchanges = 0
+        self.partners: dict[int, int] = {}
+        self.version = 0  # increments with every merge: gradient staleness is measured in it
+        self.intervals: list[tuple[float, float, int]] = []  # (start, end, peer), if recorded
+        self.record_intervals = False
+        self.error: BaseException | None = None
+        self._allow_initiate = threading.Event()
+        self._allow_initiate.set()
+        self._ticks = threading.Semaphore(0)
+        self._idle = threading.Event()
+        self._idle.set()
+        self._running = True
+        # The gossip thread runs a few Python statements between MPI calls; with CPython's
+        # default 5 ms switch interval each of them can wait that long for the GIL while the
+        # training thread runs, which made exchanges ~10x rarer than steps.
+        sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL_S))
+        self._thread = threading.Thread(target=self._loop, name="gossip", daemon=True)
+        self._thread.start()
+
+    # ---- called by the training thread ------------------------------------------------------
+    def tick(self, local_samples: int) -> None:
+        """One local step done: publish progress; a rate-limited active may average once."""
+        self.counts[self.rank] = max(self.counts[self.rank], local_samples)
+        if self.rate_limited:
+            self._ticks.release()
+        self.raise_if_failed()
+
+    def global_samples(self) -> int:
+        return int(self.counts.sum())
+
+    def quiesce(self, barrier: Callable[[], None]) -> None:
+        """Stop initiating, let every in-flight exchange end everywhere (collective)."""
+        self._allow_initiate.clear()
+        self._ticks.release()  # wake an active waiting for a tick so it can see the pause
+        self._wait_idle()
+        barrier()  # now no active anywhere starts or has an exchange in flight...
+        self._wait_idle()  # ...and a passive finishing its last reply is done too
+        self.raise_if_failed()
+
+    def resume(self) -> None:
+        self._allow_initiate.set()
+
+    def stop(self, barrier: Callable[[], None]) -> None:
+        self.quiesce(barrier)
+        self._running = False
+        self._ticks.release()
+        self._thread.join()
+        self.comm.Free()
+
+    def raise_if_failed(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+    def _wait_idle(self) -> None:
+        while not self._idle.wait(timeout=0.5):
+            self.raise_if_failed()
+
+    # ---- gossip thread -------------------------------------------------------------------
+    def _loop(self) -> None:
+        try:
+            while self._running:
+                if self.is_active:
+                    self._active_round()
+                else:
+                    self._serve_one()
+        except BaseException as ex:  # noqa: BLE001 - reported to the training thread
+            self.error = ex
+            log.error("gossip thread of participant %d failed: %s", self.rank, ex)
+
+    def _active_round(self) -> None:
+        if self.rate_limited and not self._ticks.acquire(timeout=0.5):
+            return
+        if not (self._running and self._allow_initiate.is_set()):
+            time.sleep(0.001)
+            return
+        self._idle.clear()
+        try:
+            peer = self.next_peer(self.exchanges)
+            started = time.perf_counter()
+            self._snapshot()
+            header = self.counts.copy()
+            reply = np.empty_like(header)
+            self._wait([self.comm.Isend(header, dest=peer, tag=REQUEST),
+                        self.comm.Irecv(reply, source=peer, tag=REPLY)], peer, "request")
+            requests = [self.comm.Isend(_np(s), dest=peer, tag=MODEL_REQUEST)
+                        for s in self.snapshots]
+            requests += [self.comm.Irecv(_np(r), source=peer, tag=MODEL_REPLY)
+                         for r in self.received]
+            self._wait(requests, peer, "model exchange")
+            self._merge(reply, peer, started)
+        finally:
+            self._idle.set()
+
+    def _serve_one(self) -> None:
+        status = self.MPI.Status()
+        delay = 1e-4
+        while not self.comm.Iprobe(source=self.MPI.ANY_SOURCE, tag=REQUEST, status=status):
+            if not self._running:
+                return
+            time.sleep(delay)
+            delay = min(delay * 2, 2e-3)
+        self._idle.clear()
+        try:
+            peer = status.Get_source()
+            started = time.perf_counter()
+            header = np.empty_like(self.counts)
+            self.comm.Recv(header, source=peer, tag=REQUEST)
+            self._snapshot()
+            requests = [self.comm.Isend(self.counts.copy(), dest=peer, tag=REPLY)]
+            requests += [self.comm.Irecv(_np(r), source=peer, tag=MODEL_REQUEST)
+                         for r in self.received]
+            requests += [self.comm.Isend(_np(s), dest=peer, tag=MODEL_REPLY)
+                         for s in self.snapshots]
+            self._wait(requests, peer, "reply")
+            self._merge(header, peer, started)
+        finally:
+            self._idle.set()
+
+    def _snapshot(self) -> None:
+        with self.lock:
+            for snapshot, x in zip(self.snapshots, self.buffers):
+                snapshot.copy_(x)
+
+    def _merge(self, their_counts: np.ndarray, peer: int, started: float) -> None:
+        with self.lock:
+            for x, mine, theirs in zip(self.buffers, self.snapshots, self.received):
+                # x <- x + ((mine + theirs)/2 - mine): computed as (theirs - mine)/2 on both
+                # ends with the roles swapped, so the pair's sum is unchanged.
+                x.add_(theirs.sub_(mine), alpha=0.5)
+            self.version += 1
+        np.maximum(self.counts, their_counts, out=self.counts)
+        self.exchanges += 1
+        self.partners[peer] = self.partners.get(peer, 0) + 1
+        if self.record_intervals:
+            self.intervals.append((started, time.perf_counter(), peer))
+
+    def _wait(self, requests, peer: int, what: str) -> None:
+        deadline = time.monotonic() + self.timeout_s
+        delay = 2e-5
+        while not self.MPI.Request.Testall(requests):
+            if time.monotonic() > deadline:
+                raise ExchangeTimeout(
+                    f"participant {self.rank}: {what} with participant {peer} got no answer "
+                    f"in {self.timeout_s:.0f} s (is rank {peer} alive?)")
+            time.sleep(delay)
+            delay = min(delay * 2, 1e-3)
+
+
+def _np(tensor: torch.Tensor) -> np.ndarray:
+    return tensor.detach().numpy()
