@@ -34,6 +34,10 @@ class Recipe(ABC):
     def check_data(self) -> None:
         """Raise UserError (one line: what is missing and how to prepare it) before ranks start."""
 
+    def prepare(self) -> None:
+        """Build caches (generated corpora, features) once, in the launching process, before
+        any rank starts; ranks only read them. Must be cheap to rerun when all is in place."""
+
     @abstractmethod
     def datasets(self) -> tuple[Dataset, Dataset]:
         """(train, held-out) datasets; every rank gets the same, the trainer shards them."""
@@ -60,3 +64,8 @@ class Recipe(ABC):
     @abstractmethod
     def metrics(self, sums: dict[str, float]) -> dict[str, float]:
         """Final metrics (``loss`` and the recipe's own, e.g. ``top1``) from global sums."""
+
+    def examples(self, model: torch.nn.Module, batch: Any) -> list[tuple[str, str, str]]:
+        """A few (id, reference, hypothesis) rows for TensorBoard's text panel; none by
+        default."""
+        return []

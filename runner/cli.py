@@ -143,6 +143,13 @@ def run_job(cfg: DictConfig) -> None:
     for sub in ("tb", "logs", "checkpoints"):
         (run_dir / sub).mkdir(parents=True, exist_ok=True)
     OmegaConf.save(typed, run_dir / RUN_CONFIG)
+    try:
+        from recipes import RECIPES
+
+        RECIPES.get(typed.recipe.name)(typed.recipe).prepare()  # caches, before ranks start
+    except UserError as ex:
+        print(f"adpsgd-run: error: {ex}", file=sys.stderr)
+        raise SystemExit(2) from None
     print(f"adpsgd-run: {typed.algo.name} on {typed.recipe.name} with "
           f"{typed.launcher.nprocs} rank(s); run dir {run_dir}", flush=True)
     try:

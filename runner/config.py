@@ -125,8 +125,11 @@ class StragglerConfig:
 @dataclass
 class FaultsConfig(Section):
     straggler: StragglerConfig = field(default_factory=StragglerConfig)
+    delay_s: float = 0.0  # every step of every rank sleeps a random time in [0, delay_s]
 
     def check(self, prefix: str, cfg: DictConfig) -> None:
+        require(self.delay_s >= 0, f"{prefix}.delay_s", f"must be >= 0, got {self.delay_s}",
+                f"{prefix}.delay_s=0")
         nprocs = cfg.launcher.nprocs
         require(self.straggler.factor >= 1, f"{prefix}.straggler.factor",
                 f"must be >= 1, got {self.straggler.factor}", f"{prefix}.straggler.factor=4")

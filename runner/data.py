@@ -36,6 +36,10 @@ class ShardedBatches:
     def local_count(self, rank: int, step: int) -> int:
         return max(0, min(self.batch_size, self.shard_size(rank) - step * self.batch_size))
 
+    def counts(self, step: int) -> list[int]:
+        """Samples of every rank at step ``step`` of an epoch."""
+        return [self.local_count(rank, step) for rank in range(self.size)]
+
     def global_count(self, step: int) -> int:
         """Samples that all ranks together consume at step ``step`` of an epoch."""
         return min(self.size * self.batch_size,

@@ -1,8 +1,9 @@
 """adpsgd-gap: spectral gap and rho of a topology for several learner counts.
 
-Usage: ``adpsgd-gap --topology NAME --n N [N ...] [--json] [--seed S]``. Prints one row per
-``n`` with ``spectral_gap`` and ``rho`` as defined in :mod:`runner.topology.spectral`; errors
-are one line on stderr (``adpsgd-gap: error: ...``) with exit status 2.
+Usage: ``adpsgd-gap --topology NAME [NAME ...] --n N [N ...] [--json] [--seed S]``. Prints
+one row per topology and ``n`` with ``spectral_gap`` and ``rho`` as defined in
+:mod:`runner.topology.spectral`; errors are one line on stderr (``adpsgd-gap: error: ...``)
+with exit status 2.
 """
 
 from __future__ import annotations
@@ -48,8 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
                "symmetric). Time-varying W_k: spectral_gap = 1 - SLEM(E[W]), rho = largest "
                "|eigenvalue| of (I-J) E[W^T W] (I-J). Example: adpsgd-gap --topology ring "
                "--n 8 16 64 128")
-    parser.add_argument("--topology", required=True, metavar="NAME",
-                        help=f"one of: {', '.join(TOPOLOGIES.names())}")
+    parser.add_argument("--topology", required=True, nargs="+", metavar="NAME",
+                        help=f"one or more of: {', '.join(TOPOLOGIES.names())}")
     parser.add_argument("--n", required=True, nargs="+", type=positive_int, metavar="N",
                         help="numbers of learners")
     parser.add_argument("--json", action="store_true",
@@ -76,8 +77,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run adpsgd-gap; returns the exit status (0, or 2 after a one-line error)."""
     try:
         args = build_parser().parse_args(argv)
-        topology = TOPOLOGIES.get(args.topology)(None, seed=args.seed)
-        rows = [summarize(topology, n) for n in args.n]
+        topologies = [TOPOLOGIES.get(name)(None, seed=args.seed) for name in args.topology]
+        rows = [summarize(topology, n) for topology in topologies for n in args.n]
     except (_UsageError, UserError) as ex:
         print(f"{PROG}: error: {one_line(ex)}", file=sys.stderr)
         return 2

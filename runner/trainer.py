@@ -92,13 +92,15 @@ class Trainer:
         o = cfg.optim
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=o.lr, momentum=o.momentum,
                                          nesterov=o.nesterov, weight_decay=o.weight_decay)
-        ctx = TrainContext(cfg=cfg, world=world, comm=comm, node_comm=node_comm, device=device,
-                           timers=self.timers, param_buffers=self.param_buffers)
+        self.shards = ShardedBatches(len(self.train_set), world.rank, world.size,
+                                     tcfg.batch_size, cfg.seed)
+        self.ctx = ctx = TrainContext(cfg=cfg, world=world, comm=comm, node_comm=node_comm,
+                                      device=device, timers=self.timers,
+                                      param_buffers=self.param_buffers,
+                                      steps_per_epoch=self.shards.steps_per_epoch)
         self.algo = ALGORITHMS.get(cfg.algo.name).build(cfg.algo, ctx)
         self.algo.setup(self.model, self.optimizer)
 
-        self.shards = ShardedBatches(len(self.train_set), world.rank, world.size,
-                                     tcfg.batch_size, cfg.seed)
         self.eval_shards = ShardedBatches(len(self.eval_set), world.rank, world.size,
                                           tcfg.eval_batch_size, cfg.seed, shuffle=False)
         pin = device.type == "cuda"
@@ -114,6 +116,7 @@ class Trainer:
         self.local_samples = 0  # this rank's own
         straggler = cfg.faults.straggler
         self.slowdown = straggler.factor if world.rank in straggler.ranks else 1.0
+        self.delays = random.Random(cfg.seed * 7919 + world.rank)  # for faults.delay_s
         self._loss_sum: torch.Tensor | float = 0.0
         self._loss_steps = 0
         self.history: list[dict[str, Any]] = []
@@ -158,6 +161,7 @@ class Trainer:
             for k in range(steps):
                 with self.timers.time("data"):
                     batch = next(stream)
+                self.ctx.step_counts = self.shards.counts(k)
                 self.train_step(batch, len(batches[k]), self.shards.global_count(k))
                 self.lockstep_samples += self.shards.global_count(k)
                 seen = self.algo.global_samples(self.local_samples, self.lockstep_samples)
@@ -199,6 +203,8 @@ class Trainer:
                 self._loss_steps += 1
             else:
                 self.algo.before_backward(self.step)
+            if self.cfg.faults.delay_s:  # injected jitter
+                time.sleep(self.delays.uniform(0, self.cfg.faults.delay_s))
         self.algo.after_backward(self.step)
         with self.timers.time("compute"):
             self.algo.apply_update(self.optimizer)
@@ -246,7 +252,8 @@ class Trainer:
                 buf.copy_(value)
         return target
 
-    def _evaluate_model(self, model: torch.nn.Module) -> dict[str, float]:
+    def _evaluate_model(self, model: torch.nn.Module, show_examples: bool = False
+                        ) -> dict[str, float]:
         was_training = model.training
         model.eval()
         sums: dict[str, float] = {}
@@ -257,12 +264,23 @@ class Trainer:
                 batch = self.recipe.to_device(batch, self.device, self.dtype)
                 for key, value in self.recipe.eval_sums(model, batch).items():
                     sums[key] = sums.get(key, 0.0) + float(value)
+                if show_examples and self.runlog:  # a few decoded samples of rank 0's shard
+                    self._log_examples(self.recipe.examples(model, batch))
+                    show_examples = False
         model.train(was_training)
         total: dict[str, float] = {}
         for part in self.comm.allgather_objects(sums):
             for key, value in part.items():
                 total[key] = total.get(key, 0.0) + value
         return self.recipe.metrics(total)
+
+    def _log_examples(self, examples: list[tuple[str, str, str]]) -> None:
+        """TensorBoard text panel: reference against hypothesis (markdown table)."""
+        if not examples or not self.runlog:
+            return
+        rows = [f"| {utt} | {ref} | {hyp} |" for utt, ref, hyp in examples]
+        self.runlog.text("eval/examples", "\n".join(
+            ["| utterance | reference | hypothesis |", "|---|---|---|", *rows]), self.step)
 
     def consensus_distance(self) -> float:
         """Xi = (1/n) sum_i ||x_i - xbar||^2 over all parameters (algorithms.md §0.2)."""
@@ -280,17 +298,18 @@ class Trainer:
         with self.timers.time("eval"):
             results: dict[str, dict[str, float]] = {}
             if self.algo.identical_replicas:
-                results["eval"] = self._evaluate_model(self.model)
+                results["eval"] = self._evaluate_model(self.model, show_examples=True)
             else:
                 # The averaged model (what the theory analyses) and rank 0's own model.
                 results["eval"] = self._evaluate_model(
-                    self._fill_scratch(lambda t: self.comm.allreduce_(t, op="mean")))
+                    self._fill_scratch(lambda t: self.comm.allreduce_(t, op="mean")),
+                    show_examples=True)
                 results["eval_rank0"] = self._evaluate_model(
                     self._fill_scratch(lambda t: self.comm.broadcast_(t, root=0)))
             consensus = self.consensus_distance()
             per_rank = self.comm.gather_objects(
                 {"time": {**self.timers.snapshot(), "comm_busy": self.comm.busy_s},
-                 "algo": self.algo.stats()})
+                 "algo": self.algo.stats(), "steps": self.step})
         self.algo.resume()
         if not self.runlog:
             return
@@ -354,6 +373,7 @@ class Trainer:
                 "eval_s": means["eval"],
                 "comm_busy_s": means["comm_busy"],
                 "per_rank": times,
+                "steps_per_rank": [report["steps"] for report in self.per_rank],
                 # Algorithm-specific numbers per rank (exchanges, staleness...), and means.
                 "algo_stats": {name: [stats.get(name) for stats in algo_stats]
                                for name in sorted({k for st in algo_stats for k in st})},

@@ -87,3 +87,10 @@ def test_module_runs_as_a_command():
     assert bad.returncode == 2 and bad.stdout == ""
     assert bad.stderr.count("\n") == 1 and "Traceback" not in bad.stderr
     assert bad.stderr.startswith("adpsgd-gap: error: topology.name: exponential cannot use n=6")
+
+
+def test_several_topologies_in_one_table(capsys):
+    status, out, _ = run_main(capsys, "--topology", "ring", "random_ring", "--n", "8", "16")
+    rows = [line.split()[:2] for line in out.strip().splitlines()[1:]]
+    assert status == 0
+    assert rows == [["ring", "8"], ["ring", "16"], ["random_ring", "8"], ["random_ring", "16"]]

@@ -76,6 +76,12 @@ def test_every_readme_command_runs(tmp_path):
             proc = shell(command, cwd=tmp_path)
             assert proc.returncode == 0, f"{command}\n{proc.stdout[-2000:]}\n{proc.stderr}"
             assert proc.stdout.strip(), command
+        elif command.startswith("adpsgd-gap"):
+            proc = shell(command, cwd=tmp_path)
+            assert proc.returncode == 0, f"{command}\n{proc.stderr}"
+            lines = proc.stdout.strip().splitlines()
+            assert lines[0].split() == ["topology", "n", "spectral_gap", "rho"], proc.stdout
+            assert len(lines) > 1, proc.stdout
         elif command.startswith("tensorboard "):
             check_tensorboard(command, cwd=tmp_path)
         else:

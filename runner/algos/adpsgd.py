@@ -104,6 +104,7 @@ class ADPSGD(Algorithm):
     def setup(self, model, optimizer):
         super().setup(model, optimizer)
         self.group = self.learner_comm()
+        self.group_ranks = self.group.allgather_objects(self.world.rank)
         self.is_leader = self.group.rank == 0
         self.replica = self.ctx.param_buffers  # what forward/backward run on
         self.grads = flatten_gradients(model.parameters())
@@ -146,6 +147,13 @@ class ADPSGD(Algorithm):
     # ---- hooks -------------------------------------------------------------------------
     def before_forward(self, step):
         self._refresh_replica()
+
+    def gradient_weight(self, local_count, global_count):
+        if self.group.size == 1:
+            return 1.0
+        # Inside a super learner, like SSGD: the mean over the node's samples of this step.
+        node_count = sum(self.ctx.step_counts[r] for r in self.group_ranks)
+        return local_count * self.group.size / node_count
 
     def after_backward(self, step):
         if self.group.size > 1:  # a super learner averages its members' gradients

@@ -1,3 +1,3 @@
 """Importing this module registers every algorithm."""
 
-from . import adpsgd, dpsgd, hadpsgd, ssgd  # noqa: F401
+from . import adpsgd, dasgd, dpsgd, hadpsgd, local_sgd, ssgd  # noqa: F401

@@ -43,6 +43,10 @@ class TrainContext:
     device: torch.device
     timers: Timers
     param_buffers: list[torch.Tensor] = field(default_factory=list)  # the model, flat
+    # Samples of every rank at the current step, as if all ranks moved in lockstep (updated
+    # by the trainer before each step): exact weights for short last batches.
+    step_counts: list[int] = field(default_factory=list)
+    steps_per_epoch: int = 0  # lockstep steps in one pass over the training set
 
 
 class Algorithm:
@@ -73,8 +77,16 @@ class Algorithm:
         self.optimizer = optimizer
 
     def gradient_weight(self, local_count: int, global_count: int) -> float:
-        """Factor on this rank's mean loss. Decentralized models use their own batch mean."""
-        return 1.0
+        """Factor on this rank's mean loss.
+
+        Lockstep algorithms weight by sample count, ``c_i * n / C``, so that a plain mean over
+        ranks (of gradients or of models) is the mean over every sample of the step: 1 when all
+        batches are full, exact for a short last batch. Asynchronous ones have no global step
+        and use their own batch mean.
+        """
+        if self.asynchronous:
+            return 1.0
+        return local_count * self.world.size / global_count
 
     def global_samples(self, local_samples: int, lockstep_samples: int) -> float:
         """Global samples consumed so far, as this rank knows it.

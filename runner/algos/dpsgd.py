@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from ..config import require
+from ..errors import ConfigError
 from ..topology import TOPOLOGIES
 from . import ALGORITHMS
 from .base import AlgoConfig, Algorithm
@@ -39,6 +40,14 @@ class DPSGDConfig(AlgoConfig):
         require(self.ordering in ("dpsgd", "step_then_average"), f"{prefix}.ordering",
                 f"must be dpsgd or step_then_average, got {self.ordering!r}",
                 f"{prefix}.ordering=dpsgd")
+
+
+def _fits(topology, n: int) -> bool:
+    try:
+        topology.check_size(n)
+        return True
+    except ConfigError:
+        return False
 
 
 class Gossip:
@@ -82,8 +91,17 @@ class DPSGD(Algorithm):
 
     @classmethod
     def check_world(cls, run_cfg):
-        TOPOLOGIES.get(run_cfg.topology.name)(run_cfg.topology).check_size(
-            run_cfg.launcher.nprocs)
+        nprocs = run_cfg.launcher.nprocs
+        topology = TOPOLOGIES.get(run_cfg.topology.name)(run_cfg.topology)
+        try:
+            topology.check_size(nprocs)
+        except ConfigError as error:  # the topology speaks of n; the user sets launcher.nprocs
+            sizes = [n for n in range(max(1, nprocs - 8), nprocs + 9) if n != nprocs
+                     and _fits(topology, n)]
+            near = min(sizes, key=lambda n: (abs(n - nprocs), -n), default=None)
+            fix = f"launcher.nprocs={near}" if near else error.fix
+            raise ConfigError("launcher.nprocs", f"{error.cause.split(': ', 1)[-1]} "
+                              f"(topology={topology.name})", fix) from None
 
     def setup(self, model, optimizer):
         super().setup(model, optimizer)

@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..comm.communicator import Communicator
+from ..config import require
 from ..errors import ConfigError
 from . import ALGORITHMS
 from .adpsgd import ADPSGD, ADPSGDConfig
@@ -26,6 +27,11 @@ from .adpsgd import ADPSGD, ADPSGDConfig
 class HADPSGDConfig(ADPSGDConfig):
     name: str = "hadpsgd"
 
+    def check(self, prefix, cfg):
+        super().check(prefix, cfg)
+        require(not self.delay_by_one, f"{prefix}.delay_by_one",
+                "hadpsgd has no delay-by-one variant", "use algo=adpsgd algo.delay_by_one=true")
+
 
 @ALGORITHMS.register("hadpsgd")
 class HADPSGD(ADPSGD):
@@ -33,9 +39,6 @@ class HADPSGD(ADPSGD):
 
     @classmethod
     def build(cls, cfg, ctx):
-        if cfg.delay_by_one:
-            raise ConfigError("algo.delay_by_one", "hadpsgd has no delay-by-one variant",
-                              "use algo=adpsgd algo.delay_by_one=true")
         return cls(cfg, ctx)
 
     @classmethod

@@ -37,10 +37,6 @@ class SSGD(Algorithm):
         # Called from the autograd thread as soon as a bucket is complete.
         self._pending.append(self.comm.iallreduce_(self.buckets.buckets[index], op="mean"))
 
-    def gradient_weight(self, local_count, global_count):
-        # Mean over ranks of (c_i * n / C) * g_i = sum_i c_i g_i / C: the global batch mean.
-        return local_count * self.world.size / global_count
-
     def before_backward(self, step):
         self.buckets.rearm()
         self._pending = []

@@ -1,0 +1,108 @@
+"""DaSGD: local SGD with delayed averaging (algorithms.md §6).
+
+Every rank takes local SGD steps; every ``tau`` steps it snapshots its model and starts a
+non-blocking allreduce of the snapshot, keeps training, and ``delay`` steps later merges the
+average into the model, keeping the local progress made meanwhile::
+
+    t = 0, 1, 2, ...:   x <- x - gamma_t * g(x, batch_t)                  (never waits)
+        if a reduction launched at t0 is pending and t == t0 + delay:
+            x <- abar + (x - s)            abar = mean_i s_i, the average of the snapshots
+        if (t + 1) mod tau == 0:
+            s <- copy(x); start abar <- allreduce_mean(s)
+            if delay == 0: x <- abar       (blocking: local SGD with period tau)
+
+The merge keeps the mean model, since mean_i (abar + x_i - s_i) = mean_i x_i. The reduction runs
+on the communication thread while the next ``delay`` forward/backward passes proceed; a rank
+waits at the merge only when the reduction took longer than that. All ranks launch and merge at
+the same step numbers (the trainer's steps are lockstep), so at most one reduction is in flight
+when ``delay <= tau``. With ``delay = 0, tau = 1`` and plain SGD this is SSGD exactly. Momentum
+buffers stay local (§0.3). At the end the reduction in flight is merged before the rank stops.
+
+Warning: the merge rule's match with the paper's equations is a reconstruction ([U] in
+algorithms.md); it is the rule this runner implements and tests.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from ..config import require
+from . import ALGORITHMS
+from .base import AlgoConfig, Algorithm
+
+
+@dataclass
+class DaSGDConfig(AlgoConfig):
+    name: str = "dasgd"
+    tau: int = 4  # local steps between launches of an averaging
+    delay: int = 1  # local steps between a launch and its merge; 0 blocks (local SGD)
+
+    def check(self, prefix, cfg):
+        require(self.tau >= 1, f"{prefix}.tau", f"must be >= 1, got {self.tau}",
+                f"{prefix}.tau=4")
+        require(0 <= self.delay <= self.tau, f"{prefix}.delay",
+                f"must be between 0 and algo.tau={self.tau}, got {self.delay}",
+                f"{prefix}.delay={min(1, self.tau)}")
+
+
+@ALGORITHMS.register("dasgd")
+class DaSGD(Algorithm):
+    Config = DaSGDConfig
+
+    def setup(self, model, optimizer):
+        super().setup(model, optimizer)
+        self.x = self.ctx.param_buffers
+        self.snapshot = [torch.empty_like(flat) for flat in self.x]  # s
+        self.average = [torch.empty_like(flat) for flat in self.x]  # becomes abar in place
+        self._handles: list | None = None
+        self._launched_at = -1  # t0
+        self._synced = True  # replicas identical (at start and after a blocking average)
+        self.launches = self.merges = 0
+        self.merge_wait_s = 0.0
+
+    @property
+    def identical_replicas(self) -> bool:  # type: ignore[override]
+        return self._synced
+
+    def _launch(self, t: int) -> None:
+        self._handles = []
+        for flat, snap, avg in zip(self.x, self.snapshot, self.average):
+            snap.copy_(flat)
+            self._handles.append(self.comm.iallreduce_(avg.copy_(flat), op="mean"))
+        self._launched_at = t
+        self.launches += 1
+
+    def _merge(self) -> None:
+        assert self._handles is not None
+        started = time.perf_counter()
+        with self.timers.time("comm"):
+            for handle in self._handles:
+                handle.wait()
+        self.merge_wait_s += time.perf_counter() - started
+        with torch.no_grad():
+            for flat, snap, avg in zip(self.x, self.snapshot, self.average):
+                flat.sub_(snap).add_(avg)  # x <- abar + (x - s)
+        self._handles = None
+        self.merges += 1
+
+    def after_step(self, step):
+        t = step - 1  # the trainer counts steps from 1, the rule from 0
+        self._synced = False
+        if self._handles is not None and t == self._launched_at + self.cfg.delay:
+            self._merge()
+        if (t + 1) % self.cfg.tau == 0:
+            self._launch(t)
+            if self.cfg.delay == 0:
+                self._merge()  # x == s here, so the merge is x <- abar
+                self._synced = True
+
+    def finish(self):
+        if self._handles is not None:  # the last reduction: every rank completes and merges it
+            self._merge()
+
+    def stats(self):
+        return {"launches": self.launches, "merges": self.merges,
+                "merge_wait_s": self.merge_wait_s}

@@ -1,0 +1,84 @@
+"""Local SGD and post-local SGD (algorithms.md §7).
+
+Each rank takes local SGD steps and every ``period`` (H) steps all ranks average their models
+with a blocking allreduce::
+
+    x_i <- x_i - gamma_t * g_i(x_i)
+    if (t - t_switch) mod H == 0:  x_i <- (1/n) sum_j x_j        (t > t_switch)
+
+Post-local SGD: before ``switch_epoch`` the ranks run ordinary synchronous SGD (the gradient
+allreduce of ssgd.py, so momentum stays consistent and the replicas identical); from then on,
+local SGD with period H. ``switch_epoch=0`` (the default) is plain local SGD throughout; the
+post-local paper switches at the first learning-rate decay.
+
+Invariants: after each averaging all replicas are identical and the mean model is what it was
+before; H = 1 with plain SGD (no momentum) equals SSGD exactly, since models that are equal
+before a step differ only by their gradients. Momentum buffers stay local after the switch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..config import require
+from . import ALGORITHMS
+from .base import AlgoConfig
+from .ssgd import SSGD
+
+
+@dataclass
+class LocalSGDConfig(AlgoConfig):
+    name: str = "local_sgd"
+    period: int = 8  # H: local steps between averagings
+    switch_epoch: float = 0.0  # synchronous SGD before this epoch (post-local SGD)
+
+    def check(self, prefix, cfg):
+        require(self.period >= 1, f"{prefix}.period", f"must be >= 1, got {self.period}",
+                f"{prefix}.period=8")
+        require(self.switch_epoch >= 0, f"{prefix}.switch_epoch",
+                f"must be >= 0, got {self.switch_epoch}", f"{prefix}.switch_epoch=0")
+
+
+@ALGORITHMS.register("local_sgd")
+class LocalSGD(SSGD):
+    Config = LocalSGDConfig
+
+    def setup(self, model, optimizer):
+        super().setup(model, optimizer)
+        # Lockstep: every rank computes the same switch step from the same numbers.
+        self.switch_step = round(self.cfg.switch_epoch * self.ctx.steps_per_epoch)
+        self.local = self.switch_step == 0
+        if self.local:
+            self.buckets.remove()
+        self._synced = True
+        self.averagings = 0
+
+    @property
+    def identical_replicas(self) -> bool:  # type: ignore[override]
+        return self._synced
+
+    def before_backward(self, step):
+        if not self.local:
+            super().before_backward(step)
+
+    def after_backward(self, step):
+        if not self.local:
+            super().after_backward(step)
+
+    def after_step(self, step):
+        if not self.local:
+            if step >= self.switch_step:  # the last synchronous step is done
+                self.buckets.remove()
+                self.local = True
+            return
+        if (step - self.switch_step) % self.cfg.period:
+            self._synced = False
+            return
+        with self.timers.time("comm"):
+            for flat in self.ctx.param_buffers:
+                self.comm.allreduce_(flat, op="mean")
+        self._synced = True
+        self.averagings += 1
+
+    def stats(self):
+        return {"averagings": self.averagings, "local": float(self.local)}
