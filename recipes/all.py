@@ -1,3 +1,4 @@
 """Importing this module registers every recipe."""
 
 from . import digit_images  # noqa: F401
+from .speech import recipe  # noqa: F401

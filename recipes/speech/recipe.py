@@ -1,0 +1,314 @@
+"""Speech recipes: swb2000, swb300 (Kaldi data dirs) and spoken_digits (synthesized locally).
+
+All three share one path: a Kaldi data dir -> log-mel fbank cached as ark/scp (or the dir's
+own feats.scp) -> per-speaker mean normalisation -> BLSTM with a CTC head over characters ->
+greedy (or beam) decoding -> WER overall and on the Hub5'00 subsets. Features are prepared
+once by the launching process (:meth:`SpeechRecipe.prepare`); ranks read the cache lazily, so
+a corpus larger than memory works.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+import torch
+from torch.nn.utils.rnn import pad_sequence
+from torch.utils.data import Dataset
+
+from runner.config import require
+from runner.errors import UserError
+
+from .. import RECIPES
+from ..base import Recipe, RecipeConfig
+from .model import BLSTMAcousticModel, CharTokenizer, greedy_decode
+from .scoring import edit_ops, normalize_switchboard, subset_of
+
+SUBSETS = ("swb", "ch")
+
+
+@dataclass
+class SpeechDataConfig:
+    train: Optional[str] = None
+    eval: Optional[str] = None
+    cache_dir: Optional[str] = None
+    sample_rate: int = 16000
+
+
+@dataclass
+class SynthConfig:
+    num_train: int = 2000
+    num_eval: int = 200
+    seed: int = 0
+
+
+@dataclass
+class FeatureConfig:
+    num_mel_bins: int = 40
+    deltas: int = 0  # 0, or 2 for deltas and delta-deltas
+
+
+@dataclass
+class SpeechModelConfig:
+    num_layers: int = 6
+    hidden_size: int = 512
+    bottleneck: int = 256
+    subsample: int = 2
+    dropout: float = 0.0
+
+
+@dataclass
+class DecodeConfig:
+    beam_size: int = 0  # 0: greedy
+
+
+@dataclass
+class SpeechConfig(RecipeConfig):
+    name: str = "swb2000"
+    data: SpeechDataConfig = field(default_factory=SpeechDataConfig)
+    synth: SynthConfig = field(default_factory=SynthConfig)
+    features: FeatureConfig = field(default_factory=FeatureConfig)
+    model: SpeechModelConfig = field(default_factory=SpeechModelConfig)
+    text_normalization: str = "switchboard"  # switchboard | none
+    decode: DecodeConfig = field(default_factory=DecodeConfig)
+    examples: int = 4
+
+    def check(self, prefix, cfg):
+        require(self.features.deltas in (0, 1, 2), f"{prefix}.features.deltas",
+                f"must be 0, 1 or 2, got {self.features.deltas}", f"{prefix}.features.deltas=2")
+        require(self.model.num_layers >= 1 and self.model.hidden_size >= 1,
+                f"{prefix}.model", "num_layers and hidden_size must be >= 1",
+                f"{prefix}.model.num_layers=6 {prefix}.model.hidden_size=512")
+        require(self.model.subsample >= 1, f"{prefix}.model.subsample", "must be >= 1",
+                f"{prefix}.model.subsample=2")
+        require(self.text_normalization in ("switchboard", "none"),
+                f"{prefix}.text_normalization", f"unknown {self.text_normalization!r}",
+                f"{prefix}.text_normalization=switchboard")
+        require(self.data.sample_rate > 0, f"{prefix}.data.sample_rate", "must be > 0",
+                f"{prefix}.data.sample_rate=16000")
+
+
+def cache_root(cfg: SpeechConfig) -> Path:
+    root = cfg.data.cache_dir or os.environ.get("ADPSGD_CACHE") or "~/.cache/adpsgd"
+    return Path(root).expanduser()
+
+
+class Utterances(Dataset):
+    """(utterance id, normalised features, token ids) read lazily from a feats.scp."""
+
+    def __init__(self, feats_scp: Path, cmvn_scp: Path | None, utt2spk: dict[str, str],
+                 texts: dict[str, list[str]], tokenizer: CharTokenizer):
+        import kaldiio
+
+        self.feats = kaldiio.load_scp(str(feats_scp))
+        self.cmvn = dict(kaldiio.load_scp(str(cmvn_scp))) if cmvn_scp else {}
+        self.utt2spk, self.texts, self.tokenizer = utt2spk, texts, tokenizer
+        self.utts = sorted(u for u in texts if u in self.feats)
+
+    def __len__(self) -> int:
+        return len(self.utts)
+
+    def __getitem__(self, index: int) -> tuple[str, torch.Tensor, torch.Tensor]:
+        utt = self.utts[index]
+        feats = torch.as_tensor(np.array(self.feats[utt], dtype=np.float32))
+        stats = self.cmvn.get(self.utt2spk.get(utt, utt))
+        if stats is not None:  # Kaldi cmvn stats: row 0 = sums | count (mean normalisation)
+            stats = torch.from_numpy(stats).double()
+            feats = feats - (stats[0, :-1] / stats[0, -1]).float()
+        tokens = torch.tensor(self.tokenizer.encode(self.texts[utt]), dtype=torch.long)
+        return utt, feats, tokens
+
+
+class SpeechRecipe(Recipe):
+    Config = SpeechConfig
+    primary_metric = "wer"
+    higher_is_better = False
+
+    def __init__(self, cfg: Any):
+        super().__init__(cfg)
+        self.tokenizer = CharTokenizer()
+
+    # ---- data ---------------------------------------------------------------------------
+    def data_dirs(self) -> tuple[Path, Path]:
+        data = self.cfg.data
+        for role, path in (("train", data.train), ("eval", data.eval)):
+            if not path:
+                raise UserError(f"recipe {self.cfg.name}: no {role} data dir given",
+                                f"set recipe.data.{role}=DIR, a Kaldi data dir (see "
+                                "docs/speech-data.md for preparing it with Kaldi or lhotse)")
+        return Path(data.train).expanduser(), Path(data.eval).expanduser()
+
+    def check_data(self) -> None:
+        from .kaldi_data import load_data_dir
+
+        for role, path in zip(("train", "eval"), self.data_dirs()):
+            if not path.is_dir():
+                raise UserError(f"recipe {self.cfg.name}: {role} data dir {path} does not "
+                                "exist", f"prepare it (docs/speech-data.md) and set "
+                                f"recipe.data.{role}={path}")
+            load_data_dir(path, role=role)
+
+    def feature_dir(self, data_dir: Path) -> Path:
+        """Where the features of ``data_dir`` are cached: keyed by the dir and the options."""
+        key = json.dumps([str(data_dir.resolve()), self.cfg.features.num_mel_bins,
+                          self.cfg.features.deltas, self.cfg.data.sample_rate])
+        digest = hashlib.sha1(key.encode()).hexdigest()[:12]
+        return cache_root(self.cfg) / "features" / f"{data_dir.name}-{digest}"
+
+    def _fbank_options(self):
+        from .features import FbankOptions
+
+        f = self.cfg.features
+        return FbankOptions(num_mel_bins=f.num_mel_bins, deltas=f.deltas,
+                            sample_rate=self.cfg.data.sample_rate)
+
+    def _feature_files(self, data_dir: Path) -> tuple[Path, Path | None]:
+        """(feats.scp, cmvn.scp): the data dir's own when it has them (Kaldi-computed)."""
+        if (data_dir / "feats.scp").exists():
+            cmvn = data_dir / "cmvn.scp"
+            return data_dir / "feats.scp", cmvn if cmvn.exists() else None
+        out = self.feature_dir(data_dir)
+        return out / "feats.scp", out / "cmvn.scp"
+
+    def prepare(self) -> None:
+        from .features import prepare_features
+        from .kaldi_data import load_data_dir
+
+        for role, path in zip(("train", "eval"), self.data_dirs()):
+            if not (path / "feats.scp").exists():
+                prepare_features(load_data_dir(path, role=role), self.feature_dir(path),
+                                 self._fbank_options())
+
+    def _normalize(self, text: str) -> list[str]:
+        if self.cfg.text_normalization == "switchboard":
+            return normalize_switchboard(text)
+        return text.lower().split()
+
+    def _dataset(self, data_dir: Path, role: str) -> Utterances:
+        from .kaldi_data import load_data_dir
+
+        data = load_data_dir(data_dir, role=role)
+        feats, cmvn = self._feature_files(data_dir)
+        if not feats.exists():
+            raise UserError(f"recipe {self.cfg.name}: features of {data_dir} are not prepared",
+                            "start the job with adpsgd-run, which prepares them first")
+        texts = {utt: self._normalize(text) for utt, text in data.text.items()}
+        dataset = Utterances(feats, cmvn, dict(data.utt2spk), texts, self.tokenizer)
+        if len(dataset) == 0:
+            raise UserError(f"recipe {self.cfg.name}: {role} set {data_dir} has no "
+                            "utterances with features", f"check {data_dir}/text and rerun")
+        return dataset
+
+    def datasets(self):
+        train_dir, eval_dir = self.data_dirs()
+        train, heldout = self._dataset(train_dir, "train"), self._dataset(eval_dir, "eval")
+        self._eval_texts = heldout.texts  # references for scoring, normalised
+        return train, heldout
+
+    def collate(self, samples):
+        utts, feats, tokens = zip(*samples)
+        return (pad_sequence(list(feats), batch_first=True),
+                torch.tensor([len(f) for f in feats]),
+                pad_sequence(list(tokens), batch_first=True),
+                torch.tensor([len(t) for t in tokens]),
+                list(utts))
+
+    def to_device(self, batch, device, dtype):
+        feats, lengths, tokens, token_lengths, utts = batch
+        return (feats.to(device, dtype, non_blocking=True), lengths, tokens.to(device),
+                token_lengths, utts)
+
+    # ---- model and loss -----------------------------------------------------------------
+    def input_dim(self) -> int:
+        return self.cfg.features.num_mel_bins * (1 + self.cfg.features.deltas)
+
+    def build_model(self):
+        m = self.cfg.model
+        return BLSTMAcousticModel(self.input_dim(), len(self.tokenizer), m.num_layers,
+                                  m.hidden_size, m.bottleneck, m.subsample, m.dropout)
+
+    def _ctc(self, model, batch, reduction: str):
+        feats, lengths, tokens, token_lengths, _ = batch
+        log_probs, out_lengths = model(feats, lengths.to(feats.device))
+        loss = torch.nn.functional.ctc_loss(
+            log_probs.transpose(0, 1), tokens, out_lengths, token_lengths.to(tokens.device),
+            blank=0, reduction="sum", zero_infinity=True)
+        return (loss / len(lengths) if reduction == "mean" else loss), log_probs, out_lengths
+
+    def loss(self, model, batch):
+        return self._ctc(model, batch, "mean")[0]
+
+    def _decode(self, log_probs, lengths) -> list[list[str]]:
+        return [self.tokenizer.decode(ids) for ids in greedy_decode(log_probs, lengths)]
+
+    def eval_sums(self, model, batch):
+        loss, log_probs, out_lengths = self._ctc(model, batch, "sum")
+        sums = {"loss_sum": float(loss), "count": float(len(out_lengths))}
+        utts = batch[4]
+        for utt, hyp in zip(utts, self._decode(log_probs, out_lengths)):
+            ref = self._eval_texts[utt]
+            errors = sum(edit_ops(ref, hyp))
+            subset = subset_of(utt)  # Hub5'00: swb (sw*) or ch (en*)
+            for suffix in ("", f"_{subset}") if subset else ("",):
+                sums[f"errors{suffix}"] = sums.get(f"errors{suffix}", 0.0) + errors
+                sums[f"words{suffix}"] = sums.get(f"words{suffix}", 0.0) + len(ref)
+        return sums
+
+    def metrics(self, sums):
+        result = {"loss": sums["loss_sum"] / max(sums["count"], 1.0),
+                  "wer": 100.0 * sums.get("errors", 0.0) / max(sums.get("words", 0.0), 1.0)}
+        for subset in SUBSETS:
+            if sums.get(f"words_{subset}"):
+                result[f"wer_{subset}"] = 100.0 * sums[f"errors_{subset}"] / sums[
+                    f"words_{subset}"]
+        return result
+
+    def examples(self, model, batch):
+        _, log_probs, out_lengths = self._ctc(model, batch, "sum")
+        rows = []
+        for utt, hyp in list(zip(batch[4], self._decode(log_probs, out_lengths)))[
+                :self.cfg.examples]:
+            rows.append((utt, " ".join(self._eval_texts[utt]), " ".join(hyp)))
+        return rows
+
+
+@RECIPES.register("swb2000")
+class Switchboard2000(SpeechRecipe):
+    pass
+
+
+@RECIPES.register("swb300")
+class Switchboard300(SpeechRecipe):
+    pass
+
+
+@RECIPES.register("spoken_digits")
+class SpokenDigits(SpeechRecipe):
+    """Connected digit strings synthesized locally (recipes/speech/synth.py) into a Kaldi data
+    dir, unless ``recipe.data.train``/``eval`` point at other dirs."""
+
+    def corpus_dir(self) -> Path:
+        s = self.cfg.synth
+        return cache_root(self.cfg) / "spoken_digits" / f"{s.num_train}-{s.num_eval}-seed{s.seed}"
+
+    def data_dirs(self) -> tuple[Path, Path]:
+        if self.cfg.data.train or self.cfg.data.eval:
+            return super().data_dirs()
+        return self.corpus_dir() / "train", self.corpus_dir() / "eval"
+
+    def check_data(self) -> None:
+        if self.cfg.data.train or self.cfg.data.eval:
+            super().check_data()
+
+    def prepare(self) -> None:
+        if not (self.cfg.data.train or self.cfg.data.eval):
+            from .synth import synthesize_corpus
+
+            s = self.cfg.synth
+            synthesize_corpus(self.corpus_dir(), s.num_train, s.num_eval, seed=s.seed)
+        super().prepare()
