@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -37,6 +38,28 @@ def run_mpi(nprocs: int, script: str, *args: str, timeout: float = 180
         pytest.fail(f"{' '.join(cmd)} exited {proc.returncode}\n"
                     f"stdout:\n{proc.stdout[-4000:]}\nstderr:\n{proc.stderr[-4000:]}")
     return proc
+
+
+def run_mpi_cases(nprocs: int, script: str, run_dir: Path, cases: dict[str, list[str]],
+                  timeout: float = 300) -> dict[str, list[str]]:
+    """Run every case of tests/mpi/SCRIPT in one job (see harness.run_cases_on_ranks);
+    return each case's lines, one per rank."""
+    proc = run_mpi(nprocs, script, str(run_dir), json.dumps(cases), timeout=timeout)
+    lines: dict[str, list[str]] = {name: [] for name in cases}
+    # Lines of different ranks can still end up glued together: split at each "rank N:".
+    for name, message in re.findall(r"rank \d+: case (\S+): (.*?)(?=rank \d+: case |\n|$)",
+                                    proc.stdout):
+        lines[name].append(message)
+    return lines
+
+
+def case_report(lines: dict[str, list[str]], case: str, nprocs: int) -> str:
+    """The case's message (one per rank, all must have passed); fails the test otherwise."""
+    got = lines[case]
+    failed = [line for line in got if line.startswith("FAILED")]
+    if failed or len(got) != nprocs:
+        pytest.fail(f"case {case}: {failed or got}")
+    return "\n".join(got)
 
 
 def read_run(run_dir: Path) -> tuple[list[dict], dict]:

@@ -33,3 +33,15 @@ def test_epochs_are_shuffled_differently_and_reproducibly():
     assert not np.array_equal(a.order(0), a.order(1))
     assert np.array_equal(a.order(3), b.order(3))
     assert not np.array_equal(a.order(0), ShardedBatches(500, 0, 2, 10, seed=2).order(0))
+
+
+def test_digits_read_directly_equal_scikit_learns_loader():
+    from sklearn.datasets import load_digits as sklearn_digits
+
+    from recipes.digit_images import load_digits
+
+    pixels, labels = load_digits()
+    reference = sklearn_digits()
+    assert pixels.shape == (1797, 64)
+    np.testing.assert_array_equal(pixels, reference.data)
+    np.testing.assert_array_equal(labels, reference.target)

@@ -1,9 +1,9 @@
 """Reductions to SSGD on real ranks: each configuration below must give SSGD's parameters
-(float64, plain SGD, 4 ranks with a short last batch every epoch)."""
+(float64, plain SGD, 4 ranks with a short last batch every epoch). One MPI job runs them all."""
 
 import pytest
 
-from conftest import run_mpi
+from conftest import case_report, run_mpi_cases
 
 pytestmark = pytest.mark.mpi
 
@@ -17,7 +17,12 @@ CASES = {
 }
 
 
+@pytest.fixture(scope="module")
+def lines(tmp_path_factory):
+    return run_mpi_cases(4, "equivalence.py", tmp_path_factory.mktemp("equivalence"), CASES)
+
+
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_reduces_to_ssgd(tmp_path, case):
-    proc = run_mpi(4, "equivalence.py", str(tmp_path), *CASES[case])
-    assert proc.stdout.count("equals SSGD") == 4, proc.stdout
+def test_reduces_to_ssgd(lines, case):
+    report = case_report(lines, case, 4)
+    assert report.count("equals SSGD") == 4, report

@@ -1,13 +1,15 @@
 """Invariants of the decentralized algorithms on real ranks (algorithms.md §2-§7): with
 learning rate 0, gossip or averaging keeps the mean model and drives the consensus distance to
-~0; DaSGD's merge keeps the mean while training."""
+~0; DaSGD's merge keeps the mean while training. All cases run in one MPI job (starting ranks
+costs more than a case)."""
 
 import pytest
 
-from conftest import run_mpi
+from conftest import case_report, run_mpi_cases
 
 pytestmark = pytest.mark.mpi
 
+COMMON = ["launcher.nprocs=4", "trainer.epochs=2", "trainer.batch_size=16"]
 CASES = {
     "dpsgd-ring": ["algo=dpsgd", "topology=ring"],
     "dpsgd-random-ring": ["algo=dpsgd", "topology=random_ring"],
@@ -23,18 +25,31 @@ CASES = {
     "dasgd-delay-equals-tau": ["algo=dasgd", "algo.tau=3", "algo.delay=3"],
     "local-sgd": ["algo=local_sgd", "algo.period=3"],
 }
+MERGE_CASES = {"tau3-delay1": ["algo.tau=3", "algo.delay=1"],
+               "tau2-delay2": ["algo.tau=2", "algo.delay=2"]}
+
+
+@pytest.fixture(scope="module")
+def gossip_lines(tmp_path_factory):
+    cases = {name: [*overrides, *COMMON] for name, overrides in CASES.items()}
+    return run_mpi_cases(4, "gossip_invariants.py", tmp_path_factory.mktemp("gossip"), cases,
+                         timeout=400)
+
+
+@pytest.fixture(scope="module")
+def merge_lines(tmp_path_factory):
+    return run_mpi_cases(4, "dasgd_merge.py", tmp_path_factory.mktemp("merge"), MERGE_CASES)
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_gossip_keeps_the_mean_and_reaches_consensus(tmp_path, case):
-    proc = run_mpi(4, "gossip_invariants.py", str(tmp_path), *CASES[case],
-                   "launcher.nprocs=4", "trainer.epochs=2", "trainer.batch_size=16")
-    assert proc.stdout.count("mean kept") == 4, proc.stdout
-    if case.startswith("adpsgd-fixed") or case.startswith("adpsgd-random") or case == "hadpsgd":
-        assert "exchanges" in proc.stdout
+def test_gossip_keeps_the_mean_and_reaches_consensus(gossip_lines, case):
+    report = case_report(gossip_lines, case, 4)
+    assert report.count("mean kept") == 4, report
+    if case.startswith(("adpsgd-fixed", "adpsgd-random")) or case == "hadpsgd":
+        assert "exchanges" in report
 
 
-@pytest.mark.parametrize("tau,delay", [(3, 1), (2, 2)])
-def test_dasgd_merge_keeps_the_mean_and_the_local_progress(tmp_path, tau, delay):
-    proc = run_mpi(4, "dasgd_merge.py", str(tmp_path), f"algo.tau={tau}", f"algo.delay={delay}")
-    assert proc.stdout.count("kept the mean and the local progress") == 4, proc.stdout
+@pytest.mark.parametrize("case", sorted(MERGE_CASES))
+def test_dasgd_merge_keeps_the_mean_and_the_local_progress(merge_lines, case):
+    report = case_report(merge_lines, case, 4)
+    assert report.count("kept the mean and the local progress") == 4, report

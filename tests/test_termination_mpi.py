@@ -1,10 +1,10 @@
 """Deadlock freedom on real ranks: 4 ranks with random per-step delays, rank 3 ten times
 slower and frequent evaluations (each one quiesces the gossip) end every time, 10 times in a
-row per variant. A hang fails the test through the timeout instead of blocking CI."""
+row per variant. A hang fails the tests through the timeout instead of blocking CI."""
 
 import pytest
 
-from conftest import run_mpi
+from conftest import case_report, run_mpi_cases
 
 pytestmark = pytest.mark.mpi
 
@@ -19,9 +19,16 @@ VARIANTS = {
 }
 
 
+@pytest.fixture(scope="module")
+def job(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("termination")
+    cases = {name: [f"repeats={REPEATS}", *overrides] for name, overrides in VARIANTS.items()}
+    return run_mpi_cases(4, "termination.py", run_dir, cases, timeout=500), run_dir
+
+
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
-def test_every_run_terminates_with_delays_and_a_straggler(tmp_path, variant):
-    proc = run_mpi(4, "termination.py", str(tmp_path), str(REPEATS), *VARIANTS[variant],
-                   timeout=300)
-    assert proc.stdout.count(f"{REPEATS} runs ended") == 4, proc.stdout
-    assert len(list(tmp_path.glob("*/summary.json"))) == REPEATS
+def test_every_run_terminates_with_delays_and_a_straggler(job, variant):
+    lines, run_dir = job
+    report = case_report(lines, variant, 4)
+    assert report.count(f"{REPEATS} runs ended") == 4, report
+    assert len(list((run_dir / variant).glob("*/summary.json"))) == REPEATS

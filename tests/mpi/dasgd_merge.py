@@ -1,20 +1,16 @@
-"""mpiexec -n N python dasgd_merge.py RUN_DIR OVERRIDE...: train DaSGD with a real learning
+"""mpiexec -n N python dasgd_merge.py RUN_DIR CASES_JSON: train DaSGD with a real learning
 rate and check every merge x <- abar + (x - s) (algorithms.md §6 (e)): the mean model is the
 same just before and just after it, and afterwards x_i - x_j equals the difference of the
 two ranks' progress since the snapshot."""
-
-import sys
 
 import torch
 
 from runner.comm.communicator import Communicator
 
-from harness import build_trainer, compose_config, run_on_ranks
-
-run_dir, overrides = sys.argv[1], sys.argv[2:]
+from harness import build_trainer, compose_config, run_cases_on_ranks
 
 
-def checks(world_mpi):
+def checks(world_mpi, run_dir, overrides):
     comm = Communicator(world_mpi, "mpi")
     cfg = compose_config(["algo=dasgd", "trainer.dtype=float64", "trainer.epochs=1",
                           "trainer.batch_size=16", f"launcher.nprocs={comm.size}", *overrides])
@@ -40,8 +36,9 @@ def checks(world_mpi):
     algo._merge = checked_merge
     trainer.run()
     node.close()
+    comm.close()
     assert len(checked) == algo.launches > 3, (len(checked), algo.launches)
     return f"{len(checked)} merges kept the mean and the local progress"
 
 
-run_on_ranks(checks)
+run_cases_on_ranks(checks)

@@ -1,7 +1,6 @@
-"""mpiexec -n N python gossip_invariants.py RUN_DIR OVERRIDE...: pure gossip (learning rate 0)
-from different models per learner keeps the mean model and drives consensus distance to ~0."""
-
-import sys
+"""mpiexec -n N python gossip_invariants.py RUN_DIR CASES_JSON: pure gossip (learning rate 0)
+from different models per learner keeps the mean model and drives consensus distance to ~0;
+asynchronous exchanges never overlap on a rank and always join an active and a passive."""
 
 import torch
 from hydra import compose, initialize_config_module
@@ -12,9 +11,7 @@ from runner.comm.world import detect_world
 from runner.config import validate
 from runner.trainer import Trainer
 
-from harness import run_on_ranks
-
-run_dir, overrides = sys.argv[1], sys.argv[2:]
+from harness import run_cases_on_ranks
 
 
 def mean_model(trainer):
@@ -22,7 +19,7 @@ def mean_model(trainer):
             for flat in trainer.param_buffers]
 
 
-def checks(world_mpi):
+def checks(world_mpi, run_dir, overrides):
     with initialize_config_module(config_module="runner.conf", version_base=None):
         cfg = validate(compose("config", overrides=[
             *overrides, "trainer.dtype=float64", "trainer.progress=false",
@@ -46,7 +43,9 @@ def checks(world_mpi):
         averager.record_intervals = True
     before_mean, before_xi = mean_model(trainer), trainer.consensus_distance()
     trainer.run()
+    node.close()
     after_mean, after_xi = mean_model(trainer), trainer.consensus_distance()
+    comm.close()
     for a, b in zip(before_mean, after_mean):
         drift = (a - b).abs().max().item()
         assert drift <= 1e-10 * max(1.0, a.abs().max().item()), f"mean moved by {drift}"
@@ -62,4 +61,4 @@ def checks(world_mpi):
             + (f", {len(averager.intervals)} exchanges" if averager else ""))
 
 
-run_on_ranks(checks)
+run_cases_on_ranks(checks)
