@@ -165,12 +165,17 @@ def run_job(cfg: DictConfig) -> None:
         raise SystemExit(status)
 
 
-def main() -> None:
+def check_command_line(argv: list[str]) -> None:
+    """Validate every job of ``argv``; on a user error print one line and exit with 2."""
     try:
-        preflight(sys.argv[1:])
+        preflight(argv)
     except UserError as ex:
         print(f"adpsgd-run: error: {ex}", file=sys.stderr)
         raise SystemExit(2) from None
+
+
+def main() -> None:
+    check_command_line(sys.argv[1:])
     run_job()
 
 

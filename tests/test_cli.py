@@ -53,16 +53,32 @@ BAD_COMMANDS = [
 ]
 
 
-@pytest.mark.parametrize("args,cause,fix", BAD_COMMANDS)
+def assert_one_line_error(status: int, stderr: str, cause: str, fix: str) -> None:
+    assert status == 2
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, stderr
+    assert lines[0].startswith("adpsgd-run: error: ")
+    assert cause in lines[0] and "Fix:" in lines[0] and fix in lines[0], lines[0]
+
+
+@pytest.mark.parametrize("args,cause,fix", BAD_COMMANDS[:3] + BAD_COMMANDS[-3:])
 def test_bad_overrides_end_with_one_clear_line_before_anything_starts(tmp_path, args, cause,
                                                                       fix):
     proc = run_cli(args, cwd=tmp_path, check=False, timeout=60)
-    assert proc.returncode == 2
-    lines = [line for line in proc.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1, proc.stderr
-    assert lines[0].startswith("adpsgd-run: error: ")
-    assert cause in lines[0] and "Fix:" in lines[0] and fix in lines[0], lines[0]
+    assert_one_line_error(proc.returncode, proc.stderr, cause, fix)
     assert not (tmp_path / "runs").exists()  # no run dir, no rank
+
+
+@pytest.mark.parametrize("args,cause,fix", BAD_COMMANDS)
+def test_every_bad_override_is_caught_by_the_command_line_check(capsys, args, cause, fix):
+    """The whole table through the check that main() runs first, in this process (a
+    subprocess per row would spend minutes importing torch; the rows above show that the
+    installed command behaves the same)."""
+    from runner.cli import check_command_line
+
+    with pytest.raises(SystemExit) as exit_info:
+        check_command_line(args)
+    assert_one_line_error(exit_info.value.code, capsys.readouterr().err, cause, fix)
 
 
 def test_a_bad_value_in_any_sweep_combination_stops_the_sweep_before_it_starts(tmp_path):
