@@ -338,7 +338,8 @@ class Trainer:
         elapsed = time.perf_counter() - self.start_time - self.timers.seconds["eval"]
         train_time = self.comm.allreduce_numbers([elapsed], op="max")[0]
         local_samples = self.comm.allreduce_numbers([self.local_samples])[0]
-        digests = self.comm.gather_objects(parameter_digest(self.param_buffers))
+        digests = self.comm.gather_objects((self.world.node,
+                                            parameter_digest(self.param_buffers)))
         summary: dict[str, Any] = {}
         if self.world.is_main:
             self._save_final_model()
@@ -365,7 +366,9 @@ class Trainer:
                 self.recipe.primary_metric: final.get(self.recipe.primary_metric),
                 "consensus_distance": final.get("consensus_distance"),
                 # Bitwise comparison of every rank's final parameters.
-                "replicas_identical": len(set(digests or [])) == 1,
+                "replicas_identical": len({d for _, d in digests or []}) == 1,
+                # The same inside every (real or emulated) node: hadpsgd's super learners.
+                "node_replicas_identical": len(set(digests or [])) == self.world.num_nodes,
                 "compute_s": means["compute"],
                 "comm_s": means["comm"],
                 "idle_s": means["idle"],

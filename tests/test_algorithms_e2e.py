@@ -51,6 +51,8 @@ def test_reaches_90_percent_on_4_ranks_and_reports_decentralized_metrics(tmp_pat
     tags = tensorboard_tags(run_dir)
     assert {"consensus/distance", "time/compute_s/rank3", "time/comm_s/rank3",
             "time/idle_s/rank3"} | {f"{split}/top1" for split in splits} <= tags
+    if variant == "hadpsgd":  # the two ranks of each node hold one super learner's model
+        assert summary["node_replicas_identical"]
     if variant.startswith(("adpsgd-fixed", "adpsgd-random", "hadpsgd")):
         assert ASYNC_STATS <= set(summary["algo_stats"])
         # hadpsgd: the node leaders (local rank 0) own the gossip; the other ranks report none.

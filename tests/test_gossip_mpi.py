@@ -47,6 +47,8 @@ def test_gossip_keeps_the_mean_and_reaches_consensus(gossip_lines, case):
     assert report.count("mean kept") == 4, report
     if case.startswith(("adpsgd-fixed", "adpsgd-random")) or case == "hadpsgd":
         assert "exchanges" in report
+    if case == "hadpsgd":  # on every rank, at every step
+        assert report.count("node replicas identical") == 4, report
 
 
 @pytest.mark.parametrize("case", sorted(MERGE_CASES))

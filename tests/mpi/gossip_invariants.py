@@ -9,7 +9,7 @@ from omegaconf import open_dict
 from runner.comm.communicator import Communicator
 from runner.comm.world import detect_world
 from runner.config import validate
-from runner.trainer import Trainer
+from runner.trainer import Trainer, parameter_digest
 
 from harness import run_cases_on_ranks
 
@@ -41,8 +41,21 @@ def checks(world_mpi, run_dir, overrides):
     averager = getattr(algo, "averager", None)
     if averager:
         averager.record_intervals = True
+    node_steps = []
+    if cfg.algo.name == "hadpsgd":  # every gradient of a node is taken on one model
+        compute_gradient = algo.before_backward
+
+        def check_node_replicas(step):
+            digests = node.allgather_objects(parameter_digest(trainer.param_buffers))
+            assert len(set(digests)) == 1, f"replicas of node {world.node} differ at {step}"
+            node_steps.append(digests[0])
+            compute_gradient(step)
+
+        algo.before_backward = check_node_replicas
     before_mean, before_xi = mean_model(trainer), trainer.consensus_distance()
     trainer.run()
+    if node_steps:  # ...and the model changed while the nodes gossiped
+        assert len(set(node_steps)) > 1, "the node's model never changed"
     node.close()
     after_mean, after_xi = mean_model(trainer), trainer.consensus_distance()
     comm.close()
@@ -58,7 +71,8 @@ def checks(world_mpi, run_dir, overrides):
         me = world.rank if cfg.algo.name != "hadpsgd" else world.node
         assert all((me + peer) % 2 == 1 for _, _, peer in spans), "exchange inside one role"
     return (f"mean kept, consensus {before_xi:.3g} -> {after_xi:.3g}"
-            + (f", {len(averager.intervals)} exchanges" if averager else ""))
+            + (f", {len(averager.intervals)} exchanges" if averager else "")
+            + (f", node replicas identical at {len(node_steps)} steps" if node_steps else ""))
 
 
 run_cases_on_ranks(checks)
