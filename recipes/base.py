@@ -8,6 +8,7 @@ can evaluate a shard of the held-out set and one allreduce gives the exact globa
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -34,9 +35,17 @@ class Recipe(ABC):
     def check_data(self) -> None:
         """Raise UserError (one line: what is missing and how to prepare it) before ranks start."""
 
+    def prepare_stages(self) -> list[tuple[str, Callable[[], None]]]:
+        """Named steps that build caches (generated corpora, features), in order. Each must
+        be cheap to rerun when its output is in place; ``adpsgd-prepare --stage/--stop-stage``
+        runs a range of them."""
+        return []
+
     def prepare(self) -> None:
-        """Build caches (generated corpora, features) once, in the launching process, before
-        any rank starts; ranks only read them. Must be cheap to rerun when all is in place."""
+        """Run every preparation stage, once, in the launching process, before any rank
+        starts; ranks only read what it built."""
+        for _, stage in self.prepare_stages():
+            stage()
 
     @abstractmethod
     def datasets(self) -> tuple[Dataset, Dataset]:
@@ -64,6 +73,21 @@ class Recipe(ABC):
     @abstractmethod
     def metrics(self, sums: dict[str, float]) -> dict[str, float]:
         """Final metrics (``loss`` and the recipe's own, e.g. ``top1``) from global sums."""
+
+    def rank_report(self) -> Any:
+        """This rank's contribution to summary.json (picklable, e.g. data problems met in the
+        main process); the trainer gathers every rank's at the end."""
+        return None
+
+    def summary_entries(self, reports: list[Any]) -> dict[str, Any]:
+        """summary.json entries made from every rank's :meth:`rank_report` (on rank 0)."""
+        return {}
+
+    def decode(self, model: torch.nn.Module, batch: Any) -> list[tuple[str, str, str]]:
+        """(id, reference, hypothesis) of every sample of a held-out batch, for recipes whose
+        output is text; the trainer writes the final evaluation's to ``decode/``. None by
+        default."""
+        return []
 
     def examples(self, model: torch.nn.Module, batch: Any) -> list[tuple[str, str, str]]:
         """A few (id, reference, hypothesis) rows for TensorBoard's text panel; none by

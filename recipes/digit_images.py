@@ -21,6 +21,7 @@ from runner.errors import UserError
 
 from . import RECIPES
 from .base import Recipe, RecipeConfig
+from .classification import classification_metrics, classification_sums
 
 
 @dataclass
@@ -84,12 +85,6 @@ class DigitCNN(nn.Module):
         return self.fc2(x)
 
 
-def topk_correct(logits: torch.Tensor, labels: torch.Tensor, ks: tuple[int, ...]) -> list[float]:
-    top = logits.topk(max(ks), dim=1).indices
-    hits = top.eq(labels[:, None])
-    return [hits[:, :k].any(dim=1).sum().item() for k in ks]
-
-
 @RECIPES.register("digit_images")
 class DigitImages(Recipe):
     Config = DigitImagesConfig
@@ -116,12 +111,7 @@ class DigitImages(Recipe):
 
     def eval_sums(self, model, batch):
         images, labels = batch
-        logits = model(images)
-        top1, top5 = topk_correct(logits, labels, (1, 5))
-        return {"loss_sum": F.cross_entropy(logits, labels, reduction="sum").item(),
-                "count": float(len(labels)), "top1_correct": top1, "top5_correct": top5}
+        return classification_sums(model(images), labels)
 
     def metrics(self, sums):
-        n = max(sums["count"], 1.0)
-        return {"loss": sums["loss_sum"] / n, "top1": 100.0 * sums["top1_correct"] / n,
-                "top5": 100.0 * sums["top5_correct"] / n}
+        return classification_metrics(sums)

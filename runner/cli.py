@@ -106,8 +106,20 @@ def compose_all(overrides: list[str], multirun: bool, config_name: str) -> list[
             try:
                 configs.append(compose(config_name=config_name, overrides=list(job)))
             except Exception as ex:  # noqa: BLE001
-                raise hydra_error(ex, compose(config_name=config_name)) from None
+                raise hydra_error(ex, _chosen_groups(compose, config_name, job)) from None
     return configs
+
+
+def _chosen_groups(compose, config_name: str, overrides) -> DictConfig:
+    """The config with only the command line's group choices (``recipe=imagenet``...): the
+    keys a mistyped key is compared with, so that suggestions come from the chosen recipe."""
+    choices = [str(o) for o in overrides
+               if "=" in str(o) and not str(o).startswith(("+", "~"))
+               and "." not in str(o).split("=", 1)[0]]
+    try:
+        return compose(config_name=config_name, overrides=choices)
+    except Exception:  # noqa: BLE001 - a bad group choice: fall back to the defaults
+        return compose(config_name=config_name)
 
 
 def validate_job(cfg: DictConfig) -> DictConfig:

@@ -31,6 +31,11 @@ def require(condition: bool, key: str, problem: str, fix: str) -> None:
         raise ConfigError(key, problem, fix)
 
 
+# torch.compile backends for training that ship with torch (importing torch._dynamo to list
+# them all would cost the command line seconds).
+COMPILE_BACKENDS = ("inductor", "cudagraphs", "aot_eager", "eager")
+
+
 @dataclass
 class TrainerConfig(Section):
     epochs: int = 3
@@ -42,6 +47,14 @@ class TrainerConfig(Section):
     device: str = "auto"  # auto | cpu | cuda
     dtype: str = "float32"  # float64 for numerical checks (equivalence tests)
     progress: bool = True  # tqdm bar from rank 0
+    # The data and compute path (runner/data.py, runner/accel.py).
+    pin_memory: bool = True  # page-locked batches, copied to a GPU asynchronously (GPU only)
+    persistent_workers: bool = True  # keep the loader workers across epochs (num_workers > 0)
+    channels_last: bool = False  # NHWC layout for 4-D image batches
+    amp: str = "none"  # none | bf16 | auto (bf16 where the GPU computes it natively)
+    compile: bool = False  # torch.compile the model
+    compile_backend: str = "inductor"  # eager / aot_eager: check graph capture, no codegen
+    cudnn_benchmark: bool = False  # let cuDNN time its kernels (fixed input shapes only)
 
     def check(self, prefix: str, cfg: DictConfig) -> None:
         require(self.epochs >= 1, f"{prefix}.epochs", f"must be >= 1, got {self.epochs}",
@@ -60,6 +73,14 @@ class TrainerConfig(Section):
                 f"must be auto, cpu or cuda, got {self.device!r}", f"{prefix}.device=auto")
         require(self.dtype in ("float32", "float64"), f"{prefix}.dtype",
                 f"must be float32 or float64, got {self.dtype!r}", f"{prefix}.dtype=float32")
+        require(self.amp in ("none", "bf16", "auto"), f"{prefix}.amp",
+                f"must be none, bf16 or auto, got {self.amp!r}", f"{prefix}.amp=auto")
+        require(self.amp != "bf16" or self.dtype == "float32", f"{prefix}.amp",
+                f"bf16 autocast needs {prefix}.dtype=float32, got {self.dtype}",
+                f"{prefix}.amp=none")
+        require(self.compile_backend in COMPILE_BACKENDS, f"{prefix}.compile_backend",
+                f"must be one of {', '.join(COMPILE_BACKENDS)}, got {self.compile_backend!r}",
+                f"{prefix}.compile_backend=inductor")
 
 
 @dataclass
@@ -71,9 +92,11 @@ class OptimConfig(Section):
     momentum: float = 0.9
     nesterov: bool = False
     weight_decay: float = 0.0
+    no_decay_norm_bias: bool = False  # no weight decay on normalisation weights and biases
     schedule: str = "constant"  # constant | step | cosine
     milestones: list[float] = field(default_factory=list)  # epochs, for schedule=step
     decay_factor: float = 0.1  # multiplier at each milestone
+    clip_grad_norm: Optional[float] = None  # clip the gradient the update uses to this L2 norm
 
     def check(self, prefix: str, cfg: DictConfig) -> None:
         require(self.lr > 0, f"{prefix}.lr", f"must be > 0, got {self.lr}", f"{prefix}.lr=0.1")
@@ -96,6 +119,9 @@ class OptimConfig(Section):
                 "must be increasing", f"{prefix}.milestones=[30,60,80]")
         require(0 < self.decay_factor <= 1, f"{prefix}.decay_factor", "must be in (0, 1]",
                 f"{prefix}.decay_factor=0.1")
+        require(self.clip_grad_norm is None or self.clip_grad_norm > 0,
+                f"{prefix}.clip_grad_norm", f"must be > 0 or null, got {self.clip_grad_norm}",
+                f"{prefix}.clip_grad_norm=5")
 
 
 @dataclass

@@ -56,12 +56,45 @@ class ShardedBatches:
         return [shard[k * b:(k + 1) * b] for k in range(self.steps_per_epoch)]
 
 
-class BatchFetcher:
-    """Turns index batches into collated batches; empty index batches give ``None``."""
+class EpochBatchSampler:
+    """The batch sampler of a long-lived DataLoader: the fetcher puts each pass's index
+    batches in before iterating. Iterated in the main process, so replacing the batches
+    reaches persistent workers too (they only receive indices)."""
 
-    def __init__(self, dataset: Dataset, collate, num_workers: int = 0, pin_memory: bool = False):
+    def __init__(self) -> None:
+        self.batches: list[list[int]] = []
+
+    def __iter__(self) -> Iterator[list[int]]:
+        return iter(self.batches)
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+
+class BatchFetcher:
+    """Turns index batches into collated batches; empty index batches give ``None``.
+
+    One DataLoader serves every pass, so with ``persistent_workers`` its worker processes
+    (and whatever they have opened) live for the whole run instead of being forked again for
+    every epoch and evaluation. Batches come out in the order given, whatever the workers.
+    """
+
+    def __init__(self, dataset: Dataset, collate, num_workers: int = 0, pin_memory: bool = False,
+                 persistent_workers: bool = False):
         self.dataset, self.collate = dataset, collate
         self.num_workers, self.pin_memory = num_workers, pin_memory
+        self.persistent_workers = persistent_workers and num_workers > 0
+        self.sampler = EpochBatchSampler()
+        self._loader: DataLoader | None = None
+
+    @property
+    def loader(self) -> DataLoader:
+        if self._loader is None:
+            self._loader = DataLoader(self.dataset, batch_sampler=self.sampler,
+                                      collate_fn=self.collate, num_workers=self.num_workers,
+                                      pin_memory=self.pin_memory,
+                                      persistent_workers=self.persistent_workers)
+        return self._loader
 
     def iterate(self, batches: list[np.ndarray]) -> Iterator[Any]:
         if isinstance(self.dataset, TensorDataset) and self.num_workers == 0:
@@ -69,8 +102,7 @@ class BatchFetcher:
                 yield None if len(idx) == 0 else tuple(
                     t[torch.from_numpy(idx)] for t in self.dataset.tensors)
             return
-        nonempty = [idx.tolist() for idx in batches if len(idx)]
-        loader = iter(DataLoader(self.dataset, batch_sampler=nonempty, collate_fn=self.collate,
-                                 num_workers=self.num_workers, pin_memory=self.pin_memory))
+        self.sampler.batches = [idx.tolist() for idx in batches if len(idx)]
+        loader = iter(self.loader)
         for idx in batches:
             yield next(loader) if len(idx) else None

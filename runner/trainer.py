@@ -9,7 +9,6 @@ metrics. Rank 0 writes TensorBoard, metrics.jsonl and summary.json.
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import logging
 import math
@@ -24,11 +23,13 @@ from omegaconf import DictConfig, OmegaConf
 
 from recipes import RECIPES
 
+from .accel import ComputePath
 from .algos import ALGORITHMS, TrainContext
 from .comm import Communicator, World
 from .comm.buffers import flatten, flatten_parameters, unflatten
 from .data import BatchFetcher, ShardedBatches
 from .errors import UserError
+from .optim import parameter_groups
 from .reporting import RunLog
 from .schedule import LRSchedule
 from .timers import Timers
@@ -86,12 +87,17 @@ class Trainer:
         for buf in self.model.buffers():
             if buf.is_floating_point() and buf.is_contiguous():
                 comm.broadcast_(buf, root=0)
+        # Running statistics (BatchNorm) stay local in training; evaluations average them.
+        self._running_stats = any(b.is_floating_point() for b in self.model.buffers())
         # From here on, randomness (dropout, augmentation) differs per rank.
         seed_everything(cfg.seed + 1_000_003 * (world.rank + 1))
+        self.compute = ComputePath.from_config(tcfg, device)
+        self.compute.prepare_model(self.model)
 
         o = cfg.optim
-        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=o.lr, momentum=o.momentum,
-                                         nesterov=o.nesterov, weight_decay=o.weight_decay)
+        self.optimizer = torch.optim.SGD(
+            parameter_groups(self.model, o.weight_decay, o.no_decay_norm_bias), lr=o.lr,
+            momentum=o.momentum, nesterov=o.nesterov, weight_decay=o.weight_decay)
         self.shards = ShardedBatches(len(self.train_set), world.rank, world.size,
                                      tcfg.batch_size, cfg.seed)
         self.ctx = ctx = TrainContext(cfg=cfg, world=world, comm=comm, node_comm=node_comm,
@@ -103,9 +109,10 @@ class Trainer:
 
         self.eval_shards = ShardedBatches(len(self.eval_set), world.rank, world.size,
                                           tcfg.eval_batch_size, cfg.seed, shuffle=False)
-        pin = device.type == "cuda"
-        self.fetch = BatchFetcher(self.train_set, self.recipe.collate, tcfg.num_workers, pin)
-        self.eval_fetch = BatchFetcher(self.eval_set, self.recipe.collate, tcfg.num_workers, pin)
+        loading = dict(num_workers=tcfg.num_workers, persistent_workers=tcfg.persistent_workers,
+                       pin_memory=tcfg.pin_memory and device.type == "cuda")
+        self.fetch = BatchFetcher(self.train_set, self.recipe.collate, **loading)
+        self.eval_fetch = BatchFetcher(self.eval_set, self.recipe.collate, **loading)
         self.schedule = LRSchedule(o, world.size * tcfg.batch_size, len(self.train_set),
                                    tcfg.epochs)
         self.runlog = RunLog(self.run_dir) if world.is_main else None
@@ -172,7 +179,7 @@ class Trainer:
                     self.progress.update(min(self.samples, boundaries[-1]) - self.progress.n)
                 while done < len(boundaries) and self.samples >= boundaries[done]:
                     done += 1
-                    self.evaluate()
+                    self.evaluate(final=done == len(boundaries))
                 if done == len(boundaries):
                     break
             local_epoch += 1
@@ -190,9 +197,10 @@ class Trainer:
         self.algo.before_forward(self.step)
         with self.timers.time("compute"):
             if batch is not None:
-                batch = self.recipe.to_device(batch, self.device, self.dtype)
+                batch = self.compute.batch(self.recipe, batch)
                 started = time.perf_counter()
-                loss = self.recipe.loss(self.model, batch)
+                with self.compute.autocast():
+                    loss = self.recipe.loss(self.model, batch)
                 weight = self.algo.gradient_weight(local_count, global_count)
                 self.algo.before_backward(self.step)
                 (loss * weight).backward()
@@ -207,6 +215,11 @@ class Trainer:
                 time.sleep(self.delays.uniform(0, self.cfg.faults.delay_s))
         self.algo.after_backward(self.step)
         with self.timers.time("compute"):
+            if self.cfg.optim.clip_grad_norm:
+                # After after_backward: for SSGD this is the averaged gradient, the same on
+                # every rank, so clipping keeps the replicas identical.
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(),
+                                               self.cfg.optim.clip_grad_norm)
             self.algo.apply_update(self.optimizer)
         self.algo.after_step(self.step)
         self.local_samples += local_count
@@ -233,15 +246,18 @@ class Trainer:
     def _scratch_model(self) -> torch.nn.Module:
         """A second model for evaluating averaged or broadcast weights (flat, like ours)."""
         if self._eval_model is None:
-            self._eval_model = copy.deepcopy(self.model)
+            self._eval_model = self.compute.copy_model(self.model)
             self._eval_params = flatten_parameters(self._eval_model.parameters())
         return self._eval_model
 
-    def _fill_scratch(self, reduce) -> torch.nn.Module:
-        """Copy our weights into the scratch model, then ``reduce`` each flat buffer in place."""
+    def _fill_scratch(self, reduce, weights: bool = True) -> torch.nn.Module:
+        """Copy our weights and buffers into the scratch model, then ``reduce`` each flat
+        parameter buffer (unless ``weights`` is false) and the floating buffers in place."""
         target = self._scratch_model()
         for src, dst in zip(self.param_buffers, self._eval_params):
-            reduce(dst.copy_(src))
+            dst.copy_(src)
+            if weights:
+                reduce(dst)
         floats = [b for b in target.buffers() if b.is_floating_point()]
         for mine, theirs in zip(self.model.buffers(), target.buffers()):
             theirs.copy_(mine)
@@ -252,27 +268,47 @@ class Trainer:
                 buf.copy_(value)
         return target
 
-    def _evaluate_model(self, model: torch.nn.Module, show_examples: bool = False
-                        ) -> dict[str, float]:
+    def _evaluate_model(self, model: torch.nn.Module, show_examples: bool = False,
+                        decode_split: str | None = None) -> dict[str, float]:
+        """Global metrics of ``model`` on the held-out set (each rank scores its shard); with
+        ``decode_split``, rank 0 also writes every hypothesis to ``decode/``."""
         was_training = model.training
         model.eval()
         sums: dict[str, float] = {}
+        decoded: list[tuple[str, str, str]] = []
         with torch.no_grad():
             for batch in self.eval_fetch.iterate(self.eval_shards.epoch_batches(0)):
                 if batch is None:
                     continue
-                batch = self.recipe.to_device(batch, self.device, self.dtype)
-                for key, value in self.recipe.eval_sums(model, batch).items():
-                    sums[key] = sums.get(key, 0.0) + float(value)
-                if show_examples and self.runlog:  # a few decoded samples of rank 0's shard
-                    self._log_examples(self.recipe.examples(model, batch))
-                    show_examples = False
+                batch = self.compute.batch(self.recipe, batch)
+                with self.compute.autocast():
+                    for key, value in self.recipe.eval_sums(model, batch).items():
+                        sums[key] = sums.get(key, 0.0) + float(value)
+                    if show_examples and self.runlog:  # decoded samples of rank 0's shard
+                        self._log_examples(self.recipe.examples(model, batch))
+                        show_examples = False
+                    if decode_split:
+                        decoded += self.recipe.decode(model, batch)
         model.train(was_training)
+        if decode_split:
+            self._write_decoded(decode_split, self.comm.gather_objects(decoded))
         total: dict[str, float] = {}
         for part in self.comm.allgather_objects(sums):
             for key, value in part.items():
                 total[key] = total.get(key, 0.0) + value
         return self.recipe.metrics(total)
+
+    def _write_decoded(self, split: str, parts: list | None) -> None:
+        """decode/<split>.hyp.txt and .ref.txt: Kaldi text files of every held-out sample,
+        for adpsgd-score or sclite."""
+        rows = sorted(row for part in parts or [] for row in part)
+        if not self.runlog or not rows:
+            return
+        out = self.run_dir / "decode"
+        out.mkdir(exist_ok=True)
+        for suffix, column in (("ref", 1), ("hyp", 2)):
+            (out / f"{split}.{suffix}.txt").write_text(
+                "".join(f"{row[0]} {row[column]}".rstrip() + "\n" for row in rows))
 
     def _log_examples(self, examples: list[tuple[str, str, str]]) -> None:
         """TensorBoard text panel: reference against hypothesis (markdown table)."""
@@ -290,20 +326,26 @@ class Trainer:
             local += float((flat.detach() - mean).double().pow(2).sum())
         return float(self.comm.allreduce_numbers([local])[0]) / self.world.size
 
-    def evaluate(self) -> None:
+    def evaluate(self, final: bool = False) -> None:
         self.algo.pause()
         # Every rank learns the exact global count (asynchronous ranks only estimate it).
         self.samples = int(self.comm.allreduce_numbers([self.local_samples])[0])
         self.algo.sync_global_samples(self.samples)
         with self.timers.time("eval"):
             results: dict[str, dict[str, float]] = {}
-            if self.algo.identical_replicas:
-                results["eval"] = self._evaluate_model(self.model, show_examples=True)
+            mean = lambda t: self.comm.allreduce_(t, op="mean")  # noqa: E731
+            if self.algo.identical_replicas and not self._running_stats:
+                averaged = self.model
+            elif self.algo.identical_replicas:
+                # The same weights everywhere, but BatchNorm statistics are each rank's own
+                # (they stay local in training): score one model, with their mean.
+                averaged = self._fill_scratch(mean, weights=False)
             else:
-                # The averaged model (what the theory analyses) and rank 0's own model.
-                results["eval"] = self._evaluate_model(
-                    self._fill_scratch(lambda t: self.comm.allreduce_(t, op="mean")),
-                    show_examples=True)
+                # The averaged model (what the theory analyses), then rank 0's own model.
+                averaged = self._fill_scratch(mean)
+            results["eval"] = self._evaluate_model(averaged, show_examples=True,
+                                                   decode_split="eval" if final else None)
+            if not self.algo.identical_replicas:
                 results["eval_rank0"] = self._evaluate_model(
                     self._fill_scratch(lambda t: self.comm.broadcast_(t, root=0)))
             consensus = self.consensus_distance()
@@ -340,6 +382,7 @@ class Trainer:
         local_samples = self.comm.allreduce_numbers([self.local_samples])[0]
         digests = self.comm.gather_objects((self.world.node,
                                             parameter_digest(self.param_buffers)))
+        recipe_reports = self.comm.gather_objects(self.recipe.rank_report())
         summary: dict[str, Any] = {}
         if self.world.is_main:
             self._save_final_model()
@@ -381,6 +424,7 @@ class Trainer:
                 "algo_stats": {name: [stats.get(name) for stats in algo_stats]
                                for name in sorted({k for st in algo_stats for k in st})},
             }
+            summary.update(self.recipe.summary_entries(recipe_reports or []))
             if "eval_rank0" in {r["split"] for r in self.history}:
                 summary["final_rank0"] = [r for r in self.history
                                           if r["split"] == "eval_rank0"][-1]

@@ -41,6 +41,7 @@ from ..comm.pairwise import PairwiseAverager
 from ..comm.world import mpi
 from ..config import require
 from ..errors import ConfigError
+from ..optim import flat_param_groups
 from . import ALGORITHMS
 from .base import AlgoConfig, Algorithm
 
@@ -110,13 +111,10 @@ class ADPSGD(Algorithm):
         self.grads = flatten_gradients(model.parameters())
         self.x = [flat.detach().clone() for flat in self.replica]
         self.lock = threading.Lock()
-        masters = [torch.nn.Parameter(flat, requires_grad=False) for flat in self.x]
-        for master, grad in zip(masters, self.grads):
-            master.grad = grad
-        d = optimizer.defaults
-        self.optimizer_x = torch.optim.SGD(masters, lr=d["lr"], momentum=d["momentum"],
-                                           nesterov=d["nesterov"],
-                                           weight_decay=d["weight_decay"])
+        # The trainer's parameter groups (and their weight decay) over views of x.
+        groups = flat_param_groups(optimizer.param_groups, list(model.parameters()), self.x,
+                                   self.grads)
+        self.optimizer_x = torch.optim.SGD(groups, lr=optimizer.defaults["lr"])
         world_mpi = self.comm.mpi_comm
         leaders = world_mpi.Split(0 if self.is_leader else mpi().UNDEFINED, self.world.rank)
         self.averager = None

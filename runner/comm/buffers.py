@@ -45,6 +45,20 @@ def _groups(params: Iterable[torch.nn.Parameter]) -> list[list[torch.nn.Paramete
     return list(groups.values())
 
 
+def flat_slices(params: Iterable[torch.nn.Parameter]) -> list[tuple[int, int, int]]:
+    """Where each parameter lies in the buffers of :func:`flatten_parameters` (and
+    :func:`flatten_gradients`) called on the same parameters: ``(buffer index, start, stop)``
+    per parameter, in the given order."""
+    params = list(params)
+    where: dict[int, tuple[int, int, int]] = {}
+    for index, members in enumerate(_groups(params)):
+        offset = 0
+        for p in members:
+            where[id(p)] = (index, offset, offset + p.numel())
+            offset += p.numel()
+    return [where[id(p)] for p in params]
+
+
 def flatten_gradients(params: Iterable[torch.nn.Parameter]) -> list[torch.Tensor]:
     """Give every parameter a ``.grad`` that is a view of a flat buffer laid out exactly like
     :func:`flatten_parameters`' buffers, so that an optimizer over the flat parameters can use

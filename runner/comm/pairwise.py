@@ -54,8 +54,9 @@ class PairwiseAverager:
         self.buffers, self.lock = buffers, lock
         self.is_active, self.next_peer = is_active, next_peer
         self.timeout_s, self.rate_limited = timeout_s, rate_limited
-        self.snapshots = [torch.empty_like(b) for b in buffers]
-        self.received = [torch.empty_like(b) for b in buffers]
+        # MPI sends host memory: GPU models are staged through page-locked host copies.
+        self.snapshots = [_host_like(b) for b in buffers]
+        self.received = [_host_like(b) for b in buffers]
         self.counts = np.zeros(self.size, dtype=np.int64)  # samples seen per participant
         self.exchanges = 0
         self.partners: dict[int, int] = {}
@@ -185,7 +186,7 @@ class PairwiseAverager:
             for x, mine, theirs in zip(self.buffers, self.snapshots, self.received):
                 # x <- x + ((mine + theirs)/2 - mine): computed as (theirs - mine)/2 on both
                 # ends with the roles swapped, so the pair's sum is unchanged.
-                x.add_(theirs.sub_(mine), alpha=0.5)
+                x.add_(theirs.sub_(mine).to(x.device), alpha=0.5)
             self.version += 1
         np.maximum(self.counts, their_counts, out=self.counts)
         self.exchanges += 1
@@ -207,3 +208,9 @@ class PairwiseAverager:
 
 def _np(tensor: torch.Tensor) -> np.ndarray:
     return tensor.detach().numpy()
+
+
+def _host_like(tensor: torch.Tensor) -> torch.Tensor:
+    """An uninitialised host tensor shaped like ``tensor`` (page-locked if it is on a GPU,
+    so the copies to and from it are fast)."""
+    return torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=tensor.is_cuda)

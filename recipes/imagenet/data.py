@@ -1,0 +1,129 @@
+"""ImageNet in torchvision's ImageFolder layout: file lists, transforms, decoding, batches.
+
+Loader workers decode JPEGs with Pillow and apply the standard augmentation (random-resized
+crop and horizontal flip for training; resize and center crop for evaluation), and return
+**uint8** images: a quarter of the bytes of float32 to collate, pin and copy to the GPU. The
+recipe converts and normalises them on the device (recipe.py).
+
+A file that cannot be decoded does not raise inside a worker (where the error would come back
+as a traceback wall without the file's name): it comes back as a :class:`BadImage` in the
+batch, and the main process decides: one-line error naming the file, or count and skip
+(``recipe.data.skip_bad``). Counting in the main process is also what makes the count right:
+a counter inside a worker process is invisible to the trainer.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import torch
+from PIL import Image
+from torch.utils.data import Dataset
+
+# torchvision's ImageFolder suffixes (checked lower-case).
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+# The usual ImageNet channel statistics, in the 0..255 units of the uint8 images.
+MEAN_255 = (0.485 * 255, 0.456 * 255, 0.406 * 255)
+STD_255 = (0.229 * 255, 0.224 * 255, 0.225 * 255)
+# What Pillow raises for unreadable, truncated or absurdly large files.
+DECODE_ERRORS = (OSError, ValueError, SyntaxError, Image.DecompressionBombError)
+
+
+class BadImage(NamedTuple):
+    path: str
+    reason: str
+
+
+class ImageBatch(NamedTuple):
+    images: torch.Tensor  # uint8, N x 3 x H x W
+    labels: torch.Tensor  # int64, N
+    bad: tuple[BadImage, ...]  # files of this batch that could not be decoded (left out)
+
+
+def class_folders(split_dir: Path) -> list[str]:
+    """The sub-folder names of ``split_dir``, sorted: class index i is the i-th (WNIDs sort
+    in the same order as ImageNet's usual class indices)."""
+    return sorted(entry.name for entry in os.scandir(split_dir) if entry.is_dir())
+
+
+def list_images(split_dir: Path, classes: list[str]) -> list[tuple[str, int]]:
+    """(path, class index) of every image under ``split_dir/<class>/`` (sub-folders
+    included), in a fixed order, so that every rank indexes the same list."""
+    samples = []
+    for index, name in enumerate(classes):
+        folder = split_dir / name
+        if not folder.is_dir():
+            continue
+        for root, dirs, files in os.walk(folder, followlinks=True):
+            dirs.sort()
+            samples.extend((os.path.join(root, f), index) for f in sorted(files)
+                           if f.lower().endswith(IMAGE_SUFFIXES))
+    return samples
+
+
+# torchvision is imported where the transforms are built, not when the command line is checked
+# (importing it costs seconds).
+def train_transform(image_size: int, min_crop_scale: float) -> Callable[[Any], torch.Tensor]:
+    from torchvision.transforms import v2
+
+    return v2.Compose([v2.RandomResizedCrop(image_size, scale=(min_crop_scale, 1.0),
+                                            antialias=True),
+                       v2.RandomHorizontalFlip(), v2.PILToTensor()])
+
+
+def eval_transform(image_size: int, resize: int) -> Callable[[Any], torch.Tensor]:
+    from torchvision.transforms import v2
+
+    return v2.Compose([v2.Resize(resize, antialias=True), v2.CenterCrop(image_size),
+                       v2.PILToTensor()])
+
+
+class ImageFiles(Dataset):
+    """Decoded, transformed images as uint8 CHW tensors, or :class:`BadImage`."""
+
+    def __init__(self, samples: list[tuple[str, int]],
+                 transform: Callable[[Any], torch.Tensor]):
+        self.samples, self.transform = samples, transform
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int] | BadImage:
+        path, label = self.samples[index]
+        try:
+            with Image.open(path) as image:
+                rgb = image.convert("RGB")  # decodes the whole file; CMYK and grey become RGB
+        except DECODE_ERRORS as ex:
+            message = str(ex).replace(f"'{path}'", "").replace(path, "").strip(" :")
+            return BadImage(path, f"{type(ex).__name__}: {message}")
+        return torch.as_tensor(self.transform(rgb)), label
+
+
+def collate_images(samples: list[tuple[torch.Tensor, int] | BadImage], image_size: int
+                   ) -> ImageBatch:
+    """Stack the decoded images; the undecodable ones travel on as ``bad``."""
+    good = [s for s in samples if not isinstance(s, BadImage)]
+    bad = tuple(s for s in samples if isinstance(s, BadImage))
+    if good:
+        images = torch.stack([image for image, _ in good])
+    else:
+        images = torch.empty((0, 3, image_size, image_size), dtype=torch.uint8)
+    labels = torch.tensor([label for _, label in good], dtype=torch.long)
+    return ImageBatch(images, labels, bad)
+
+
+@functools.lru_cache(maxsize=8)
+def _channel_stats(device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean and std as 1 x 3 x 1 x 1 tensors on ``device``, made once (not a copy per step)."""
+    return (torch.tensor(MEAN_255, device=device, dtype=dtype).view(1, 3, 1, 1),
+            torch.tensor(STD_255, device=device, dtype=dtype).view(1, 3, 1, 1))
+
+
+def normalize_on_device(images: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """uint8 images (already on their device) -> normalised ``dtype`` images."""
+    mean, std = _channel_stats(images.device, dtype)
+    return images.to(dtype).sub_(mean).div_(std)
