@@ -4,6 +4,7 @@ PYTHON ?= python3
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
+DEMO_ARGS ?=
 
 .PHONY: install demo test lint clean
 
@@ -17,7 +18,7 @@ $(STAMP): setup.cfg pyproject.toml
 	touch $(STAMP)
 
 demo: install
-	$(BIN)/adpsgd-run
+	$(BIN)/adpsgd-run $(DEMO_ARGS)
 
 test: install
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

@@ -12,8 +12,8 @@ import pytest
 from conftest import BIN, REPO, read_run, run_cli
 
 BAD_COMMANDS = [
-    (["recipe=nope"], "unknown recipe 'nope'", "recipe=digit_images"),
-    (["algo=nope"], "unknown algo 'nope'", "algo=ssgd"),
+    (["recipe=nope"], "unknown recipe 'nope'", "recipe=spoken_digits"),
+    (["algo=nope"], "unknown algo 'nope'", "algo=hadpsgd"),
     (["topology=nope"], "unknown topology 'nope'", "topology=ring"),
     (["launcher=nope"], "unknown launcher 'nope'", "launcher=local"),
     (["trainer.epoch=3"], "unknown key 'trainer.epoch'", "trainer.epochs"),
@@ -23,10 +23,12 @@ BAD_COMMANDS = [
     (["optim.lr=0"], "optim.lr: must be > 0", "optim.lr=0.1"),
     (["optim.momentum=1.5"], "optim.momentum", "optim.momentum=0.9"),
     (["launcher.nprocs=0"], "launcher.nprocs: must be >= 1", "launcher.nprocs=2"),
-    (["launcher.nprocs=4", "launcher.procs_per_node=3"], "3 does not divide", "procs_per_node"),
+    (["launcher.nprocs=4", "launcher.procs_per_node=0"], "launcher.procs_per_node: must be >= 1",
+     "launcher.procs_per_node=2"),
     (["launcher.mpiexec=/no/such/mpiexec"], "mpiexec '/no/such/mpiexec' not found", "mpiexec"),
     (["+nonsense=1"], "nonsense: unknown top-level key", "remove it"),
-    (["recipe.heldout_fraction=1.5"], "recipe.heldout_fraction", "heldout_fraction=0.2"),
+    (["recipe=digit_images", "recipe.heldout_fraction=1.5"], "recipe.heldout_fraction",
+     "heldout_fraction=0.2"),
     # Decentralized algorithms: participants, nodes, options.
     (["algo=adpsgd", "launcher.nprocs=3"], "needs an even number of them, got 3",
      "launcher.nprocs=4"),
@@ -34,7 +36,8 @@ BAD_COMMANDS = [
      "launcher.nprocs=6"),
     (["algo=hadpsgd", "launcher.nprocs=6", "launcher.procs_per_node=2"],
      "needs an even number of them, got 3", "launcher.nprocs=8 with launcher.procs_per_node=2"),
-    (["algo=hadpsgd", "launcher.nprocs=4"], "needs nodes to form super learners",
+    (["algo=hadpsgd", "launcher.nprocs=4", "launcher.procs_per_node=null"],
+     "needs nodes to form super learners",
      "launcher.procs_per_node=2"),
     (["algo=hadpsgd", "launcher.nprocs=6", "launcher.procs_per_node=4"], "4 does not divide",
      "procs_per_node"),
@@ -48,7 +51,7 @@ BAD_COMMANDS = [
     (["algo=dasgd", "algo.delay=5"], "algo.delay: must be between 0 and algo.tau=4",
      "algo.delay=1"),
     (["algo=local_sgd", "algo.period=0"], "algo.period: must be >= 1", "algo.period=8"),
-    (["faults.straggler.ranks=[7]"], "ranks [7] do not exist", "faults.straggler.ranks=[1]"),
+    (["faults.straggler.ranks=[7]"], "ranks [7] do not exist", "faults.straggler.ranks=[3]"),
     (["faults.delay_s=-1"], "faults.delay_s: must be >= 0", "faults.delay_s=0"),
 ]
 
@@ -101,8 +104,16 @@ def test_help_lists_groups_and_usage(tmp_path):
 def test_cfg_job_prints_the_composed_config_without_running(tmp_path):
     proc = run_cli(["--cfg", "job", "algo=ssgd", "trainer.epochs=7"], cwd=tmp_path)
     assert "epochs: 7" in proc.stdout and "name: ssgd" in proc.stdout
-    assert "name: digit_images" in proc.stdout
+    assert "name: spoken_digits" in proc.stdout
     assert not (tmp_path / "runs").exists()
+
+
+def test_the_default_job_is_spoken_digits_with_hadpsgd_on_4_ranks_in_2_nodes(tmp_path):
+    from omegaconf import OmegaConf
+
+    job = OmegaConf.create(run_cli(["--cfg", "job"], cwd=tmp_path).stdout)
+    assert (job.recipe.name, job.algo.name) == ("spoken_digits", "hadpsgd")
+    assert (job.launcher.nprocs, job.launcher.procs_per_node) == (4, 2)
 
 
 def test_experiment_preset_overrides_several_groups(tmp_path):
@@ -113,8 +124,9 @@ def test_experiment_preset_overrides_several_groups(tmp_path):
 @pytest.mark.slow
 def test_multirun_sweep_runs_jobs_one_after_another(tmp_path):
     sweep = tmp_path / "sweep"
-    run_cli(["-m", "launcher.nprocs=1", "trainer.epochs=1", "trainer.progress=false",
-             "optim.lr=0.2,0.3", f"hydra.sweep.dir={sweep}"], cwd=tmp_path)
+    run_cli(["-m", "recipe=digit_images", "algo=ssgd", "launcher.nprocs=1", "trainer.epochs=1",
+             "trainer.progress=false", "optim.lr=0.2,0.3", f"hydra.sweep.dir={sweep}"],
+            cwd=tmp_path)
     runs = sorted(p for p in sweep.iterdir() if p.is_dir())
     assert len(runs) == 2
     lrs, ends, starts = [], [], []
@@ -132,7 +144,8 @@ def test_multirun_sweep_runs_jobs_one_after_another(tmp_path):
 def test_one_rank_runs_in_process_without_mpiexec(tmp_path):
     run_dir = tmp_path / "run"
     # An mpiexec that does not exist proves it is not used for one rank.
-    run_cli(["launcher.nprocs=1", "launcher.mpiexec=/no/such/mpiexec", "trainer.epochs=1",
+    run_cli(["recipe=digit_images", "algo=ssgd", "launcher.nprocs=1",
+             "launcher.mpiexec=/no/such/mpiexec", "trainer.epochs=1",
              "trainer.batch_size=32", "trainer.eval_every=20", f"hydra.run.dir={run_dir}"],
             cwd=tmp_path)
     metrics, summary = read_run(run_dir)
@@ -146,7 +159,7 @@ def test_one_rank_runs_in_process_without_mpiexec(tmp_path):
 @pytest.mark.mpi
 def test_a_failing_rank_ends_the_job_with_one_line_and_a_non_zero_status(tmp_path):
     run_dir = tmp_path / "run"
-    proc = run_cli(["launcher.nprocs=2", "optim.lr=1e12", "optim.warmup_epochs=0",
+    proc = run_cli(["recipe=digit_images", "algo=ssgd", "launcher.nprocs=2", "optim.lr=1e12",
                     "trainer.epochs=2", "trainer.log_every=1", f"hydra.run.dir={run_dir}"],
                    cwd=tmp_path, check=False, timeout=120)
     assert proc.returncode != 0
@@ -158,7 +171,8 @@ def test_a_failing_rank_ends_the_job_with_one_line_and_a_non_zero_status(tmp_pat
 @pytest.mark.mpi
 def test_ctrl_c_stops_every_rank(tmp_path):
     run_dir = tmp_path / "run"
-    cli = subprocess.Popen([str(BIN / "adpsgd-run"), "launcher.nprocs=2", "trainer.epochs=500",
+    cli = subprocess.Popen([str(BIN / "adpsgd-run"), "recipe=digit_images", "algo=ssgd",
+                            "launcher.nprocs=2", "trainer.epochs=500",
                             "trainer.progress=false", f"hydra.run.dir={run_dir}"],
                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                            text=True)
@@ -199,8 +213,32 @@ def test_non_editable_install_ships_the_configs(tmp_path):
         cwd=tmp_path, env=env, capture_output=True, text=True, check=True)
     assert where.stdout.startswith(str(site))  # the installed copy, not the checkout
     run_dir = tmp_path / "run"
-    proc = subprocess.run([str(site / "bin" / "adpsgd-run"), "launcher.nprocs=1",
-                           "trainer.epochs=1", f"hydra.run.dir={run_dir}"], cwd=tmp_path,
+    proc = subprocess.run([str(site / "bin" / "adpsgd-run"), "recipe=digit_images",
+                           "algo=ssgd", "launcher.nprocs=1", "trainer.epochs=1",
+                           f"hydra.run.dir={run_dir}"], cwd=tmp_path,
                           env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert read_run(run_dir)[1]["status"] == "completed"
+
+
+PRESETS = sorted(p.stem for p in (REPO / "conf" / "experiment").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_every_experiment_preset_composes_and_validates(preset):
+    from runner.cli import compose_all
+    from runner.config import validate
+
+    cfg = validate(compose_all([f"experiment={preset}"], False, "config")[0])
+    assert cfg.launcher.nprocs >= 1 and cfg.recipe.name and cfg.algo.name
+
+
+def test_seed_paper_presets_carry_the_papers_numbers():
+    from runner.cli import compose_all
+
+    hadpsgd, ssgd = (compose_all([f"experiment={name}"], False, "config")[0]
+                     for name in ("swb2000_hadpsgd_64gpu", "swb2000_ssgd_64gpu"))
+    assert (hadpsgd.algo.name, hadpsgd.launcher.nprocs) == ("hadpsgd", 64)
+    # ADPSGD's 3x larger global batch than SSGD (12,288 against 4,096).
+    assert hadpsgd.launcher.nprocs * hadpsgd.trainer.batch_size == 12288
+    assert ssgd.launcher.nprocs * ssgd.trainer.batch_size == 4096

@@ -21,6 +21,26 @@ def readme_commands() -> list[str]:
             if line.strip() and not line.strip().startswith("#")]
 
 
+# The default job (`make demo`, bare `adpsgd-run`) trains spoken digits for about 4 minutes on 2
+# cores; docs/RESULTS.md reports that run. Here the commands that train speech run as written
+# with these overrides appended (a sixth of the corpus, 1 epoch), so the suite stays short;
+# tests/test_speech_e2e.py checks what such a run learns.
+SPEECH_TEST_SIZE = ("recipe.synth.num_train=320 recipe.synth.num_eval=32 "
+                    "recipe.synth.train_speakers=16 trainer.epochs=1")
+# `make demo` is exactly `adpsgd-run` with no arguments (Makefile): running it covers both.
+COVERED_BY = {"adpsgd-run": "make demo"}
+
+
+def shrunk(command: str) -> str:
+    if command == "make demo":
+        return f'make demo DEMO_ARGS="{SPEECH_TEST_SIZE}"'
+    words = command.split()
+    trains_speech = words[0] == "adpsgd-run" and not any(
+        w.startswith(("recipe=", "experiment=", "--")) and w != "recipe=spoken_digits"
+        for w in words[1:])
+    return f"{command} {SPEECH_TEST_SIZE}" if trains_speech else command
+
+
 def shell(command: str, cwd, timeout: float = 600) -> subprocess.CompletedProcess:
     env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}"}
     return subprocess.run(["bash", "-c", command], cwd=cwd, env=env, capture_output=True,
@@ -60,22 +80,39 @@ def test_every_readme_command_runs(tmp_path):
     assert "make demo" in commands and "make test" in commands
     ran = []
     for command in commands:
+        if command in COVERED_BY:
+            assert COVERED_BY[command] in commands
+            ran.append(command)
+            continue
         if command == "make test":
             # This suite is what `make test` runs; check the wiring instead of recursing.
             dry = shell("make -n test", cwd=REPO)
             assert dry.returncode == 0 and "-m pytest" in dry.stdout, dry.stdout
         elif command.startswith("make "):
-            proc = shell(command, cwd=REPO)
+            proc = shell(shrunk(command), cwd=REPO)
             assert proc.returncode == 0, f"{command}\n{proc.stdout[-2000:]}\n{proc.stderr}"
             if command == "make demo":
                 assert "samples/s" in proc.stdout and "status completed" in proc.stdout
+                # ...and as written it is the bare command (COVERED_BY).
+                dry = shell("make -n demo", cwd=REPO).stdout.strip().splitlines()
+                assert dry[-1].split() == [".venv/bin/adpsgd-run"], dry
         elif command == "source .venv/bin/activate":
             proc = shell(f"{command} && command -v adpsgd-run", cwd=REPO)
             assert proc.stdout.strip() == str(REPO / ".venv" / "bin" / "adpsgd-run")
         elif command.startswith("adpsgd-run"):
-            proc = shell(command, cwd=tmp_path)
+            proc = shell(shrunk(command), cwd=tmp_path)
             assert proc.returncode == 0, f"{command}\n{proc.stdout[-2000:]}\n{proc.stderr}"
             assert proc.stdout.strip(), command
+        elif command.startswith("adpsgd-score"):
+            proc = shell(command, cwd=tmp_path)
+            assert proc.returncode == 0, f"{command}\n{proc.stderr}"
+            assert re.match(r"%WER \d+\.\d+ \[", proc.stdout), proc.stdout
+        elif command.startswith("adpsgd-imagenet"):  # in order, in one folder
+            proc = shell(command, cwd=tmp_path)
+            assert proc.returncode == 0, f"{command}\n{proc.stdout}\n{proc.stderr}"
+        elif command.startswith("adpsgd-prepare"):
+            proc = shell(command, cwd=tmp_path)
+            assert proc.returncode == 0 and proc.stdout.startswith("stage 0: "), proc.stdout
         elif command.startswith("adpsgd-gap"):
             proc = shell(command, cwd=tmp_path)
             assert proc.returncode == 0, f"{command}\n{proc.stderr}"

@@ -53,3 +53,19 @@ def test_missing_switchboard_data_is_one_line_before_ranks_start(tmp_path, args,
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr
     assert cause in lines[0] and "Fix:" in lines[0] and fix in lines[0], lines[0]
     assert not (tmp_path / "runs").exists()
+
+
+def test_the_swb2000_recipe_builds_the_papers_shape_with_a_character_ctc_head():
+    from hydra import compose, initialize_config_module
+
+    from recipes import RECIPES
+    from runner.config import validate
+
+    with initialize_config_module(config_module="runner.conf", version_base=None):
+        cfg = validate(compose("config", overrides=["recipe=swb2000"]))
+    model = RECIPES.get("swb2000")(cfg.recipe).build_model()
+    lstm = model.lstm
+    assert (lstm.num_layers, lstm.hidden_size, lstm.bidirectional) == (6, 512, True)
+    assert model.bottleneck.out_features == 256
+    assert lstm.input_size == 2 * 120  # 40 log-mel + deltas, two frames stacked per step
+    assert parameter_count(model) == 34_856_477  # docs/speech-data.md

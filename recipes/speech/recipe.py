@@ -26,7 +26,8 @@ from runner.errors import UserError
 
 from .. import RECIPES
 from ..base import Recipe, RecipeConfig
-from .model import BLSTMAcousticModel, CharTokenizer, greedy_decode
+from .decoding import CTCDecoder, DecodeConfig
+from .model import BLSTMAcousticModel, CharTokenizer
 from .scoring import edit_ops, normalize_switchboard, subset_of
 
 SUBSETS = ("swb", "ch")
@@ -38,13 +39,25 @@ class SpeechDataConfig:
     eval: Optional[str] = None
     cache_dir: Optional[str] = None
     sample_rate: int = 16000
+    prepare_workers: int = 1  # processes that compute features
 
 
 @dataclass
 class SynthConfig:
     num_train: int = 2000
     num_eval: int = 200
+    train_speakers: int = 24
+    eval_speakers: int = 8
     seed: int = 0
+
+
+@dataclass
+class AugmentConfig:
+    """SpecAugment-style masking of the training features (eval is never augmented)."""
+    freq_masks: int = 0  # bands of mel bins set to the (normalised) mean, per utterance
+    freq_width: int = 8  # each band is up to this many bins wide
+    time_masks: int = 0  # spans of frames masked the same way
+    time_width: float = 0.05  # each span covers up to this fraction of the utterance
 
 
 @dataclass
@@ -63,11 +76,6 @@ class SpeechModelConfig:
 
 
 @dataclass
-class DecodeConfig:
-    beam_size: int = 0  # 0: greedy
-
-
-@dataclass
 class SpeechConfig(RecipeConfig):
     name: str = "swb2000"
     data: SpeechDataConfig = field(default_factory=SpeechDataConfig)
@@ -76,6 +84,7 @@ class SpeechConfig(RecipeConfig):
     model: SpeechModelConfig = field(default_factory=SpeechModelConfig)
     text_normalization: str = "switchboard"  # switchboard | none
     decode: DecodeConfig = field(default_factory=DecodeConfig)
+    augment: AugmentConfig = field(default_factory=AugmentConfig)
     examples: int = 4
 
     def check(self, prefix, cfg):
@@ -91,6 +100,15 @@ class SpeechConfig(RecipeConfig):
                 f"{prefix}.text_normalization=switchboard")
         require(self.data.sample_rate > 0, f"{prefix}.data.sample_rate", "must be > 0",
                 f"{prefix}.data.sample_rate=16000")
+        require(self.data.prepare_workers >= 1, f"{prefix}.data.prepare_workers",
+                "must be >= 1", f"{prefix}.data.prepare_workers=4")
+        require(0 <= self.augment.freq_width <= self.features.num_mel_bins,
+                f"{prefix}.augment.freq_width", f"must be between 0 and "
+                f"features.num_mel_bins={self.features.num_mel_bins}",
+                f"{prefix}.augment.freq_width=8")
+        require(0 <= self.augment.time_width < 1, f"{prefix}.augment.time_width",
+                "must be in [0, 1)", f"{prefix}.augment.time_width=0.05")
+        self.decode.check(f"{prefix}.decode")
 
 
 def cache_root(cfg: SpeechConfig) -> Path:
@@ -118,10 +136,30 @@ class Utterances(Dataset):
         feats = torch.as_tensor(np.array(self.feats[utt], dtype=np.float32))
         stats = self.cmvn.get(self.utt2spk.get(utt, utt))
         if stats is not None:  # Kaldi cmvn stats: row 0 = sums | count (mean normalisation)
-            stats = torch.from_numpy(stats).double()
+            stats = torch.tensor(stats, dtype=torch.float64)
             feats = feats - (stats[0, :-1] / stats[0, -1]).float()
         tokens = torch.tensor(self.tokenizer.encode(self.texts[utt]), dtype=torch.long)
         return utt, feats, tokens
+
+
+def spec_augment(feats: torch.Tensor, lengths: torch.Tensor, cfg: AugmentConfig,
+                 num_mel_bins: int) -> torch.Tensor:
+    """A copy of ``feats`` (batch, frames, dim) with random mel bands and time spans of every
+    utterance set to 0, the mean of mean-normalised features (SpecAugment without time
+    warping). With deltas (dim = k * num_mel_bins) a band is masked in every block."""
+    out = feats.clone()
+    blocks = out.view(*out.shape[:2], -1, num_mel_bins)
+    for i, frames in enumerate(lengths.tolist()):
+        for _ in range(cfg.freq_masks):
+            width = int(torch.randint(0, cfg.freq_width + 1, ()))
+            start = int(torch.randint(0, num_mel_bins - width + 1, ()))
+            blocks[i, :, :, start:start + width] = 0.0
+        longest = int(cfg.time_width * frames)
+        for _ in range(cfg.time_masks):
+            width = int(torch.randint(0, longest + 1, ()))
+            start = int(torch.randint(0, frames - width + 1, ()))
+            out[i, start:start + width] = 0.0
+    return out
 
 
 class SpeechRecipe(Recipe):
@@ -132,6 +170,7 @@ class SpeechRecipe(Recipe):
     def __init__(self, cfg: Any):
         super().__init__(cfg)
         self.tokenizer = CharTokenizer()
+        self._decoder: CTCDecoder | None = None
 
     # ---- data ---------------------------------------------------------------------------
     def data_dirs(self) -> tuple[Path, Path]:
@@ -175,14 +214,22 @@ class SpeechRecipe(Recipe):
         out = self.feature_dir(data_dir)
         return out / "feats.scp", out / "cmvn.scp"
 
-    def prepare(self) -> None:
+    def prepare_stages(self):
+        return [(f"features of the {role} set", lambda role=role, path=path:
+                 self._prepare_features(role, path))
+                for role, path in zip(("train", "eval"), self.data_dirs())]
+
+    def _prepare_features(self, role: str, path: Path) -> None:
         from .features import prepare_features
         from .kaldi_data import load_data_dir
 
-        for role, path in zip(("train", "eval"), self.data_dirs()):
-            if not (path / "feats.scp").exists():
-                prepare_features(load_data_dir(path, role=role), self.feature_dir(path),
-                                 self._fbank_options())
+        if (path / "feats.scp").exists():
+            print(f"{path} has its own feats.scp; nothing to compute")
+            return
+        out = self.feature_dir(path)
+        prepare_features(load_data_dir(path, role=role), out, self._fbank_options(),
+                         num_workers=self.cfg.data.prepare_workers, role=role)
+        print(f"{role} features in {out}")
 
     def _normalize(self, text: str) -> list[str]:
         if self.cfg.text_normalization == "switchboard":
@@ -208,6 +255,7 @@ class SpeechRecipe(Recipe):
         train_dir, eval_dir = self.data_dirs()
         train, heldout = self._dataset(train_dir, "train"), self._dataset(eval_dir, "eval")
         self._eval_texts = heldout.texts  # references for scoring, normalised
+        self._train_texts = train.texts  # the words of a "train" decoding lexicon
         return train, heldout
 
     def collate(self, samples):
@@ -241,10 +289,16 @@ class SpeechRecipe(Recipe):
         return (loss / len(lengths) if reduction == "mean" else loss), log_probs, out_lengths
 
     def loss(self, model, batch):
+        if self.cfg.augment.freq_masks or self.cfg.augment.time_masks:
+            batch = (spec_augment(batch[0], batch[1], self.cfg.augment,
+                                  self.cfg.features.num_mel_bins), *batch[1:])
         return self._ctc(model, batch, "mean")[0]
 
     def _decode(self, log_probs, lengths) -> list[list[str]]:
-        return [self.tokenizer.decode(ids) for ids in greedy_decode(log_probs, lengths)]
+        if self._decoder is None:  # built on first use: a beam decoder loads its lexicon
+            words = (w for text in self._train_texts.values() for w in text)
+            self._decoder = CTCDecoder(self.cfg.decode, self.tokenizer, words)
+        return self._decoder(log_probs, lengths)
 
     def eval_sums(self, model, batch):
         loss, log_probs, out_lengths = self._ctc(model, batch, "sum")
@@ -268,13 +322,13 @@ class SpeechRecipe(Recipe):
                     f"words_{subset}"]
         return result
 
-    def examples(self, model, batch):
+    def decode(self, model, batch):
         _, log_probs, out_lengths = self._ctc(model, batch, "sum")
-        rows = []
-        for utt, hyp in list(zip(batch[4], self._decode(log_probs, out_lengths)))[
-                :self.cfg.examples]:
-            rows.append((utt, " ".join(self._eval_texts[utt]), " ".join(hyp)))
-        return rows
+        return [(utt, " ".join(self._eval_texts[utt]), " ".join(hyp))
+                for utt, hyp in zip(batch[4], self._decode(log_probs, out_lengths))]
+
+    def examples(self, model, batch):
+        return self.decode(model, batch)[:self.cfg.examples]
 
 
 @RECIPES.register("swb2000")
@@ -294,7 +348,8 @@ class SpokenDigits(SpeechRecipe):
 
     def corpus_dir(self) -> Path:
         s = self.cfg.synth
-        return cache_root(self.cfg) / "spoken_digits" / f"{s.num_train}-{s.num_eval}-seed{s.seed}"
+        return (cache_root(self.cfg) / "spoken_digits" /
+                f"{s.num_train}-{s.num_eval}-spk{s.train_speakers}-{s.eval_speakers}-seed{s.seed}")
 
     def data_dirs(self) -> tuple[Path, Path]:
         if self.cfg.data.train or self.cfg.data.eval:
@@ -305,10 +360,17 @@ class SpokenDigits(SpeechRecipe):
         if self.cfg.data.train or self.cfg.data.eval:
             super().check_data()
 
-    def prepare(self) -> None:
-        if not (self.cfg.data.train or self.cfg.data.eval):
-            from .synth import synthesize_corpus
+    def prepare_stages(self):
+        if self.cfg.data.train or self.cfg.data.eval:
+            return super().prepare_stages()
+        return [("synthesize the corpus", self._synthesize), *super().prepare_stages()]
 
-            s = self.cfg.synth
-            synthesize_corpus(self.corpus_dir(), s.num_train, s.num_eval, seed=s.seed)
-        super().prepare()
+    def _synthesize(self) -> None:
+        from .synth import synthesize_corpus
+
+        s = self.cfg.synth
+        summary = synthesize_corpus(self.corpus_dir(), s.num_train, s.num_eval, seed=s.seed,
+                                    train_speakers=s.train_speakers,
+                                    eval_speakers=s.eval_speakers)
+        state = "cached" if summary.get("cached") else f"built in {summary['seconds']:.0f} s"
+        print(f"spoken digits corpus in {self.corpus_dir()} ({state})")

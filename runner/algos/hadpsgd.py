@@ -48,7 +48,12 @@ class HADPSGD(ADPSGD):
             raise ConfigError("launcher.procs_per_node", "hadpsgd needs nodes to form super "
                               "learners", "set launcher.procs_per_node, e.g. "
                               f"launcher.procs_per_node={max(1, run_cfg.launcher.nprocs // 2)}")
-        return run_cfg.launcher.nprocs // ppn
+        nprocs = run_cfg.launcher.nprocs
+        if nprocs % ppn and nprocs > ppn:  # fewer ranks than a node: one super learner
+            raise ConfigError("launcher.procs_per_node", f"{ppn} does not divide launcher.nprocs="
+                              f"{nprocs}: super learners need the same number of ranks",
+                              "choose procs_per_node so that nprocs is a multiple of it")
+        return -(-nprocs // ppn)
 
     @classmethod
     def even_fix(cls, run_cfg) -> str:

@@ -42,10 +42,12 @@ def mpi():
 
 
 def emulated_node(rank: int, size: int, procs_per_node: int) -> tuple[int, int]:
-    """(node, num_nodes) when consecutive groups of ``procs_per_node`` ranks form a node."""
-    if procs_per_node < 1 or size % procs_per_node:
-        raise ValueError(f"procs_per_node={procs_per_node} does not divide {size} ranks")
-    return rank // procs_per_node, size // procs_per_node
+    """(node, num_nodes) when consecutive groups of ``procs_per_node`` ranks form a node; the
+    last node is smaller when ``procs_per_node`` does not divide ``size`` (algorithms that
+    need equal nodes check that before ranks start)."""
+    if procs_per_node < 1:
+        raise ValueError(f"procs_per_node must be >= 1, got {procs_per_node}")
+    return rank // procs_per_node, -(-size // procs_per_node)
 
 
 def detect_world(comm, procs_per_node: int | None) -> tuple[World, object]:

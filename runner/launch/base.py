@@ -23,10 +23,7 @@ class LauncherConfig(Section):
                 f"{prefix}.nprocs=2")
         if self.procs_per_node is not None:
             require(self.procs_per_node >= 1, f"{prefix}.procs_per_node",
-                    f"must be >= 1, got {self.procs_per_node}", f"{prefix}.procs_per_node=null")
-            require(self.nprocs % self.procs_per_node == 0, f"{prefix}.procs_per_node",
-                    f"{self.procs_per_node} does not divide launcher.nprocs={self.nprocs}",
-                    "choose procs_per_node so that nprocs is a multiple of it")
+                    f"must be >= 1, got {self.procs_per_node}", f"{prefix}.procs_per_node=2")
 
 
 class Launcher(ABC):

@@ -22,7 +22,7 @@ def mean_model(trainer):
 def checks(world_mpi, run_dir, overrides):
     with initialize_config_module(config_module="runner.conf", version_base=None):
         cfg = validate(compose("config", overrides=[
-            *overrides, "trainer.dtype=float64", "trainer.progress=false",
+            "recipe=digit_images", *overrides, "trainer.dtype=float64", "trainer.progress=false",
             "optim.momentum=0", "optim.nesterov=false", "optim.weight_decay=0"]))
     with open_dict(cfg):
         cfg.optim.lr = 0.0  # not a valid user value; here it isolates the gossip

@@ -54,13 +54,15 @@ def report(world, case: str, message: str) -> None:
 
 
 def compose_config(overrides: list[str]):
-    """The validated run config for ``overrides``, as the CLI would compose it."""
+    """The validated run config for ``overrides``, as the CLI would compose it (on the
+    digit images unless the overrides pick another recipe)."""
     from hydra import compose, initialize_config_module
 
     from runner.config import validate
 
     with initialize_config_module(config_module="runner.conf", version_base=None):
-        return validate(compose("config", overrides=["trainer.progress=false", *overrides]))
+        return validate(compose("config", overrides=[
+            "recipe=digit_images", "trainer.progress=false", *overrides]))
 
 
 def build_trainer(world_mpi, comm, run_dir, cfg):
