@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -26,11 +27,9 @@ from runner.errors import UserError
 
 from .. import RECIPES
 from ..base import Recipe, RecipeConfig
-from .decoding import CTCDecoder, DecodeConfig
-from .model import BLSTMAcousticModel, CharTokenizer
-from .scoring import edit_ops, normalize_switchboard, subset_of
-
-SUBSETS = ("swb", "ch")
+from .decoding import DecodeConfig
+from .heads import HEADS
+from .model import BLSTMAcousticModel
 
 
 @dataclass
@@ -40,13 +39,15 @@ class SpeechDataConfig:
     cache_dir: Optional[str] = None
     sample_rate: int = 16000
     prepare_workers: int = 1  # processes that compute features
+    train_alignments: Optional[str] = None  # model.head=ce: Kaldi pdf-id alignments
+    eval_alignments: Optional[str] = None
 
 
 @dataclass
 class SynthConfig:
     num_train: int = 2000
     num_eval: int = 200
-    train_speakers: int = 24
+    train_speakers: int = 64
     eval_speakers: int = 8
     seed: int = 0
 
@@ -73,6 +74,8 @@ class SpeechModelConfig:
     bottleneck: int = 256
     subsample: int = 2
     dropout: float = 0.0
+    head: str = "ctc"  # ctc: characters, WER; ce: Kaldi pdf ids from alignments, frame acc.
+    num_targets: Optional[int] = None  # head=ce: the number of pdfs
 
 
 @dataclass
@@ -109,6 +112,19 @@ class SpeechConfig(RecipeConfig):
         require(0 <= self.augment.time_width < 1, f"{prefix}.augment.time_width",
                 "must be in [0, 1)", f"{prefix}.augment.time_width=0.05")
         self.decode.check(f"{prefix}.decode")
+        require(self.model.head in HEADS, f"{prefix}.model.head",
+                f"must be one of {', '.join(HEADS)}, got {self.model.head!r}",
+                f"{prefix}.model.head=ctc")
+        if self.model.head == "ce":
+            require(bool(self.model.num_targets) and self.model.num_targets > 1,
+                    f"{prefix}.model.num_targets", "head=ce needs the number of pdfs",
+                    f"{prefix}.model.num_targets=N with N from `tree-info exp/tri4/tree`")
+            for role in ("train", "eval"):
+                path = getattr(self.data, f"{role}_alignments")
+                require(bool(path) and Path(path).expanduser().is_file(),
+                        f"{prefix}.data.{role}_alignments",
+                        f"head=ce needs {role} alignments, got {path!r}",
+                        f"{prefix}.data.{role}_alignments=ALI.scp (ali-to-pdf output)")
 
 
 def cache_root(cfg: SpeechConfig) -> Path:
@@ -117,16 +133,17 @@ def cache_root(cfg: SpeechConfig) -> Path:
 
 
 class Utterances(Dataset):
-    """(utterance id, normalised features, token ids) read lazily from a feats.scp."""
+    """(utterance id, normalised features, targets) read lazily from a feats.scp; the targets
+    come from the model's head (characters of the transcript, or aligned frame labels)."""
 
     def __init__(self, feats_scp: Path, cmvn_scp: Path | None, utt2spk: dict[str, str],
-                 texts: dict[str, list[str]], tokenizer: CharTokenizer):
+                 utts: list[str], targets: Callable[[str, int], torch.Tensor]):
         import kaldiio
 
         self.feats = kaldiio.load_scp(str(feats_scp))
         self.cmvn = dict(kaldiio.load_scp(str(cmvn_scp))) if cmvn_scp else {}
-        self.utt2spk, self.texts, self.tokenizer = utt2spk, texts, tokenizer
-        self.utts = sorted(u for u in texts if u in self.feats)
+        self.utt2spk, self.targets = utt2spk, targets
+        self.utts = sorted(u for u in utts if u in self.feats)
 
     def __len__(self) -> int:
         return len(self.utts)
@@ -138,8 +155,7 @@ class Utterances(Dataset):
         if stats is not None:  # Kaldi cmvn stats: row 0 = sums | count (mean normalisation)
             stats = torch.tensor(stats, dtype=torch.float64)
             feats = feats - (stats[0, :-1] / stats[0, -1]).float()
-        tokens = torch.tensor(self.tokenizer.encode(self.texts[utt]), dtype=torch.long)
-        return utt, feats, tokens
+        return utt, feats, self.targets(utt, len(feats))
 
 
 def spec_augment(feats: torch.Tensor, lengths: torch.Tensor, cfg: AugmentConfig,
@@ -169,8 +185,9 @@ class SpeechRecipe(Recipe):
 
     def __init__(self, cfg: Any):
         super().__init__(cfg)
-        self.tokenizer = CharTokenizer()
-        self._decoder: CTCDecoder | None = None
+        self.head = HEADS[cfg.model.head](cfg)
+        self.primary_metric = self.head.primary_metric
+        self.higher_is_better = self.head.higher_is_better
 
     # ---- data ---------------------------------------------------------------------------
     def data_dirs(self) -> tuple[Path, Path]:
@@ -231,11 +248,6 @@ class SpeechRecipe(Recipe):
                          num_workers=self.cfg.data.prepare_workers, role=role)
         print(f"{role} features in {out}")
 
-    def _normalize(self, text: str) -> list[str]:
-        if self.cfg.text_normalization == "switchboard":
-            return normalize_switchboard(text)
-        return text.lower().split()
-
     def _dataset(self, data_dir: Path, role: str) -> Utterances:
         from .kaldi_data import load_data_dir
 
@@ -244,8 +256,9 @@ class SpeechRecipe(Recipe):
         if not feats.exists():
             raise UserError(f"recipe {self.cfg.name}: features of {data_dir} are not prepared",
                             "start the job with adpsgd-run, which prepares them first")
-        texts = {utt: self._normalize(text) for utt, text in data.text.items()}
-        dataset = Utterances(feats, cmvn, dict(data.utt2spk), texts, self.tokenizer)
+        utts = self.head.load(role, data)
+        dataset = Utterances(feats, cmvn, dict(data.utt2spk), utts,
+                             lambda utt, frames: self.head.targets(role, utt, frames))
         if len(dataset) == 0:
             raise UserError(f"recipe {self.cfg.name}: {role} set {data_dir} has no "
                             "utterances with features", f"check {data_dir}/text and rerun")
@@ -253,17 +266,15 @@ class SpeechRecipe(Recipe):
 
     def datasets(self):
         train_dir, eval_dir = self.data_dirs()
-        train, heldout = self._dataset(train_dir, "train"), self._dataset(eval_dir, "eval")
-        self._eval_texts = heldout.texts  # references for scoring, normalised
-        self._train_texts = train.texts  # the words of a "train" decoding lexicon
-        return train, heldout
+        return self._dataset(train_dir, "train"), self._dataset(eval_dir, "eval")
 
     def collate(self, samples):
-        utts, feats, tokens = zip(*samples)
+        utts, feats, targets = zip(*samples)
         return (pad_sequence(list(feats), batch_first=True),
                 torch.tensor([len(f) for f in feats]),
-                pad_sequence(list(tokens), batch_first=True),
-                torch.tensor([len(t) for t in tokens]),
+                pad_sequence(list(targets), batch_first=True,
+                             padding_value=self.head.pad_value()),
+                torch.tensor([len(t) for t in targets]),
                 list(utts))
 
     def to_device(self, batch, device, dtype):
@@ -277,55 +288,29 @@ class SpeechRecipe(Recipe):
 
     def build_model(self):
         m = self.cfg.model
-        return BLSTMAcousticModel(self.input_dim(), len(self.tokenizer), m.num_layers,
+        return BLSTMAcousticModel(self.input_dim(), self.head.output_size(), m.num_layers,
                                   m.hidden_size, m.bottleneck, m.subsample, m.dropout)
 
-    def _ctc(self, model, batch, reduction: str):
-        feats, lengths, tokens, token_lengths, _ = batch
+    def _forward(self, model, batch):
+        feats, lengths, targets, target_lengths, utts = batch
         log_probs, out_lengths = model(feats, lengths.to(feats.device))
-        loss = torch.nn.functional.ctc_loss(
-            log_probs.transpose(0, 1), tokens, out_lengths, token_lengths.to(tokens.device),
-            blank=0, reduction="sum", zero_infinity=True)
-        return (loss / len(lengths) if reduction == "mean" else loss), log_probs, out_lengths
+        return log_probs, out_lengths, targets, target_lengths, utts
 
     def loss(self, model, batch):
         if self.cfg.augment.freq_masks or self.cfg.augment.time_masks:
             batch = (spec_augment(batch[0], batch[1], self.cfg.augment,
                                   self.cfg.features.num_mel_bins), *batch[1:])
-        return self._ctc(model, batch, "mean")[0]
-
-    def _decode(self, log_probs, lengths) -> list[list[str]]:
-        if self._decoder is None:  # built on first use: a beam decoder loads its lexicon
-            words = (w for text in self._train_texts.values() for w in text)
-            self._decoder = CTCDecoder(self.cfg.decode, self.tokenizer, words)
-        return self._decoder(log_probs, lengths)
+        return self.head.loss(*self._forward(model, batch)[:4])
 
     def eval_sums(self, model, batch):
-        loss, log_probs, out_lengths = self._ctc(model, batch, "sum")
-        sums = {"loss_sum": float(loss), "count": float(len(out_lengths))}
-        utts = batch[4]
-        for utt, hyp in zip(utts, self._decode(log_probs, out_lengths)):
-            ref = self._eval_texts[utt]
-            errors = sum(edit_ops(ref, hyp))
-            subset = subset_of(utt)  # Hub5'00: swb (sw*) or ch (en*)
-            for suffix in ("", f"_{subset}") if subset else ("",):
-                sums[f"errors{suffix}"] = sums.get(f"errors{suffix}", 0.0) + errors
-                sums[f"words{suffix}"] = sums.get(f"words{suffix}", 0.0) + len(ref)
-        return sums
+        return self.head.eval_sums(*self._forward(model, batch))
 
     def metrics(self, sums):
-        result = {"loss": sums["loss_sum"] / max(sums["count"], 1.0),
-                  "wer": 100.0 * sums.get("errors", 0.0) / max(sums.get("words", 0.0), 1.0)}
-        for subset in SUBSETS:
-            if sums.get(f"words_{subset}"):
-                result[f"wer_{subset}"] = 100.0 * sums[f"errors_{subset}"] / sums[
-                    f"words_{subset}"]
-        return result
+        return self.head.metrics(sums)
 
     def decode(self, model, batch):
-        _, log_probs, out_lengths = self._ctc(model, batch, "sum")
-        return [(utt, " ".join(self._eval_texts[utt]), " ".join(hyp))
-                for utt, hyp in zip(batch[4], self._decode(log_probs, out_lengths))]
+        log_probs, out_lengths, _, _, utts = self._forward(model, batch)
+        return self.head.decode(log_probs, out_lengths, utts)
 
     def examples(self, model, batch):
         return self.decode(model, batch)[:self.cfg.examples]
