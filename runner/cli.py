@@ -10,15 +10,20 @@ the validated config to ``.hydra/run.yaml`` and hands over to the launcher.
 from __future__ import annotations
 
 import difflib
+import gc
+import os
 import re
 import sys
+import tempfile
 from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from .errors import UserError, one_line
+from . import config  # noqa: F401 - registers the resolvers conf/ uses
+from .config import leaf_keys, section_given_a_value
+from .errors import EXIT_PREEMPTED, UserError, one_line
 
 CONFIG_MODULE = "runner.conf"
 CONFIG_NAME = "config"
@@ -80,10 +85,24 @@ def hydra_error(ex: Exception, base: DictConfig | None) -> UserError:
     if override:
         key = override.group(1)
         known = _dotted_keys(base) if base is not None else []
-        close = difflib.get_close_matches(key, known, n=1)
-        return UserError(f"unknown key {key!r}",
-                         f"did you mean {close[0]}?" if close else
-                         f"check the spelling, or add it with +{key}=VALUE")
+        # Suggest from the key's own section first, comparing the last names (algo.period is
+        # no misspelt algo.name: their shared "algo." would make them look alike).
+        parent, _, leaf = key.rpartition(".")
+        siblings = [k.rpartition(".")[2] for k in known if k.rpartition(".")[0] == parent]
+        close = ([f"{parent}.{c}" if parent else c
+                  for c in difflib.get_close_matches(leaf, siblings, n=1)] if siblings
+                 else difflib.get_close_matches(key, known, n=1))
+        if close:
+            fix = f"did you mean {close[0]}?"
+        elif siblings:
+            fix = f"the keys of {parent or 'the config'} are {', '.join(siblings)}"
+        else:
+            fix = f"check the spelling, or add it with +{key}=VALUE"
+        return UserError(f"unknown key {key!r}", fix)
+    merging = re.search(r"Error merging override ([^=\s]+)=", text)
+    section = OmegaConf.select(base, merging.group(1)) if merging and base is not None else None
+    if isinstance(section, DictConfig):  # faults=[1]: a list cannot replace a section
+        return section_given_a_value(merging.group(1), leaf_keys(section))
     return UserError(one_line(text).replace(
         "Set the environment variable HYDRA_FULL_ERROR=1 for a complete stack trace.", "").strip()
         or type(ex).__name__, "check the command line")
@@ -132,26 +151,65 @@ def validate_job(cfg: DictConfig) -> DictConfig:
     return typed
 
 
+def check_resume(typed: DictConfig, run_dir: Path | None) -> str | None:
+    """Raise ConfigError when ``resume`` names no usable checkpoint or one that does not fit
+    this job (before any rank starts); return what the job will do. Without a run dir (the
+    preflight) only an explicit checkpoint path can be checked."""
+    from .checkpoint import check_compatible, resolve_resume
+
+    if typed.resume is None or (run_dir is None and typed.resume == "auto"):
+        return None
+    checkpoint = resolve_resume(typed.resume, run_dir or Path.cwd())
+    if checkpoint is None:
+        return f"no complete checkpoint in {run_dir}: starting fresh"
+    check_compatible(checkpoint, OmegaConf.to_container(typed), typed.resume_averaged)
+    return (f"resuming from {checkpoint.path} (step {checkpoint.step}, epoch "
+            f"{checkpoint.epoch:.2f})")
+
+
+def check_output_dir(overrides: list[str], multirun: bool) -> None:
+    """Hydra creates the run dir before the job starts and reports a failure as a traceback:
+    try first whether a directory can be created where it will go."""
+    key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
+    given = [o.split("=", 1)[1] for o in overrides if o.startswith(f"{key}=")]
+    target = Path(given[-1].split("$", 1)[0] if given else "runs").expanduser()
+    existing = target.absolute()
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    try:
+        if not existing.is_dir():
+            raise NotADirectoryError(f"{existing} is a file")
+        os.rmdir(tempfile.mkdtemp(prefix=".adpsgd-probe-", dir=existing))
+    except OSError as ex:
+        raise UserError(f"cannot create the run dir {given[-1] if given else target} under "
+                        f"{existing} ({ex.strerror or ex})",
+                        f"set {key} to a writable place, e.g. {key}=runs/NAME") from None
+
+
 def preflight(argv: list[str]) -> None:
     overrides, multirun, config_name, info = split_argv(argv)
     if info:
         return
+    check_output_dir(overrides, multirun)
     for cfg in compose_all(overrides, multirun, config_name):
-        validate_job(cfg)
+        check_resume(validate_job(cfg), None)
 
 
 @hydra.main(version_base=None, config_path=f"pkg://{CONFIG_MODULE}", config_name=CONFIG_NAME)
 def run_job(cfg: DictConfig) -> None:
     from .launch import LAUNCHERS
-    from .reporting import results_table
+    from .reporting import results_table, write_failure_summary
     from .worker import RUN_CONFIG
 
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     try:
         typed = validate_job(cfg)
+        resuming = check_resume(typed, run_dir)
     except UserError as ex:
         print(f"adpsgd-run: error: {ex}", file=sys.stderr)
         raise SystemExit(2) from None
+    if resuming:
+        print(f"adpsgd-run: {resuming}", flush=True)
     for sub in ("tb", "logs", "checkpoints"):
         (run_dir / sub).mkdir(parents=True, exist_ok=True)
     OmegaConf.save(typed, run_dir / RUN_CONFIG)
@@ -165,16 +223,25 @@ def run_job(cfg: DictConfig) -> None:
     print(f"adpsgd-run: {typed.algo.name} on {typed.recipe.name} with "
           f"{typed.launcher.nprocs} rank(s); run dir {run_dir}", flush=True)
     try:
-        status = LAUNCHERS.get(typed.launcher.name)(typed.launcher).launch(typed, run_dir)
+        launcher = LAUNCHERS.get(typed.launcher.name)(typed.launcher)
+        status = launcher.launch(typed, run_dir)
     except UserError as ex:
         print(f"adpsgd-run: error: {ex}", file=sys.stderr)
         raise SystemExit(2) from None
-    if status == 0:
-        print(results_table(run_dir), flush=True)
-    else:
+    if status == EXIT_PREEMPTED:
+        print(f"adpsgd-run: stopped by a signal after checkpointing (exit status {status}); "
+              f"to continue, run the same command with resume=auto hydra.run.dir={run_dir}",
+              file=sys.stderr)
+        raise SystemExit(status)
+    if status != 0 and launcher.blocking:
+        write_failure_summary(run_dir, typed.algo.name, typed.recipe.name,
+                              typed.launcher.nprocs, status)
+    if status != 0:
         print(f"adpsgd-run: job failed (exit status {status}); logs in {run_dir / 'logs'}",
               file=sys.stderr)
         raise SystemExit(status)
+    if launcher.blocking:  # a submitted batch job has no results yet
+        print(results_table(run_dir), flush=True)
 
 
 def check_command_line(argv: list[str]) -> None:
@@ -188,7 +255,12 @@ def check_command_line(argv: list[str]) -> None:
 
 def main() -> None:
     check_command_line(sys.argv[1:])
-    run_job()
+    try:
+        run_job()
+    finally:
+        # Exiting collects every object the imports made (torch, Hydra), which took seconds on
+        # a loaded machine after the job had ended; nothing is left to free but memory.
+        gc.freeze()
 
 
 if __name__ == "__main__":

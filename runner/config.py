@@ -26,6 +26,13 @@ class Section:
         return None
 
 
+# conf/launcher/slurm.yaml derives the number of ranks: nprocs = ${multiply:nodes,procs_per_node}
+# (0 when a factor is null: the launcher's check then names the missing key).
+if not OmegaConf.has_resolver("multiply"):
+    OmegaConf.register_new_resolver(
+        "multiply", lambda a, b: 0 if a is None or b is None else int(a) * int(b))
+
+
 def require(condition: bool, key: str, problem: str, fix: str) -> None:
     if not condition:
         raise ConfigError(key, problem, fix)
@@ -55,6 +62,10 @@ class TrainerConfig(Section):
     compile: bool = False  # torch.compile the model
     compile_backend: str = "inductor"  # eager / aot_eager: check graph capture, no codegen
     cudnn_benchmark: bool = False  # let cuDNN time its kernels (fixed input shapes only)
+    # Reliability (runner/checkpoint.py, docs/failures.md).
+    checkpoint_every: Optional[int] = None  # also checkpoint every N steps (None: epoch ends)
+    keep_checkpoints: int = 2  # complete checkpoints kept in RUN_DIR/checkpoints
+    on_nonfinite: str = "stop"  # NaN/Inf loss: stop (keep the last good checkpoint) | skip_batch
 
     def check(self, prefix: str, cfg: DictConfig) -> None:
         require(self.epochs >= 1, f"{prefix}.epochs", f"must be >= 1, got {self.epochs}",
@@ -78,6 +89,14 @@ class TrainerConfig(Section):
         require(self.amp != "bf16" or self.dtype == "float32", f"{prefix}.amp",
                 f"bf16 autocast needs {prefix}.dtype=float32, got {self.dtype}",
                 f"{prefix}.amp=none")
+        require(self.checkpoint_every is None or self.checkpoint_every >= 1,
+                f"{prefix}.checkpoint_every", f"must be >= 1 or null, got {self.checkpoint_every}",
+                f"{prefix}.checkpoint_every=null")
+        require(self.keep_checkpoints >= 1, f"{prefix}.keep_checkpoints",
+                f"must be >= 1, got {self.keep_checkpoints}", f"{prefix}.keep_checkpoints=2")
+        require(self.on_nonfinite in ("stop", "skip_batch"), f"{prefix}.on_nonfinite",
+                f"must be stop or skip_batch, got {self.on_nonfinite!r}",
+                f"{prefix}.on_nonfinite=stop")
         require(self.compile_backend in COMPILE_BACKENDS, f"{prefix}.compile_backend",
                 f"must be one of {', '.join(COMPILE_BACKENDS)}, got {self.compile_backend!r}",
                 f"{prefix}.compile_backend=inductor")
@@ -128,6 +147,7 @@ class OptimConfig(Section):
 class CommConfig(Section):
     backend: str = "auto"  # auto (mpi on CPU, nccl on GPU) | mpi | nccl | gloo
     bucket_mb: float = 4.0  # gradient bucket size for overlapped allreduce
+    timeout_s: float = 900.0  # a collective with no answer for this long ends the job
 
     def check(self, prefix: str, cfg: DictConfig) -> None:
         require(self.backend in ("auto", "mpi", "nccl", "gloo"), f"{prefix}.backend",
@@ -135,6 +155,8 @@ class CommConfig(Section):
                 f"{prefix}.backend=auto")
         require(self.bucket_mb > 0, f"{prefix}.bucket_mb", "must be > 0",
                 f"{prefix}.bucket_mb=4")
+        require(self.timeout_s > 0, f"{prefix}.timeout_s", f"must be > 0, got {self.timeout_s}",
+                f"{prefix}.timeout_s=900")
 
 
 @dataclass
@@ -149,9 +171,19 @@ class StragglerConfig:
 
 
 @dataclass
+class NonfiniteLossConfig:
+    ranks: list[int] = field(default_factory=list)  # these ranks' loss is NaN...
+    steps: list[int] = field(default_factory=list)  # ...at these steps (tests of on_nonfinite)
+
+
+@dataclass
 class FaultsConfig(Section):
     straggler: StragglerConfig = field(default_factory=StragglerConfig)
     delay_s: float = 0.0  # every step of every rank sleeps a random time in [0, delay_s]
+    nonfinite_loss: NonfiniteLossConfig = field(default_factory=NonfiniteLossConfig)
+    # Every rank sleeps this long inside each checkpoint write, after writing its temporary
+    # file and before renaming it: lets a test kill a rank in the middle of a write.
+    checkpoint_write_delay_s: float = 0.0
 
     def check(self, prefix: str, cfg: DictConfig) -> None:
         require(self.delay_s >= 0, f"{prefix}.delay_s", f"must be >= 0, got {self.delay_s}",
@@ -159,9 +191,13 @@ class FaultsConfig(Section):
         nprocs = cfg.launcher.nprocs
         require(self.straggler.factor >= 1, f"{prefix}.straggler.factor",
                 f"must be >= 1, got {self.straggler.factor}", f"{prefix}.straggler.factor=4")
-        bad = [r for r in self.straggler.ranks if not 0 <= r < nprocs]
-        require(not bad, f"{prefix}.straggler.ranks", f"ranks {bad} do not exist with "
-                f"launcher.nprocs={nprocs}", f"{prefix}.straggler.ranks=[{nprocs - 1}]")
+        for key, ranks in (("straggler", self.straggler.ranks),
+                           ("nonfinite_loss", self.nonfinite_loss.ranks)):
+            bad = [r for r in ranks if not 0 <= r < nprocs]
+            require(not bad, f"{prefix}.{key}.ranks", f"ranks {bad} do not exist with "
+                    f"launcher.nprocs={nprocs}", f"{prefix}.{key}.ranks=[{nprocs - 1}]")
+        require(self.checkpoint_write_delay_s >= 0, f"{prefix}.checkpoint_write_delay_s",
+                "must be >= 0", f"{prefix}.checkpoint_write_delay_s=0")
 
 
 FIXED_SECTIONS: dict[str, type] = {
@@ -183,13 +219,43 @@ def _registries() -> dict[str, Any]:
             "launcher": LAUNCHERS}
 
 
+def _resume_keys(plain: dict[str, Any]) -> dict[str, Any]:
+    """The top-level ``resume`` (null, auto or a checkpoint dir) and ``resume_averaged``."""
+    resume = plain.pop("resume", None)
+    if resume is not None and (not isinstance(resume, str) or not resume.strip()):
+        raise ConfigError("resume", f"must be null, auto or the path of a checkpoint dir, got "
+                          f"{resume!r}", "resume=auto")
+    averaged = plain.pop("resume_averaged", False)
+    if not isinstance(averaged, bool):
+        raise ConfigError("resume_averaged", f"must be true or false, got {averaged!r}",
+                          "resume_averaged=true")
+    return {"resume": resume, "resume_averaged": averaged}
+
+
 def _known_keys(schema: type) -> list[str]:
     return [f.name for f in dataclasses.fields(schema)]
+
+
+def leaf_keys(section: DictConfig) -> list[str]:
+    """The keys of ``section`` that hold values, not sub-sections (what an example can set)."""
+    return [str(k) for k, v in section.items() if not isinstance(v, DictConfig)]
+
+
+def section_given_a_value(prefix: str, keys: list[str], value: Any = None) -> ConfigError:
+    """The error for a whole section set to one value (``optim=adam``: optim is a section of
+    keys, not a config group to choose from); ``keys`` are its own keys, for the example."""
+    got = "" if value is None else f" (got {value!r})"
+    example = f"{prefix}.{keys[0]}=..." if keys else f"{prefix}.KEY=..."
+    return ConfigError(prefix, f"is a section of keys, not a value{got}",
+                       f"set its keys one by one, e.g. {example} (adpsgd-run --cfg job lists "
+                       "them)")
 
 
 def _typed_section(prefix: str, schema: type, node: Any) -> DictConfig:
     """Merge ``node`` into ``schema``; turn OmegaConf's errors into one line naming the key."""
     base = OmegaConf.structured(schema)
+    if node is not None and not isinstance(node, dict):  # OmegaConf would raise a traceback
+        raise section_given_a_value(prefix, leaf_keys(base), node)
     try:
         merged = OmegaConf.merge(base, node if node is not None else {})
     except ConfigKeyError as ex:
@@ -223,6 +289,7 @@ def validate(cfg: DictConfig) -> DictConfig:
     if not isinstance(seed, int) or isinstance(seed, bool):
         raise ConfigError("seed", f"must be an integer, got {seed!r}", "seed=0")
     typed["seed"] = seed
+    typed.update(_resume_keys(plain))
 
     for section, schema in FIXED_SECTIONS.items():
         typed[section] = _typed_section(section, schema, plain.pop(section, None))

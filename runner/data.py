@@ -8,17 +8,23 @@ k*n*b .. (k+1)*n*b - 1 of the permutation, i.e. the batch a single process with 
 draw, which is what makes SSGD on n ranks equal to one process. Shards differ by at most one
 sample, so late batches can be short or empty; every rank still takes the same number of steps
 (``ceil(N / (n*b))``), which keeps collectives matched.
+
+A :class:`~runner.errors.UserError` raised while loading (a damaged data file) reaches the
+trainer as itself, also from loader worker processes (see :class:`WorkerUserError`).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset
+
+from .errors import UserError
 
 
 class ShardedBatches:
@@ -71,6 +77,49 @@ class EpochBatchSampler:
         return len(self.batches)
 
 
+@dataclass(frozen=True)
+class WorkerUserError:
+    """A UserError raised in a loader worker, carried to the main process as a batch. torch
+    re-raises a worker's exception with the worker's traceback as its message, which would
+    turn the one-line error into a traceback wall."""
+
+    cause: str
+    fix: str | None
+
+
+class UserErrorsAsValues(Dataset):
+    """The dataset as loader workers see it: a UserError becomes a :class:`WorkerUserError`."""
+
+    def __init__(self, dataset: Dataset):
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int) -> Any:
+        try:
+            return self.dataset[index]
+        except UserError as ex:
+            return WorkerUserError(ex.cause, ex.fix)
+
+
+class CollateUserErrors:
+    """The collate function as loader workers run it: a batch with a failed sample, or whose
+    collation raises a UserError, is the :class:`WorkerUserError` itself."""
+
+    def __init__(self, collate: Callable[[list[Any]], Any]):
+        self.collate = collate
+
+    def __call__(self, samples: list[Any]) -> Any:
+        failed = next((s for s in samples if isinstance(s, WorkerUserError)), None)
+        if failed is not None:
+            return failed
+        try:
+            return self.collate(samples)
+        except UserError as ex:
+            return WorkerUserError(ex.cause, ex.fix)
+
+
 class BatchFetcher:
     """Turns index batches into collated batches; empty index batches give ``None``.
 
@@ -90,8 +139,11 @@ class BatchFetcher:
     @property
     def loader(self) -> DataLoader:
         if self._loader is None:
-            self._loader = DataLoader(self.dataset, batch_sampler=self.sampler,
-                                      collate_fn=self.collate, num_workers=self.num_workers,
+            workers = self.num_workers > 0
+            self._loader = DataLoader(UserErrorsAsValues(self.dataset) if workers
+                                      else self.dataset, batch_sampler=self.sampler,
+                                      collate_fn=CollateUserErrors(self.collate) if workers
+                                      else self.collate, num_workers=self.num_workers,
                                       pin_memory=self.pin_memory,
                                       persistent_workers=self.persistent_workers)
         return self._loader
@@ -105,4 +157,7 @@ class BatchFetcher:
         self.sampler.batches = [idx.tolist() for idx in batches if len(idx)]
         loader = iter(self.loader)
         for idx in batches:
-            yield next(loader) if len(idx) else None
+            batch = next(loader) if len(idx) else None
+            if isinstance(batch, WorkerUserError):
+                raise UserError(batch.cause, batch.fix)
+            yield batch

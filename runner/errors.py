@@ -2,17 +2,26 @@
 
 from __future__ import annotations
 
+# Exit status of a job stopped by SIGUSR1/SIGTERM after writing a checkpoint: sysexits'
+# EX_TEMPFAIL ("try again later"), which tells a scheduler the job should be requeued and
+# resumed with resume=auto, not counted as a failure.
+EXIT_PREEMPTED = 75
+
 
 class UserError(Exception):
     """A mistake the user can fix (bad override, missing data, impossible value).
 
-    The CLI and the workers print ``str(error)`` as a single line and exit non-zero.
+    The CLI and the workers print ``str(error)`` as a single line and exit non-zero. A rank
+    sets ``quiet`` when the ranks agreed on the error and another rank prints it.
     """
 
     def __init__(self, cause: str, fix: str | None = None):
         self.cause = cause
         self.fix = fix
-        super().__init__(cause if not fix else f"{cause}. Fix: {fix}")
+        self.quiet = False
+        # A cause quoted from a library often ends with its own full stop: keep one.
+        ended = cause[:-1] if cause.endswith(".") and not cause.endswith("...") else cause
+        super().__init__(cause if not fix else f"{ended}. Fix: {fix}")
 
 
 class ConfigError(UserError):

@@ -36,11 +36,13 @@ def write_json_atomic(path: Path, payload: dict[str, Any]) -> None:
 class RunLog:
     """Rank 0's writer for TensorBoard, metrics.jsonl and summary.json."""
 
-    def __init__(self, run_dir: str | Path):
+    def __init__(self, run_dir: str | Path, purge_step: int | None = None):
+        """``purge_step`` (a resumed run): TensorBoard hides this run dir's earlier events at
+        that step and after, which the interrupted session wrote past its checkpoint."""
         from torch.utils.tensorboard import SummaryWriter
 
         self.run_dir = Path(run_dir)
-        self.writer = SummaryWriter(log_dir=str(self.run_dir / "tb"))
+        self.writer = SummaryWriter(log_dir=str(self.run_dir / "tb"), purge_step=purge_step)
         self.metrics_path = self.run_dir / "metrics.jsonl"
 
     def scalars(self, values: dict[str, float], step: int) -> None:
@@ -53,6 +55,17 @@ class RunLog:
     def evaluation(self, record: dict[str, Any]) -> None:
         with open(self.metrics_path, "a") as f:
             f.write(json.dumps({k: _finite(v) for k, v in record.items()}) + "\n")
+
+    def rewrite_metrics(self, records: list[dict[str, Any]]) -> None:
+        """metrics.jsonl as of a checkpoint (a resumed run drops what the interrupted session
+        wrote after it, then appends as usual)."""
+        tmp = self.metrics_path.with_suffix(".jsonl.tmp")
+        with open(tmp, "w") as f:
+            for record in records:
+                f.write(json.dumps({k: _finite(v) for k, v in record.items()}) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.metrics_path)
 
     def hparams(self, params: dict[str, Any], final_metrics: dict[str, float]) -> None:
         """One hparams entry in tb/ itself (SummaryWriter.add_hparams would open a subdir)."""
@@ -76,6 +89,26 @@ class RunLog:
     def close(self) -> None:
         self.writer.flush()
         self.writer.close()
+
+
+def write_failure_summary(run_dir: str | Path, algo: str, recipe: str, nprocs: int,
+                          exit_status: int) -> None:
+    """summary.json of a job that ended without a summary of its own (a rank failed or died):
+    status ``failed``, the exit status and the checkpoint to resume from, so that a script
+    scanning run dirs sees every run's outcome. A summary the ranks wrote in this session is
+    kept (then they got far enough to say more)."""
+    from .checkpoint import complete_checkpoints
+
+    path = Path(run_dir) / "summary.json"
+    start = (Path(run_dir) / ".hydra" / "run.yaml").stat().st_mtime
+    if path.exists() and path.stat().st_mtime >= start:
+        return
+    checkpoints = complete_checkpoints(run_dir)
+    evals = [r for r in read_metrics(run_dir) if r.get("split") == "eval"]
+    write_json_atomic(path, {
+        "status": "failed", "exit_status": exit_status, "algo": algo, "recipe": recipe,
+        "nprocs": nprocs, "checkpoint": str(checkpoints[-1].path) if checkpoints else None,
+        "last_eval": evals[-1] if evals else None, "logs": str(Path(run_dir) / "logs")})
 
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:

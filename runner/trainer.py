@@ -5,6 +5,12 @@ forward/backward, and let the algorithm act at its hooks (runner/algos/base.py).
 evaluation runs at every epoch end (and every ``trainer.eval_every`` steps): each rank evaluates
 a strided shard of the held-out set and one reduction of the recipe's sums gives exact global
 metrics. Rank 0 writes TensorBoard, metrics.jsonl and summary.json.
+
+Evaluations, checkpoints (runner/checkpointing.py) and preemption checks (runner/preemption.py)
+are milestones in global samples that every rank meets in the same order
+(runner/milestones.py). A non-finite loss stops the job at the next log or checkpoint, before
+a poisoned model can be saved (``trainer.on_nonfinite=stop``), or drops that step's update on
+the ranks that share it (``skip_batch``; one device sync per step).
 """
 
 from __future__ import annotations
@@ -25,16 +31,21 @@ from recipes import RECIPES
 
 from .accel import ComputePath
 from .algos import ALGORITHMS, TrainContext
+from .checkpointing import Checkpointing
 from .comm import Communicator, World
 from .comm.buffers import flatten, flatten_parameters, unflatten
 from .data import BatchFetcher, ShardedBatches
 from .errors import UserError
+from .milestones import CHECKPOINT, EVALUATE, Milestones
 from .optim import parameter_groups
+from .preemption import STOP_CHECK_STEPS, StopAgreement
 from .reporting import RunLog
 from .schedule import LRSchedule
 from .timers import Timers
 
 log = logging.getLogger("adpsgd")
+# skip_batch gives up when this many steps in a row were non-finite: the model diverges.
+MAX_CONSECUTIVE_SKIPS = 10
 
 
 def resolve_device(name: str, local_rank: int) -> torch.device:
@@ -61,7 +72,7 @@ def parameter_digest(buffers: list[torch.Tensor]) -> str:
     return digest.hexdigest()
 
 
-class Trainer:
+class Trainer(Checkpointing):
     def __init__(self, cfg: DictConfig, run_dir: str | Path, world: World, comm: Communicator,
                  node_comm: Communicator, device: torch.device,
                  progress_stream: TextIO | None = None):
@@ -82,11 +93,10 @@ class Trainer:
         self.dtype = getattr(torch, tcfg.dtype)
         self.model = self.recipe.build_model().to(device=device, dtype=self.dtype)
         self.param_buffers = flatten_parameters(self.model.parameters())
-        for flat in self.param_buffers:
-            comm.broadcast_(flat, root=0)
-        for buf in self.model.buffers():
-            if buf.is_floating_point() and buf.is_contiguous():
-                comm.broadcast_(buf, root=0)
+        self._broadcast_model()
+        self.resumed_from = self._resolve_resume()
+        if self.resumed_from and cfg.resume_averaged:
+            self._load_averaged_model(self.resumed_from)
         # Running statistics (BatchNorm) stay local in training; evaluations average them.
         self._running_stats = any(b.is_floating_point() for b in self.model.buffers())
         # From here on, randomness (dropout, augmentation) differs per rank.
@@ -115,57 +125,78 @@ class Trainer:
         self.eval_fetch = BatchFetcher(self.eval_set, self.recipe.collate, **loading)
         self.schedule = LRSchedule(o, world.size * tcfg.batch_size, len(self.train_set),
                                    tcfg.epochs)
-        self.runlog = RunLog(self.run_dir) if world.is_main else None
+        self.milestones = Milestones(len(self.train_set), tcfg.epochs,
+                                     world.size * tcfg.batch_size, tcfg.eval_every,
+                                     tcfg.checkpoint_every, STOP_CHECK_STEPS)
         self._eval_model: torch.nn.Module | None = None
         self.step = 0
         self.samples = 0  # global samples consumed, as this rank knows it (see run())
         self.lockstep_samples = 0  # the same if every rank advances in lockstep
         self.local_samples = 0  # this rank's own
+        self.position = (0, 0)  # (local epoch, index of the next batch in it)
+        self.elapsed_before = 0.0  # training time of the sessions before a resume
         straggler = cfg.faults.straggler
         self.slowdown = straggler.factor if world.rank in straggler.ranks else 1.0
         self.delays = random.Random(cfg.seed * 7919 + world.rank)  # for faults.delay_s
+        nan = cfg.faults.nonfinite_loss
+        self.poisoned_steps = set(nan.steps) if world.rank in nan.ranks else set()
         self._loss_sum: torch.Tensor | float = 0.0
         self._loss_steps = 0
+        self.skipped_batches = 0
+        self._consecutive_skips = 0
         self.history: list[dict[str, Any]] = []
+        self.last_checkpoint: Path | None = None
+        self.preempted = False
+        if self.resumed_from:
+            self._restore(self.resumed_from)
+        self.lr = self.schedule.lr_at(self.samples)
+        # A resumed run continues the same TensorBoard run: events past the checkpoint's step
+        # (written after it by the interrupted session) are purged.
+        purge = self.step + 1 if self.resumed_from else None
+        self.runlog = RunLog(self.run_dir, purge_step=purge) if world.is_main else None
+        if self.runlog and self.resumed_from:
+            self.runlog.rewrite_metrics(self.history)
+
+    def _broadcast_model(self) -> None:
+        """Every rank takes rank 0's weights and floating buffers."""
+        for flat in self.param_buffers:
+            self.comm.broadcast_(flat, root=0)
+        for buf in self.model.buffers():
+            if buf.is_floating_point() and buf.is_contiguous():
+                self.comm.broadcast_(buf, root=0)
 
     # ---- training --------------------------------------------------------------------
-    def eval_boundaries(self) -> list[int]:
-        """Global sample counts at which to evaluate: epoch ends, and every
-        ``trainer.eval_every`` steps' worth of global samples. The last one is the budget."""
-        tcfg, n_train = self.cfg.trainer, len(self.train_set)
-        budget = tcfg.epochs * n_train
-        points = {e * n_train for e in range(1, tcfg.epochs + 1)}
-        if tcfg.eval_every:
-            stride = tcfg.eval_every * self.world.size * tcfg.batch_size
-            points |= set(range(stride, budget, stride))
-        return sorted(points)
 
     def run(self) -> dict[str, Any]:
-        """Train until the global sample count reaches ``epochs`` passes over the data.
+        """Train until the global sample count reaches ``epochs`` passes over the data, or
+        until a graceful stop (SIGUSR1/SIGTERM: checkpoint, summary status "preempted").
 
         Lockstep algorithms know that count exactly and every rank takes the same steps.
         Asynchronous ones estimate it, so fast ranks take more steps than slow ones (each
-        cycles through its own shard); evaluations are collective and happen when the count
-        crosses a boundary, which every rank does in the same order.
+        cycles through its own shard); evaluations, checkpoints and preemption checks are
+        collective and happen when the count crosses a milestone, which every rank does in
+        the same order. A resumed run starts at the checkpoint's epoch and batch.
         """
         tcfg = self.cfg.trainer
         steps = self.shards.steps_per_epoch
-        boundaries = self.eval_boundaries()
+        budget = self.milestones.budget
         self.progress = None
         if self.world.is_main and tcfg.progress and self.progress_stream is not None:
             from tqdm import tqdm
 
-            self.progress = tqdm(total=boundaries[-1], file=self.progress_stream,
-                                 unit="sample", unit_scale=True, dynamic_ncols=True,
+            self.progress = tqdm(total=budget, initial=min(self.samples, budget),
+                                 file=self.progress_stream, unit="sample", unit_scale=True,
+                                 dynamic_ncols=True,
                                  desc=f"{self.cfg.algo.name} x{self.world.size}")
+        self.stop = StopAgreement(self.comm.mpi_comm, self.world.rank, self.cfg.comm.timeout_s)
         self.comm.barrier()  # start together: set-up time differs between ranks
-        self.start_time = time.perf_counter()
-        self._last_log = (self.start_time, 0)
-        local_epoch, done = 0, 0
-        while done < len(boundaries):
-            batches = self.shards.epoch_batches(local_epoch)
-            stream = self.fetch.iterate(batches)
-            for k in range(steps):
+        self.start_time = time.perf_counter() - self.elapsed_before
+        self._last_log = (time.perf_counter(), self.samples)
+        epoch, first = self.position
+        while not (self.milestones.done or self.preempted):
+            batches = self.shards.epoch_batches(epoch)
+            stream = self.fetch.iterate(batches[first:])
+            for k in range(first, steps):
                 with self.timers.time("data"):
                     batch = next(stream)
                 self.ctx.step_counts = self.shards.counts(k)
@@ -173,20 +204,41 @@ class Trainer:
                 self.lockstep_samples += self.shards.global_count(k)
                 seen = self.algo.global_samples(self.local_samples, self.lockstep_samples)
                 self.samples = max(self.samples, int(seen))
+                self.position = (epoch, k + 1) if k + 1 < steps else (epoch + 1, 0)
                 if self.step % tcfg.log_every == 0 or k == steps - 1:
                     self.log_training()
                 if self.progress:
-                    self.progress.update(min(self.samples, boundaries[-1]) - self.progress.n)
-                while done < len(boundaries) and self.samples >= boundaries[done]:
-                    done += 1
-                    self.evaluate(final=done == len(boundaries))
-                if done == len(boundaries):
+                    self.progress.update(min(self.samples, budget) - self.progress.n)
+                self._pass_milestones()
+                if self.milestones.done or self.preempted:
                     break
-            local_epoch += 1
+            epoch, first = self.position
+        if self.preempted:
+            self.save_checkpoint("preempted")
+        self.stop.close()
         self.algo.finish()
         if self.progress:
             self.progress.close()
-        return self.finalize()
+        return self.finalize("preempted" if self.preempted else "completed")
+
+    def _pass_milestones(self) -> None:
+        """Act on every milestone the sample count has reached, in order (an evaluation makes
+        an asynchronous count exact, which may reach further ones)."""
+        while (milestone := self.milestones.due(self.samples)) is not None:
+            if milestone.kind == EVALUATE:
+                self.evaluate(final=milestone.final)
+            elif milestone.kind == CHECKPOINT:
+                self.save_checkpoint("scheduled")
+            elif self.stop.check():
+                log.info("stop requested (SIGUSR1/SIGTERM): checkpointing at step %d",
+                         self.step)
+                self.preempted = True
+                return
+
+    def _sync_samples(self) -> None:
+        """Every rank learns the exact global count (asynchronous ranks only estimate it)."""
+        self.samples = int(self.comm.allreduce_numbers([self.local_samples])[0])
+        self.algo.sync_global_samples(self.samples)
 
     def train_step(self, batch: Any, local_count: int, global_count: int) -> None:
         self.step += 1
@@ -195,44 +247,107 @@ class Trainer:
             group["lr"] = self.lr
         self.optimizer.zero_grad(set_to_none=False)  # keep gradient views of flat buckets
         self.algo.before_forward(self.step)
+        skipping = self.cfg.trainer.on_nonfinite == "skip_batch"
+        loss = None
         with self.timers.time("compute"):
             if batch is not None:
+                if skipping:  # a skipped step must not leave its BatchNorm statistics behind
+                    saved = [b.clone() for b in self.model.buffers() if b.is_floating_point()]
                 batch = self.compute.batch(self.recipe, batch)
                 started = time.perf_counter()
                 with self.compute.autocast():
                     loss = self.recipe.loss(self.model, batch)
+                if self.step in self.poisoned_steps:  # injected fault (faults.nonfinite_loss)
+                    loss = loss * float("nan")
                 weight = self.algo.gradient_weight(local_count, global_count)
                 self.algo.before_backward(self.step)
                 (loss * weight).backward()
                 if self.slowdown > 1:  # injected straggler: the same work, `factor` x slower
                     time.sleep((self.slowdown - 1) * (time.perf_counter() - started))
-                # Summed on the device: reading it every step would synchronise a GPU.
-                self._loss_sum = self._loss_sum + loss.detach()
-                self._loss_steps += 1
             else:
                 self.algo.before_backward(self.step)
             if self.cfg.faults.delay_s:  # injected jitter
                 time.sleep(self.delays.uniform(0, self.cfg.faults.delay_s))
         self.algo.after_backward(self.step)
+        skip = skipping and self._nonfinite_update(loss)
         with self.timers.time("compute"):
-            if self.cfg.optim.clip_grad_norm:
-                # After after_backward: for SSGD this is the averaged gradient, the same on
-                # every rank, so clipping keeps the replicas identical.
-                torch.nn.utils.clip_grad_norm_(self.model.parameters(),
-                                               self.cfg.optim.clip_grad_norm)
-            self.algo.apply_update(self.optimizer)
+            if skip:
+                if batch is not None:
+                    floats = [b for b in self.model.buffers() if b.is_floating_point()]
+                    for buf, before in zip(floats, saved):
+                        buf.copy_(before)
+            else:
+                if loss is not None:
+                    # Summed on the device: reading it every step would synchronise a GPU.
+                    self._loss_sum = self._loss_sum + loss.detach()
+                    self._loss_steps += 1
+                if self.cfg.optim.clip_grad_norm:
+                    # After after_backward: for SSGD this is the averaged gradient, the same
+                    # on every rank, so clipping keeps the replicas identical.
+                    torch.nn.utils.clip_grad_norm_(self.model.parameters(),
+                                                   self.cfg.optim.clip_grad_norm)
+                self.algo.apply_update(self.optimizer)
         self.algo.after_step(self.step)
         self.local_samples += local_count
+
+    def _nonfinite_update(self, loss: torch.Tensor | None) -> bool:
+        """skip_batch: whether this step's update must be dropped because the loss or the
+        gradient it would apply is not finite (one device sync). Ranks that apply the same
+        averaged update decide together, so their replicas stay identical."""
+        checks = [torch.isfinite(p.grad).all() for p in self.model.parameters()
+                  if p.grad is not None]
+        if loss is not None:
+            checks.append(torch.isfinite(loss.detach()).all())
+        bad = bool(checks) and not bool(torch.stack(checks).all())
+        group = self.algo.shared_update_group()
+        if group is not None and group.size > 1:
+            bad = bool(group.allreduce_numbers([float(bad)], op="max")[0])
+        if not bad:
+            self._consecutive_skips = 0
+            return False
+        self.skipped_batches += 1
+        self._consecutive_skips += 1
+        log.warning("non-finite loss or gradient at step %d: update skipped (%d so far)",
+                    self.step, self.skipped_batches)
+        if self._consecutive_skips >= MAX_CONSECUTIVE_SKIPS:
+            raise self._nonfinite_error(f"{MAX_CONSECUTIVE_SKIPS} steps in a row had a "
+                                        "non-finite loss or gradient")
+        return True
+
+    def _nonfinite_error(self, what: str, ranks: list[int] | None = None) -> UserError:
+        """The one line for a diverged run: where, and how to continue from the last good
+        checkpoint (none is ever written of a non-finite model)."""
+        where = (f"continue from the last good checkpoint ({self.last_checkpoint}) with "
+                 "resume=auto" if self.last_checkpoint else "start again")
+        ranks = ranks or [self.world.rank]
+        on = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))}"
+        return UserError(f"{what} at step {self.step} on {on}",
+                         f"lower optim.lr or raise optim.warmup_epochs, then {where}")
+
+    def _refuse_nonfinite_state(self) -> None:
+        """Before a checkpoint: a non-finite loss since the last log, or non-finite weights,
+        end the job here, so that the checkpoint on disk stays the last good one."""
+        flags = [torch.isfinite(flat).all() for flat in self.param_buffers]
+        if isinstance(self._loss_sum, torch.Tensor):
+            flags.append(torch.isfinite(self._loss_sum))
+        elif not math.isfinite(self._loss_sum):
+            flags.append(torch.tensor(False))
+        poisoned = bool(flags) and not bool(torch.stack([f.cpu() for f in flags]).all())
+        # Checkpoints are collective: agree, so that the job says it once, naming every rank.
+        ranks = [r for r, bad in enumerate(self.comm.allgather_objects(poisoned)) if bad]
+        if ranks:
+            error = self._nonfinite_error("non-finite training loss or weights", ranks)
+            error.quiet = not self.world.is_main  # rank 0 prints it for everyone
+            raise error
 
     def log_training(self) -> None:
         """Rank 0's running mean loss, the rate and the throughput since the last log."""
         if self._loss_steps == 0:
             return
         mean_loss = float(self._loss_sum) / self._loss_steps
-        self._loss_sum, self._loss_steps = 0.0, 0
         if not math.isfinite(mean_loss):
-            raise UserError(f"non-finite training loss at step {self.step} on rank "
-                            f"{self.world.rank}", "lower optim.lr or raise optim.warmup_epochs")
+            raise self._nonfinite_error("non-finite training loss")
+        self._loss_sum, self._loss_steps = 0.0, 0
         now = time.perf_counter()
         rate = (self.samples - self._last_log[1]) / max(now - self._last_log[0], 1e-9)
         self._last_log = (now, self.samples)
@@ -328,9 +443,7 @@ class Trainer:
 
     def evaluate(self, final: bool = False) -> None:
         self.algo.pause()
-        # Every rank learns the exact global count (asynchronous ranks only estimate it).
-        self.samples = int(self.comm.allreduce_numbers([self.local_samples])[0])
-        self.algo.sync_global_samples(self.samples)
+        self._sync_samples()
         with self.timers.time("eval"):
             results: dict[str, dict[str, float]] = {}
             mean = lambda t: self.comm.allreduce_(t, op="mean")  # noqa: E731
@@ -349,9 +462,7 @@ class Trainer:
                 results["eval_rank0"] = self._evaluate_model(
                     self._fill_scratch(lambda t: self.comm.broadcast_(t, root=0)))
             consensus = self.consensus_distance()
-            per_rank = self.comm.gather_objects(
-                {"time": {**self.timers.snapshot(), "comm_busy": self.comm.busy_s},
-                 "algo": self.algo.stats(), "steps": self.step})
+            per_rank = self.comm.gather_objects(self._rank_report())
         self.algo.resume()
         if not self.runlog:
             return
@@ -371,30 +482,41 @@ class Trainer:
                                  for name, value in report["time"].items()}, self.step)
             self.runlog.scalars({f"algo/{name}/rank{rank}": value
                                  for name, value in report["algo"].items()}, self.step)
-        self.per_rank = per_rank
         log.info("eval at epoch %.2f step %d: %s", epoch, self.step,
                  {s: {k: round(v, 4) for k, v in m.items()} for s, m in results.items()})
 
     # ---- summary -------------------------------------------------------------------------
-    def finalize(self) -> dict[str, Any]:
-        elapsed = time.perf_counter() - self.start_time - self.timers.seconds["eval"]
+    def _rank_report(self) -> dict[str, Any]:
+        return {"time": {**self.timers.snapshot(), "comm_busy": self.comm.busy_s},
+                "algo": self.algo.stats(), "steps": self.step,
+                "skipped_batches": self.skipped_batches}
+
+    def finalize(self, status: str = "completed") -> dict[str, Any]:
+        """summary.json (status ``completed``, or ``preempted`` after a graceful stop, whose
+        final metrics are those of the last evaluation so far)."""
+        seconds = self.timers.seconds
+        elapsed = time.perf_counter() - self.start_time - seconds["eval"] - seconds["checkpoint"]
         train_time = self.comm.allreduce_numbers([elapsed], op="max")[0]
         local_samples = self.comm.allreduce_numbers([self.local_samples])[0]
         digests = self.comm.gather_objects((self.world.node,
                                             parameter_digest(self.param_buffers)))
         recipe_reports = self.comm.gather_objects(self.recipe.rank_report())
+        per_rank = self.comm.gather_objects(self._rank_report())
         summary: dict[str, Any] = {}
         if self.world.is_main:
-            self._save_final_model()
+            assert per_rank is not None
+            if status == "completed":
+                self._save_final_model()
             evals = [r for r in self.history if r["split"] == "eval"]
-            final = {k: v for k, v in evals[-1].items()
+            final = {k: v for k, v in (evals[-1] if evals else {}).items()
                      if k not in ("epoch", "step", "samples", "wall_s", "split")}
-            times = [report["time"] for report in self.per_rank]
+            times = [report["time"] for report in per_rank]
             means = {name: float(np.mean([t.get(name, 0.0) for t in times]))
-                     for name in ("compute", "comm", "idle", "data", "eval", "comm_busy")}
-            algo_stats = [report["algo"] for report in self.per_rank]
+                     for name in ("compute", "comm", "idle", "data", "eval", "checkpoint",
+                                  "comm_busy")}
+            algo_stats = [report["algo"] for report in per_rank]
             summary = {
-                "status": "completed",
+                "status": status,
                 "algo": self.cfg.algo.name,
                 "recipe": self.cfg.recipe.name,
                 "nprocs": self.world.size,
@@ -419,7 +541,13 @@ class Trainer:
                 "eval_s": means["eval"],
                 "comm_busy_s": means["comm_busy"],
                 "per_rank": times,
-                "steps_per_rank": [report["steps"] for report in self.per_rank],
+                "steps_per_rank": [report["steps"] for report in per_rank],
+                "checkpoint_s": means["checkpoint"],
+                # The newest checkpoint, and the one this session resumed from (if any).
+                "checkpoint": str(self.last_checkpoint) if self.last_checkpoint else None,
+                "resumed_from": str(self.resumed_from.path) if self.resumed_from else None,
+                # Steps whose update was dropped for a non-finite loss (skip_batch).
+                "skipped_batches": [report["skipped_batches"] for report in per_rank],
                 # Algorithm-specific numbers per rank (exchanges, staleness...), and means.
                 "algo_stats": {name: [stats.get(name) for stats in algo_stats]
                                for name in sorted({k for st in algo_stats for k in st})},
@@ -433,8 +561,9 @@ class Trainer:
                        "lr": self.cfg.optim.lr, "epochs": self.cfg.trainer.epochs,
                        "seed": self.cfg.seed}
             assert self.runlog is not None
-            self.runlog.hparams(hparams, {k: v for k, v in final.items()
-                                          if isinstance(v, (int, float))})
+            if status == "completed":
+                self.runlog.hparams(hparams, {k: v for k, v in final.items()
+                                              if isinstance(v, (int, float))})
             self.runlog.summary(summary)
             self.runlog.close()
         self.comm.barrier()

@@ -4,23 +4,34 @@ Workers never re-parse the command line: they read the validated config that the
 ``RUN_DIR/.hydra/run.yaml``. Each rank's stdout and stderr (Python and C level) go to
 ``RUN_DIR/logs/rank<N>.log``; rank 0 keeps the launcher's stderr for the progress bar. Any
 error on any rank is logged, printed as one line, and aborts the whole MPI job, so that no peer
-is left waiting.
+is left waiting. A communication that outlives ``comm.timeout_s`` does the same.
+
+SIGUSR1/SIGTERM request a graceful stop (runner/preemption.py): the rank exits with status 75
+(``EXIT_PREEMPTED``) after the job's checkpoint. The handlers are installed before anything
+slow, and only then does the rank write ``logs/rank<N>.pid``, which is where the launcher
+forwards signals; ``logs/rank<N>.exit`` records how the rank ended (runner/launch/watchdog.py).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
+import time
 import traceback
 from pathlib import Path
 from typing import TextIO
 
 from omegaconf import DictConfig, OmegaConf
 
-from .errors import UserError, one_line
+from .comm.deadline import CommTimeout
+from .errors import EXIT_PREEMPTED, UserError, one_line
+from .launch.watchdog import write_exit_record, write_pid_file
+from .preemption import install_stop_handlers
 
 RUN_CONFIG = Path(".hydra") / "run.yaml"
+QUIET_ABORT_DELAY_S = 5.0  # a rank whose error another rank reports waits this long
 log = logging.getLogger("adpsgd")
 
 
@@ -57,6 +68,17 @@ def setup_logging(run_dir: Path, rank: int, redirect_fds: bool) -> TextIO:
     return sys.stderr
 
 
+def log_error_to_file(message: str, *args: object) -> None:
+    """Log an error to this rank's log file only: the console gets one line of it. (A rank in
+    the launcher's process also passes its records to Hydra's console handler, which would
+    show a traceback there.)"""
+    propagate, log.propagate = log.propagate, False
+    try:
+        log.error(message, *args)
+    finally:
+        log.propagate = propagate
+
+
 def _tensor_backend(requested: str, device_type: str) -> str:
     if requested == "auto":
         return "nccl" if device_type == "cuda" else "mpi"
@@ -67,19 +89,54 @@ def _tensor_backend(requested: str, device_type: str) -> str:
     return requested
 
 
+def comm_timeout_line(what: str) -> str:
+    """The one line for a communication that got no answer (``what`` names rank and peers)."""
+    return (f"adpsgd-run: error: {what}. Fix: look for the rank that stopped answering in the "
+            "other logs (a hung or dead node, a stopped process); raise comm.timeout_s "
+            "(algo.timeout_s for gossip) if peers are only slow; then continue with "
+            "resume=auto")
+
+
 def run_rank(run_dir: str | Path, in_process: bool = False) -> int:
-    """Train as one rank of the job; return the exit status (0 on success)."""
+    """Train as one rank of the job; return the exit status (0 on success, 75 after a
+    graceful stop)."""
+    restore_signals = install_stop_handlers()  # first: SIGUSR1's default action kills
+    try:
+        return _run_rank(Path(run_dir), in_process)
+    finally:
+        if in_process:  # the launcher's process goes on (a sweep's next job)
+            restore_signals()
+        else:
+            # The work is done, and the process is about to exit. MPICH's mpiexec, run with
+            # -disable-auto-cleanup, sends SIGUSR1 to the ranks still alive when one exits;
+            # Python's shutdown puts back SIGUSR1's default action (terminate), which would
+            # turn a clean finish into "killed by signal 10".
+            signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+
+
+def _run_rank(run_dir: Path, in_process: bool) -> int:
     import torch
 
     from .comm.communicator import Communicator, init_torch_distributed, torch_subgroups
+    from .comm.deadline import DEADLINES
     from .comm.world import detect_world, mpi
     from .trainer import Trainer, resolve_device
 
-    run_dir = Path(run_dir)
     MPI = mpi()
     world_mpi = MPI.COMM_WORLD
     rank = world_mpi.Get_rank()
     console = setup_logging(run_dir, rank, redirect_fds=not in_process)
+    if not in_process:
+        write_pid_file(run_dir, rank)
+
+    def give_up(message: str) -> None:  # a communication timed out (monitor thread)
+        log.error("%s", message)
+        print(comm_timeout_line(message), file=console, flush=True)
+        write_exit_record(run_dir, rank, 1)
+        world_mpi.Abort(1)
+
+    DEADLINES.on_expired = give_up
+    trainer = None
     try:
         cfg = load_run_config(run_dir)
         threads = os.environ.get("OMP_NUM_THREADS")
@@ -97,23 +154,42 @@ def run_rank(run_dir: str | Path, in_process: bool = False) -> int:
             groups = [[r for r, n in enumerate(members) if n == node]
                       for node in range(world.num_nodes)]
             node_group = torch_subgroups(groups)[world.node]
-        comm = Communicator(world_mpi, backend, name="world")
-        node_comm = Communicator(node_mpi, backend, torch_group=node_group, name="node")
-        Trainer(cfg, run_dir, world, comm, node_comm, device, progress_stream=console).run()
+        timeout = cfg.comm.timeout_s
+        comm = Communicator(world_mpi, backend, name="world", timeout_s=timeout)
+        node_comm = Communicator(node_mpi, backend, torch_group=node_group, name="node",
+                                 timeout_s=timeout)
+        trainer = Trainer(cfg, run_dir, world, comm, node_comm, device, progress_stream=console)
+        trainer.run()
         comm.close()
         node_comm.close()
-        log.info("rank %d finished", world.rank)
-        return 0
+        status = EXIT_PREEMPTED if trainer.preempted else 0
+        log.info("rank %d %s", world.rank, "stopped after a checkpoint (preempted)"
+                 if trainer.preempted else "finished")
+        write_exit_record(run_dir, rank, status)
+        return status
     except UserError as ex:
-        log.error("%s", ex)
-        message = f"adpsgd-run: error: {ex}"
+        log_error_to_file("%s", ex)
+        message = None if ex.quiet else f"adpsgd-run: error: {ex}"
         status = 2
+    except CommTimeout as ex:  # a peer hung or died: not this rank's fault, no traceback
+        log_error_to_file("%s", ex)
+        message = comm_timeout_line(one_line(ex))
+        status = 1
     except BaseException as ex:  # noqa: BLE001 - every failure must end the job, never hang it
-        log.error("unhandled exception:\n%s", traceback.format_exc())
+        log_error_to_file("unhandled exception:\n%s", traceback.format_exc())
         message = (f"adpsgd-run: rank {rank} failed: {type(ex).__name__}: {one_line(ex)} "
                    f"(traceback in {run_dir / 'logs' / f'rank{rank}.log'})")
         status = 1
-    print(message, file=console, flush=True)
+    if message is not None:
+        progress = getattr(trainer, "progress", None)
+        if progress is not None:  # end the bar's line, or the bar overwrites the error's start
+            progress.close()
+        print(message, file=console, flush=True)
+    write_exit_record(run_dir, rank, status)
+    if message is None:
+        # The rank that prints the shared error aborts the job; give it time to do so first
+        # (the abort ends this sleep).
+        time.sleep(QUIET_ABORT_DELAY_S)
     if world_mpi.Get_size() > 1:
         world_mpi.Abort(status)  # take every peer down with us instead of leaving it waiting
     return status

@@ -13,6 +13,7 @@ from torch.utils.data import Dataset
 from runner.accel import ComputePath, amp_dtype, to_channels_last
 from runner.comm.buffers import flatten_gradients, flatten_parameters
 from runner.data import BatchFetcher, ShardedBatches
+from runner.errors import UserError
 from runner.optim import flat_param_groups, parameter_groups
 
 
@@ -161,6 +162,28 @@ def test_one_loader_serves_every_epoch_with_the_shard_order_and_empty_batches(pe
     assert os.getpid() not in workers
     assert (len(workers) == 2) == persistent  # the same 2 processes, or new ones per epoch
     assert fetcher.loader.persistent_workers == persistent
+
+
+class DamagedAtFive(Dataset):
+    """Sample 5 stands for a damaged data file."""
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, index):
+        if index == 5:
+            raise UserError("cannot read sample 5", "replace its file")
+        return index
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_user_error_while_loading_arrives_as_the_same_one_line_error(workers):
+    """torch re-raises a worker's exception with the worker's traceback as its message; the
+    fetcher hands the trainer the original one-line error instead."""
+    fetcher = BatchFetcher(DamagedAtFive(), list, num_workers=workers)
+    with pytest.raises(UserError) as error:
+        list(fetcher.iterate([np.arange(4), np.arange(4, 8)]))
+    assert str(error.value) == "cannot read sample 5. Fix: replace its file"
 
 
 def test_interrupted_pass_does_not_leak_into_the_next():

@@ -23,6 +23,7 @@ import logging
 import multiprocessing
 import os
 import time
+import warnings
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -54,6 +55,10 @@ INT16_SCALE = 32768.0
 # Kaldi's apply-cmvn floors variances here before taking 1/sqrt.
 VAR_FLOOR = 1e-20
 CHUNK_UTTERANCES = 32  # utterances per worker task: large enough to amortise the pickling
+# What kaldiio raises for a truncated, overwritten or missing ark (seen on damaged arks): its
+# readers assert on short reads and hand malformed headers to struct and numpy.
+ARK_READ_ERRORS = (AssertionError, EOFError, OSError, RuntimeError, ValueError)
+RECOMPUTE_FIX = "recompute the features (delete the features directory to force it)"
 
 
 @dataclass(frozen=True)
@@ -452,6 +457,22 @@ def prepare_features(data_dir: KaldiDataDir | str | os.PathLike, out_dir: str | 
     return out / "feats.scp"
 
 
+def read_feature_matrix(table: Mapping[str, object], utt: str, feats_scp: Path, fix: str
+                        ) -> np.ndarray:
+    """One utterance's features from a kaldiio table of ``feats_scp`` as a float32 copy. A
+    damaged ark is a UserError naming the utterance and the list, whatever kaldiio raised
+    (an empty AssertionError for a truncated ark says nothing by itself)."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # kaldiio warns before re-raising: one line is enough
+            return np.array(table[utt], dtype=np.float32)
+    except ARK_READ_ERRORS as exc:
+        detail = one_line(str(exc))
+        reason = f"{type(exc).__name__}: {detail}" if detail else type(exc).__name__
+        raise UserError(f"cannot read the features of utterance {utt!r} listed in {feats_scp}: "
+                        f"the ark is truncated or corrupt ({reason})", fix) from None
+
+
 def load_features(feats_scp: str | os.PathLike, cmvn_scp: str | os.PathLike | None = None,
                   utt2spk: Mapping[str, str] | None = None, norm_vars: bool = False,
                   utterances: Iterable[str] | None = None) -> dict[str, torch.Tensor]:
@@ -469,9 +490,7 @@ def load_features(feats_scp: str | os.PathLike, cmvn_scp: str | os.PathLike | No
         table = kaldiio.load_scp(str(path))
         keys = sorted(table.keys())
     except (OSError, ValueError) as exc:
-        raise UserError(f"cannot parse {path}: {one_line(str(exc))}",
-                        "recompute the features (delete the features directory to force it)"
-                        ) from None
+        raise UserError(f"cannot parse {path}: {one_line(str(exc))}", RECOMPUTE_FIX) from None
     if utterances is not None:
         wanted = set(utterances)
         missing = sorted(wanted.difference(keys))
@@ -482,14 +501,8 @@ def load_features(feats_scp: str | os.PathLike, cmvn_scp: str | os.PathLike | No
         keys = [k for k in keys if k in wanted]
     feats: dict[str, torch.Tensor] = {}
     for utt in keys:
-        try:
-            mat = np.asarray(table[utt], dtype=np.float32)
-        except (OSError, ValueError) as exc:
-            raise UserError(f"cannot read the features of utterance {utt!r} listed in {path}: "
-                            f"{one_line(str(exc))}",
-                            "recompute the features (delete the features directory to force it)"
-                            ) from None
-        feats[utt] = torch.from_numpy(np.array(mat))  # a writable copy, detached from the ark
+        # A writable copy, detached from the ark.
+        feats[utt] = torch.from_numpy(read_feature_matrix(table, utt, path, RECOMPUTE_FIX))
     if cmvn_scp is not None:
         feats = apply_cmvn(feats, cmvn_scp, utt2spk, norm_vars)
     return feats

@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-import numpy as np
 import torch
 from torch.nn.utils.rnn import pad_sequence
 from torch.utils.data import Dataset
@@ -134,12 +133,15 @@ def cache_root(cfg: SpeechConfig) -> Path:
 
 class Utterances(Dataset):
     """(utterance id, normalised features, targets) read lazily from a feats.scp; the targets
-    come from the model's head (characters of the transcript, or aligned frame labels)."""
+    come from the model's head (characters of the transcript, or aligned frame labels). A
+    damaged ark is found only here, while training reads it: ``damaged_fix`` is the fix its
+    error names (it depends on who wrote the features)."""
 
     def __init__(self, feats_scp: Path, cmvn_scp: Path | None, utt2spk: dict[str, str],
-                 utts: list[str], targets: Callable[[str, int], torch.Tensor]):
+                 utts: list[str], targets: Callable[[str, int], torch.Tensor], damaged_fix: str):
         import kaldiio
 
+        self.feats_scp, self.damaged_fix = feats_scp, damaged_fix
         self.feats = kaldiio.load_scp(str(feats_scp))
         self.cmvn = dict(kaldiio.load_scp(str(cmvn_scp))) if cmvn_scp else {}
         self.utt2spk, self.targets = utt2spk, targets
@@ -149,8 +151,11 @@ class Utterances(Dataset):
         return len(self.utts)
 
     def __getitem__(self, index: int) -> tuple[str, torch.Tensor, torch.Tensor]:
+        from .features import read_feature_matrix
+
         utt = self.utts[index]
-        feats = torch.as_tensor(np.array(self.feats[utt], dtype=np.float32))
+        feats = torch.from_numpy(read_feature_matrix(self.feats, utt, self.feats_scp,
+                                                     self.damaged_fix))
         stats = self.cmvn.get(self.utt2spk.get(utt, utt))
         if stats is not None:  # Kaldi cmvn stats: row 0 = sums | count (mean normalisation)
             stats = torch.tensor(stats, dtype=torch.float64)
@@ -257,8 +262,14 @@ class SpeechRecipe(Recipe):
             raise UserError(f"recipe {self.cfg.name}: features of {data_dir} are not prepared",
                             "start the job with adpsgd-run, which prepares them first")
         utts = self.head.load(role, data)
+        if feats.parent == data_dir:  # Kaldi's features, or an export's
+            damaged_fix = (f"recompute them (Kaldi's steps/make_fbank.sh), or delete {feats} "
+                           "so that adpsgd-run computes features from the audio")
+        else:
+            damaged_fix = f"delete {feats.parent}; adpsgd-run then computes the features again"
         dataset = Utterances(feats, cmvn, dict(data.utt2spk), utts,
-                             lambda utt, frames: self.head.targets(role, utt, frames))
+                             lambda utt, frames: self.head.targets(role, utt, frames),
+                             damaged_fix)
         if len(dataset) == 0:
             raise UserError(f"recipe {self.cfg.name}: {role} set {data_dir} has no "
                             "utterances with features", f"check {data_dir}/text and rerun")

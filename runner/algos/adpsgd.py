@@ -23,6 +23,10 @@ every exchange and are made exact at each evaluation): fast learners take more s
 ones. Evaluation and the end quiesce the gossip (no new exchange, a barrier, in-flight ones
 completed): no learner exits while a peer waits on it. Momentum stays local (§0.3).
 
+Checkpoints are taken with the gossip quiesced (``pause()``: no exchange in flight anywhere):
+each learner stores x, its optimizer state, the progress counters, the exchange count (the
+peer schedule is a function of seed, learner and exchange count) and its staleness record.
+
 ``delay_by_one=true`` selects the delay-by-one scheme instead (§5.4, delay_by_one.py).
 Subclassed by hadpsgd.py, where each learner is a node of ranks (a super learner).
 """
@@ -61,11 +65,11 @@ class ADPSGDConfig(AlgoConfig):
 
 
 def ring_or_random_peer(pattern: str, index: int, count: int, seed: int):
-    """Peer schedule of active ``index`` among ``count`` participants (even ones active)."""
+    """Peer schedule of active ``index`` among ``count`` participants (even ones active): a
+    function of the exchange number k alone, so that a resumed run continues it."""
     if pattern == "fixed":
         return lambda k: (index + (1 if k % 2 == 0 else -1)) % count
-    rng = np.random.default_rng([seed, index])
-    return lambda k: 2 * int(rng.integers(count // 2)) + 1
+    return lambda k: 2 * int(np.random.default_rng([seed, index, k]).integers(count // 2)) + 1
 
 
 @ALGORITHMS.register("adpsgd")
@@ -206,6 +210,33 @@ class ADPSGD(Algorithm):
             self.averager.stop(self.comm.barrier)
         else:
             self.comm.barrier()
+        self._refresh_replica()
+
+    def shared_update_group(self):
+        return self.group if self.group.size > 1 else None  # a super learner's members
+
+    def state_dict(self):
+        state = {"x": [t.clone() for t in self.x], "optimizer": self.optimizer_x.state_dict(),
+                 "staleness": torch.tensor(self.staleness, dtype=torch.int64)}
+        if self.averager:
+            a = self.averager
+            state["gossip"] = {"counts": torch.from_numpy(a.counts.copy()),
+                               "exchanges": a.exchanges, "version": a.version,
+                               "partners": dict(a.partners)}
+        return state
+
+    def load_state_dict(self, state):
+        with self.lock:
+            for mine, saved in zip(self.x, state["x"]):
+                mine.copy_(saved)
+            self.optimizer_x.load_state_dict(state["optimizer"])
+            self.staleness = state["staleness"].tolist()
+            if self.averager:
+                a, gossip = self.averager, state["gossip"]
+                a.counts[:] = gossip["counts"].numpy()
+                a.exchanges, a.version = gossip["exchanges"], gossip["version"]
+                a.partners = dict(gossip["partners"])
+                self._snapshot_version = a.version
         self._refresh_replica()
 
     def stats(self):

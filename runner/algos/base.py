@@ -11,9 +11,13 @@ gradients and parameters at fixed points of each step::
     apply_update(optimizer)       # default: optimizer.step()
     after_step(step)              # e.g. gossip, periodic averaging
 
-plus ``pause()``/``resume()`` around evaluation, ``finish()`` (shutdown protocol: no rank may
-exit while a peer still waits on it) and ``state_dict()`` for checkpoints. Class attributes
-describe capabilities so that the trainer and the CLI never special-case an algorithm by name.
+plus ``pause()``/``resume()`` around evaluation and checkpoints, ``finish()`` (shutdown
+protocol: no rank may exit while a peer still waits on it), ``state_dict()``/
+``load_state_dict()`` for checkpoints (called between steps, after ``pause()``, on every rank
+at the same milestone: communication still in flight there is completed and stored, so a
+resumed run continues exactly where the checkpoint was taken) and ``shared_update_group()``
+(the ranks that must skip a non-finite step together). Class attributes describe capabilities
+so that the trainer and the CLI never special-case an algorithm by name.
 """
 
 from __future__ import annotations
@@ -129,7 +133,14 @@ class Algorithm:
         """Extra per-rank numbers for TensorBoard and summary.json (staleness, exchanges...)."""
         return {}
 
+    def shared_update_group(self) -> Communicator | None:
+        """Ranks that apply the same update (an averaged gradient) and must therefore skip a
+        step together when one of them sees a non-finite loss (``trainer.on_nonfinite=
+        skip_batch``), or their replicas would part; None: each rank decides alone."""
+        return None
+
     def state_dict(self) -> dict[str, Any]:
+        """This rank's algorithm state for a checkpoint: tensors and plain Python values."""
         return {}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

@@ -18,6 +18,10 @@ the same step numbers (the trainer's steps are lockstep), so at most one reducti
 when ``delay <= tau``. With ``delay = 0, tau = 1`` and plain SGD this is SSGD exactly. Momentum
 buffers stay local (§0.3). At the end the reduction in flight is merged before the rank stops.
 
+Checkpoints: a reduction in flight is completed (every rank launched it at the same step) and
+stored unmerged, with its snapshot s and launch step; the resumed run merges it at t0 + delay,
+exactly as the uninterrupted run does.
+
 Warning: the merge rule's match with the paper's equations is a reconstruction ([U] in
 algorithms.md); it is the rule this runner implements and tests.
 """
@@ -29,6 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..comm.communicator import Handle
 from ..config import require
 from . import ALGORITHMS
 from .base import AlgoConfig, Algorithm
@@ -102,6 +107,30 @@ class DaSGD(Algorithm):
     def finish(self):
         if self._handles is not None:  # the last reduction: every rank completes and merges it
             self._merge()
+
+    def state_dict(self):
+        state = {"launched_at": self._launched_at, "synced": self._synced,
+                 "launches": self.launches, "merges": self.merges,
+                 "merge_wait_s": self.merge_wait_s, "pending": self._handles is not None}
+        if self._handles is not None:
+            with self.timers.time("comm"):
+                for handle in self._handles:
+                    handle.wait()
+            state["snapshot"] = [t.clone() for t in self.snapshot]
+            state["average"] = [t.clone() for t in self.average]
+        return state
+
+    def load_state_dict(self, state):
+        self._launched_at, self._synced = state["launched_at"], state["synced"]
+        self.launches, self.merges = state["launches"], state["merges"]
+        self.merge_wait_s = state["merge_wait_s"]
+        self._handles = None
+        if state["pending"]:
+            for mine, saved in zip(self.snapshot, state["snapshot"]):
+                mine.copy_(saved)
+            for mine, saved in zip(self.average, state["average"]):
+                mine.copy_(saved)
+            self._handles = [Handle.completed(avg) for avg in self.average]
 
     def stats(self):
         return {"launches": self.launches, "merges": self.merges,

@@ -14,6 +14,10 @@ when learners run at the same speed. With gamma = 0 the quantity sum_i x^k + w s
 is conserved and all models converge to its mean. Warning: the tempting variant
 ``x^{k+1} = x^k - gamma g + (X^{k-1}(W - I))_i`` diverges (eigenvalue -1/3 grows by sqrt(4/3)
 per step on the ring) and is deliberately not implemented.
+
+Checkpoints fall between steps, while the exchange posted at the last step is still to be
+consumed: it is completed (both ends posted it at the same step) and the received model is
+stored, so the resumed run mixes it in at the next step as the uninterrupted run would.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ..comm.communicator import Handle
 from .base import Algorithm
 
 MIX = 0.5  # w
@@ -43,6 +48,7 @@ class DelayByOne(Algorithm):
         self.sent = [[torch.empty_like(x) for x in self.params] for _ in range(2)]
         self.received = [[torch.empty_like(x) for x in self.params] for _ in range(2)]
         self._in_flight = None  # (handles, peer) posted at this step
+        self._slot = 0  # ... in these buffers
         self._previous = None  # ... and at the step before, consumed now
 
     def _partner(self, step: int) -> int:
@@ -58,6 +64,7 @@ class DelayByOne(Algorithm):
             sent.copy_(x)  # x changes before this message is consumed
             handles.append(self.comm.exchange_(sent, [peer], {peer: received}))
         self._previous, self._in_flight = self._in_flight, (handles, peer)
+        self._slot = slot
 
     def after_backward(self, step):
         if self.world.size == 1 or self._previous is None:
@@ -74,3 +81,22 @@ class DelayByOne(Algorithm):
             for handle in self._in_flight[0]:
                 handle.wait()
             self._in_flight = None
+
+    def state_dict(self):
+        if self._in_flight is None:
+            return {"in_flight": False}
+        handles, peer = self._in_flight
+        with self.timers.time("comm"):
+            received = [handle.wait()[peer].clone() for handle in handles]
+        return {"in_flight": True, "peer": peer, "slot": self._slot, "received": received}
+
+    def load_state_dict(self, state):
+        self._in_flight = self._previous = None
+        if state["in_flight"]:
+            # Back in its own slot: the next step's exchange fills the other one.
+            slot, peer = state["slot"], state["peer"]
+            handles = []
+            for buffer, saved in zip(self.received[slot], state["received"]):
+                buffer.copy_(saved)
+                handles.append(Handle.completed({peer: buffer}))
+            self._in_flight, self._slot = (handles, peer), slot

@@ -16,6 +16,10 @@ graph (W = J) with plain SGD it is exactly SSGD. Momentum and weight decay stay 
 
 Invariants: W doubly stochastic keeps the mean of the models' averaging part; with learning
 rate 0 the consensus distance shrinks by at least SLEM(W)^2 per step.
+
+Checkpoints: every exchange completes within its step and W_k is a function of (seed, k)
+(randomized topologies too), so the model, the optimizer and the trainer's step counter are
+the whole state.
 """
 
 from __future__ import annotations

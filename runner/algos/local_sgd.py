@@ -14,6 +14,9 @@ post-local paper switches at the first learning-rate decay.
 Invariants: after each averaging all replicas are identical and the mean model is what it was
 before; H = 1 with plain SGD (no momentum) equals SSGD exactly, since models that are equal
 before a step differ only by their gradients. Momentum buffers stay local after the switch.
+
+Checkpoints keep whether the switch has happened, whether the replicas are in sync and the
+averaging count; the averaging schedule itself follows from the step counter.
 """
 
 from __future__ import annotations
@@ -56,6 +59,18 @@ class LocalSGD(SSGD):
     @property
     def identical_replicas(self) -> bool:  # type: ignore[override]
         return self._synced
+
+    def shared_update_group(self):
+        return None if self.local else self.comm
+
+    def state_dict(self):
+        return {"local": self.local, "synced": self._synced, "averagings": self.averagings}
+
+    def load_state_dict(self, state):
+        if state["local"] and not self.local:
+            self.buckets.remove()  # switched before the checkpoint: no gradient allreduce
+        self.local, self._synced = state["local"], state["synced"]
+        self.averagings = state["averagings"]
 
     def before_backward(self, step):
         if not self.local:

@@ -13,6 +13,9 @@ Invariants: replicas stay bit-identical (every rank applies the same averaged gr
 n ranks and batch b it equals one process with batch n*b. Warning: any code that sets
 ``param.grad = None`` (``zero_grad(set_to_none=True)``) breaks the bucket views; the trainer
 zeroes in place.
+
+Checkpoints: nothing is in flight between steps (every bucket's allreduce is waited for in
+after_backward), so the model and optimizer state are all there is.
 """
 
 from __future__ import annotations
@@ -32,6 +35,9 @@ class SSGD(Algorithm):
         self.buckets = GradientBuckets(list(model.parameters()), bucket_bytes)
         self.buckets.watch(self._launch)
         self._pending = []
+
+    def shared_update_group(self):
+        return self.comm  # every rank applies the same averaged gradient
 
     def _launch(self, index: int) -> None:
         # Called from the autograd thread as soon as a bucket is complete.

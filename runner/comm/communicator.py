@@ -7,6 +7,11 @@ over a duplicate of the MPI communicator for CPU tensors, or over a torch.distri
 overlap with computation without relying on MPI's asynchronous progress, and the duplicate keeps
 its collectives apart from the control collectives that the main thread issues at the same time
 (MPI requires collectives on one communicator to be ordered).
+
+Every wait is bounded by ``timeout_s`` (``comm.timeout_s``): a tensor collective's
+:meth:`Handle.wait` raises :class:`CommTimeout`, and a blocking control collective is watched
+by runner/comm/deadline.py; both messages name this rank, the communicator and the operation,
+so a dead or hung peer ends the job instead of leaving it waiting.
 """
 
 from __future__ import annotations
@@ -17,32 +22,52 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 import numpy as np
 import torch
 
+from .deadline import DEADLINES, CommTimeout
 from .world import mpi
 
 TENSOR_BACKENDS = ("mpi", "nccl", "gloo")
 EXCHANGE = 11  # MPI tag of model exchanges
+DEFAULT_TIMEOUT_S = 900.0
 
 
 class Handle:
-    """A pending tensor collective; ``wait()`` returns the tensor once it is complete."""
+    """A pending tensor collective; ``wait()`` returns the tensor once it is complete, or
+    raises :class:`CommTimeout` naming ``what`` after ``timeout_s``."""
 
-    def __init__(self, future: Future):
+    def __init__(self, future: Future, what: str = "a collective",
+                 timeout_s: float = DEFAULT_TIMEOUT_S):
         self._future = future
+        self.what = what
+        self.timeout_s = timeout_s
+
+    @classmethod
+    def completed(cls, value: Any) -> Handle:
+        """A handle whose communication already happened (restored from a checkpoint)."""
+        future: Future = Future()
+        future.set_result(value)
+        return cls(future, "a completed collective")
 
     def wait(self, timeout: float | None = None) -> Any:
-        return self._future.result(timeout=timeout)
+        timeout = self.timeout_s if timeout is None else timeout
+        try:
+            return self._future.result(timeout=timeout)
+        except FutureTimeout:
+            raise CommTimeout(f"{self.what} got no answer in {timeout:.0f} s (is every rank "
+                              "alive? see the other ranks' logs)") from None
 
     def done(self) -> bool:
         return self._future.done()
 
 
 class Communicator:
-    def __init__(self, mpi_comm, backend: str = "mpi", torch_group=None, name: str = "world"):
+    def __init__(self, mpi_comm, backend: str = "mpi", torch_group=None, name: str = "world",
+                 timeout_s: float = DEFAULT_TIMEOUT_S):
         if backend not in TENSOR_BACKENDS:
             raise ValueError(f"unknown tensor backend {backend!r}")
         self.MPI = mpi()
@@ -52,13 +77,19 @@ class Communicator:
         self.name = name
         self.rank = mpi_comm.Get_rank()
         self.size = mpi_comm.Get_size()
+        self.timeout_s = timeout_s
         self._tensor_comm = mpi_comm.Dup() if backend == "mpi" else None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"comm-{name}")
         self._busy_lock = threading.Lock()
         self.busy_s = 0.0  # seconds the communication thread spent inside collectives
 
     # ---- tensor collectives (communication thread) -------------------------------------
-    def _submit(self, fn: Callable[[], Any]) -> Handle:
+    def _what(self, operation: str) -> str:
+        """How a timeout names this wait: the rank, the operation and the peers."""
+        return (f"rank {self.rank} of the {self.name} communicator ({self.size} ranks): "
+                f"{operation}")
+
+    def _submit(self, fn: Callable[[], Any], operation: str) -> Handle:
         def timed():
             start = time.perf_counter()
             try:
@@ -67,7 +98,7 @@ class Communicator:
                 with self._busy_lock:
                     self.busy_s += time.perf_counter() - start
 
-        return Handle(self._executor.submit(timed))
+        return Handle(self._executor.submit(timed), self._what(operation), self.timeout_s)
 
     def iallreduce_(self, tensor: torch.Tensor, op: str = "sum") -> Handle:
         """Start an in-place allreduce (``op`` is ``sum`` or ``mean``) of a contiguous tensor."""
@@ -89,7 +120,7 @@ class Communicator:
                     tensor.div_(self.size)
             return tensor
 
-        return self._submit(run)
+        return self._submit(run, f"allreduce of {tensor.numel()} values")
 
     def allreduce_(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
         return self.iallreduce_(tensor, op).wait()
@@ -105,7 +136,7 @@ class Communicator:
                     dist.broadcast(tensor, src=self._global(root), group=self.torch_group)
             return tensor
 
-        return self._submit(run).wait()
+        return self._submit(run, f"broadcast of {tensor.numel()} values from rank {root}").wait()
 
     def exchange_(self, send: torch.Tensor, send_to: Sequence[int],
                   recv_from: dict[int, torch.Tensor]) -> Handle:
@@ -134,7 +165,8 @@ class Communicator:
                     request.wait()
             return recv_from
 
-        return self._submit(run)
+        peers = sorted(set(send_to) | set(recv_from))
+        return self._submit(run, f"exchange with rank(s) {', '.join(map(str, peers))}")
 
     def _global(self, rank: int) -> int:
         """torch.distributed addresses peers by global rank."""
@@ -145,24 +177,32 @@ class Communicator:
         return dist.get_global_rank(self.torch_group, rank)
 
     # ---- control collectives (calling thread, MPI) ---------------------------------------
+    def _watch(self, operation: str):
+        return DEADLINES.watch(self._what(operation), self.timeout_s)
+
     def allreduce_numbers(self, values: Sequence[float], op: str = "sum") -> np.ndarray:
         data = np.asarray(values, dtype=np.float64)
         out = np.empty_like(data)
         mpi_op = {"sum": self.MPI.SUM, "max": self.MPI.MAX, "min": self.MPI.MIN}[op]
-        self.mpi_comm.Allreduce(data, out, op=mpi_op)
+        with self._watch(f"allreduce ({op}) of {len(data)} numbers"):
+            self.mpi_comm.Allreduce(data, out, op=mpi_op)
         return out
 
     def gather_objects(self, obj: Any, root: int = 0) -> list[Any] | None:
-        return self.mpi_comm.gather(obj, root=root)
+        with self._watch(f"gather to rank {root}"):
+            return self.mpi_comm.gather(obj, root=root)
 
     def bcast_object(self, obj: Any, root: int = 0) -> Any:
-        return self.mpi_comm.bcast(obj, root=root)
+        with self._watch(f"broadcast from rank {root}"):
+            return self.mpi_comm.bcast(obj, root=root)
 
     def allgather_objects(self, obj: Any) -> list[Any]:
-        return self.mpi_comm.allgather(obj)
+        with self._watch("allgather"):
+            return self.mpi_comm.allgather(obj)
 
     def barrier(self) -> None:
-        self.mpi_comm.Barrier()
+        with self._watch("barrier"):
+            self.mpi_comm.Barrier()
 
     def close(self) -> None:
         self._executor.shutdown(wait=True)

@@ -3,23 +3,49 @@
 ``launcher.nprocs=1`` runs the rank in this process (no mpiexec), which is what a debugger
 wants. Ctrl-C stops every rank: the MPI job runs in its own session, so the launcher forwards
 the interrupt to the whole process group and escalates to SIGKILL if ranks do not exit.
+
+While the job runs the launcher supervises it (runner/launch/watchdog.py):
+
+* SIGUSR1 or SIGTERM sent to the launcher is forwarded to every rank, which checkpoint and
+  exit with status 75 (runner/preemption.py); the launcher then exits with 75 too.
+* a rank that dies without a word (``kill -9``, the out-of-memory killer) is named, with its
+  last log lines, and the rest of the job is stopped within a second; no rank process is left
+  behind (mpiexec puts each rank in a session of its own, so they are killed by pid). MPICH's
+  mpiexec (Hydra) runs with ``-disable-auto-cleanup``: its own clean-up kills every rank at
+  once (after a SIGTERM, which now means "checkpoint and stop"), which hides which rank died
+  first; the watchdog sees that rank alone die and ends the job itself. Other mpiexecs keep
+  their clean-up, and the watchdog steps in after MPIEXEC_GRACE_S.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
-from typing import Optional
+from typing import IO, Optional
 
-from ..errors import ConfigError
+from ..checkpoint import complete_checkpoints
+from ..errors import EXIT_PREEMPTED, ConfigError
 from . import LAUNCHERS
 from .base import Launcher, LauncherConfig
+from .watchdog import DeadRank, RankWatchdog, clear_rank_files, failure_times
+
+POLL_S = 0.25  # how often the watchdog looks at the ranks
+# After the watchdog sees a rank die, mpiexec gets this long to end the job by itself.
+MPIEXEC_GRACE_S = 3.0
+# Hydra's report of a rank that ended badly (MPICH's mpiexec, on its stdout).
+BANNER_PID = re.compile(r"^=\s+PID (\d+) RUNNING AT")
+BANNER_CODE = re.compile(r"^=\s+EXIT CODE: (\d+)")
+BANNER_LINES = re.compile(r"^(=|YOUR APPLICATION TERMINATED|This typically refers|"
+                          r"Please see the FAQ)")
 
 
 @dataclass
@@ -52,11 +78,86 @@ def find_mpiexec(requested: str | None, key: str = "launcher.mpiexec") -> str:
     return found
 
 
+@cache
+def is_hydra(mpiexec: str) -> bool:
+    """Whether ``mpiexec`` is MPICH's Hydra (it then takes ``-disable-auto-cleanup``)."""
+    try:
+        probe = subprocess.run([mpiexec, "--version"], capture_output=True, text=True,
+                               timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return "HYDRA" in probe.stdout
+
+
 def log_tail(run_dir: Path, rank: int, lines: int = 12) -> str:
     path = run_dir / "logs" / f"rank{rank}.log"
     if not path.exists():
         return "(no log)"
     return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+class MpiexecOutput:
+    """Relays mpiexec's stdout (the ranks write theirs to logs/), keeping back MPICH's
+    multi-line report of a rank that ended badly and remembering its pid and exit code."""
+
+    def __init__(self, stream: IO[str], report_path: Path):
+        self.stream = stream
+        self.report_path = report_path  # the report as mpiexec wrote it, for the curious
+        self.bad_pid: int | None = None
+        self.bad_code: int | None = None
+        self.thread = threading.Thread(target=self._relay, name="mpiexec-output", daemon=True)
+        self.thread.start()
+
+    def _relay(self) -> None:
+        for line in self.stream:
+            if (match := BANNER_PID.match(line)) and self.bad_pid is None:
+                self.bad_pid = int(match.group(1))
+            elif (match := BANNER_CODE.match(line)) and self.bad_code is None:
+                self.bad_code = int(match.group(1))
+            if not BANNER_LINES.match(line):
+                sys.stdout.write(line)
+                sys.stdout.flush()
+            elif line.strip("=\n "):
+                with open(self.report_path, "a") as report:
+                    report.write(line)
+
+    def join(self) -> None:
+        self.thread.join(timeout=5)
+
+
+class StopForwarding:
+    """While the job runs, SIGUSR1/SIGTERM received here go to every rank (also to ranks
+    whose pid file appears later: a rank writes it once it can take the signal)."""
+
+    SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
+
+    def __init__(self, watchdog: RankWatchdog):
+        self.watchdog = watchdog
+        self.signum: int | None = None
+        self.delivered: set[int] = set()
+
+    def __enter__(self) -> StopForwarding:
+        self.previous = {sig: signal.signal(sig, self._received) for sig in self.SIGNALS}
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+
+    def _received(self, signum: int, frame) -> None:
+        if self.signum is None:
+            print(f"\nadpsgd-run: got {signal.Signals(signum).name}: every rank checkpoints "
+                  "and stops", file=sys.stderr, flush=True)
+        self.signum = signum
+        self.deliver()
+
+    def deliver(self) -> None:
+        if self.signum is None:
+            return
+        self.watchdog.refresh()
+        pending = [rank for rank in self.watchdog.pids if rank not in self.delivered]
+        self.watchdog.signal_ranks(self.signum, pending)
+        self.delivered.update(pending)
 
 
 def stop_process_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
@@ -83,8 +184,15 @@ class LocalLauncher(Launcher):
     Config = LocalConfig
 
     def command(self, run_dir: Path) -> list[str]:
-        return [find_mpiexec(self.cfg.mpiexec), "-n", str(self.cfg.nprocs),
+        mpiexec = find_mpiexec(self.cfg.mpiexec)
+        return [mpiexec, "-n", str(self.cfg.nprocs), *self.cleanup_args(mpiexec),
                 *self.cfg.mpiexec_args, sys.executable, "-m", "runner.worker", str(run_dir)]
+
+    def cleanup_args(self, mpiexec: str) -> list[str]:
+        """Leave the clean-up after a dead rank to the watchdog where mpiexec allows it."""
+        if is_hydra(mpiexec) and "-disable-auto-cleanup" not in self.cfg.mpiexec_args:
+            return ["-disable-auto-cleanup"]
+        return []
 
     def environment(self) -> dict[str, str]:
         env = dict(os.environ, PYTHONUNBUFFERED="1")
@@ -98,24 +206,116 @@ class LocalLauncher(Launcher):
             from ..worker import run_rank
 
             return run_rank(run_dir, in_process=True)
+        clear_rank_files(run_dir, self.cfg.nprocs)
+        watchdog = RankWatchdog(run_dir, self.cfg.nprocs)
         proc = subprocess.Popen(self.command(run_dir), env=self.environment(),
-                                start_new_session=True)
-        try:
-            status = proc.wait()
-        except KeyboardInterrupt:
-            print("\nadpsgd-run: interrupted, stopping all ranks", file=sys.stderr, flush=True)
-            stop_process_group(proc)
-            return 130
-        if status != 0:
-            self.report_failure(run_dir, status)
+                                start_new_session=True, stdout=subprocess.PIPE, text=True,
+                                errors="replace")
+        output = MpiexecOutput(proc.stdout, run_dir / "logs" / "mpiexec.log")
+        grace = 0.0 if "-disable-auto-cleanup" in proc.args else MPIEXEC_GRACE_S
+        with StopForwarding(watchdog) as forwarding:
+            try:
+                status = self.supervise(proc, watchdog, forwarding, grace)
+            except KeyboardInterrupt:
+                print("\nadpsgd-run: interrupted, stopping all ranks", file=sys.stderr,
+                      flush=True)
+                stop_process_group(proc)
+                watchdog.kill_leftovers()
+                watchdog.stop()
+                return 130
+        output.join()
+        watchdog.kill_leftovers()  # a rank that outlived mpiexec would be an orphan
+        time.sleep(2 * RankWatchdog.POLL_MS / 1000)  # the last deaths reach the record
+        watchdog.stop()
+        if status < 0:  # mpiexec itself was killed by a signal
+            status = 128 - status
+        if status == 0:
+            return 0
+        statuses = watchdog.exit_statuses()
+        if all(s == EXIT_PREEMPTED for s in statuses.values()):
+            return EXIT_PREEMPTED
+        dead = self.dead_rank(watchdog, output)
+        if dead is not None:
+            self.report_dead_rank(run_dir, dead, output)
+            # The shell's convention for "killed by a signal", whether mpiexec or the watchdog
+            # ended the job (mpiexec would return the bare signal number).
+            code = output.bad_code if output.bad_pid == dead.pid else None
+            return 128 + (code if code is not None and 0 < code < 65 else signal.SIGKILL)
+        else:
+            self.report_failure(run_dir, status, sorted(failure_times(run_dir,
+                                                                      self.cfg.nprocs)),
+                                self.mpiexec_report(watchdog, output))
         return status
 
-    def report_failure(self, run_dir: Path, status: int) -> None:
-        failed = [r for r in range(self.cfg.nprocs)
-                  if "ERROR" in log_tail(run_dir, r, lines=200)]
+    def supervise(self, proc: subprocess.Popen, watchdog: RankWatchdog,
+                  forwarding: StopForwarding, grace_s: float) -> int:
+        """Wait for mpiexec; if a rank dies and mpiexec does not end the job within
+        ``grace_s``, end it here. Returns mpiexec's status."""
+        seen_dead = None
+        while True:
+            try:
+                return proc.wait(timeout=POLL_S)
+            except subprocess.TimeoutExpired:
+                pass
+            forwarding.deliver()
+            if watchdog.check() is None:
+                continue  # nobody died, or a rank failed first with a message (and aborts)
+            seen_dead = seen_dead or time.monotonic()
+            if time.monotonic() - seen_dead >= grace_s:
+                watchdog.kill_leftovers()
+                try:  # mpiexec ends once its ranks are gone
+                    proc.wait(timeout=2.0)
+                except subprocess.TimeoutExpired:
+                    stop_process_group(proc, grace_s=2.0)
+                return 128 + signal.SIGKILL
+
+    def dead_rank(self, watchdog: RankWatchdog, output: MpiexecOutput) -> DeadRank | None:
+        """The rank that died first, as the watchdog saw the deaths happen (mpiexec's report
+        names whichever rank its clean-up listed first); mpiexec's pid when the watchdog never
+        saw the rank's pid file."""
+        dead = watchdog.check()
+        if dead is None and output.bad_pid is not None and not failure_times(
+                watchdog.run_dir, self.cfg.nprocs):
+            rank = watchdog.rank_of_pid(output.bad_pid)
+            dead = DeadRank(rank, output.bad_pid, time.time()) if rank is not None else None
+        return dead
+
+    def report_dead_rank(self, run_dir: Path, dead: DeadRank, output: MpiexecOutput) -> None:
+        code = output.bad_code if output.bad_pid == dead.pid else None
+        if code is not None and 0 < code < 65:  # hydra reports a killing signal as the code
+            how = f"killed by signal {code} ({signal.Signals(code).name})"
+        else:
+            how = "killed from outside"
+        checkpoints = complete_checkpoints(run_dir)
+        resume = (f"continue from {checkpoints[-1].path} with resume=auto "
+                  f"hydra.run.dir={run_dir}" if checkpoints else "start it again")
+        print(f"--- last lines of {run_dir}/logs/rank{dead.rank}.log ---\n"
+              f"{log_tail(run_dir, dead.rank)}", file=sys.stderr)
+        print(f"adpsgd-run: rank {dead.rank} (pid {dead.pid}) died without reporting an error "
+              f"({how}: kill -9, the out-of-memory killer or a crash); the other ranks were "
+              f"stopped. Fix: find the cause in its log above and the kernel log (dmesg), then "
+              f"{resume}", file=sys.stderr, flush=True)
+
+    @staticmethod
+    def mpiexec_report(watchdog: RankWatchdog, output: MpiexecOutput) -> str:
+        """What mpiexec said about the process that ended badly, as one phrase."""
+        if output.bad_pid is None:
+            return ""
+        rank = watchdog.rank_of_pid(output.bad_pid)
+        who = f"rank {rank}" if rank is not None else "a process"
+        code = output.bad_code
+        how = (f"exit code {code}" + (f" (as if killed by {signal.Signals(code).name})"
+                                      if code is not None and 0 < code < 32 else ""))
+        return f"; mpiexec reports {who} (pid {output.bad_pid}) ended with {how}"
+
+    def report_failure(self, run_dir: Path, status: int, failed: list[int],
+                       mpiexec_said: str = "") -> None:
+        """Ranks that failed printed their one line already: show their log's last lines."""
+        failed = failed or [r for r in range(self.cfg.nprocs)
+                            if "ERROR" in log_tail(run_dir, r, lines=200)]
         for rank in failed or [0]:
             print(f"--- last lines of {run_dir}/logs/rank{rank}.log ---\n"
                   f"{log_tail(run_dir, rank)}", file=sys.stderr)
         if not failed:
             print(f"adpsgd-run: the MPI job exited with status {status} without a rank "
-                  f"reporting an error; see {run_dir}/logs", file=sys.stderr)
+                  f"reporting an error{mpiexec_said}; see {run_dir}/logs", file=sys.stderr)

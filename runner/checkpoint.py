@@ -1,0 +1,271 @@
+"""Checkpoints on disk: layout, atomic writes, the completion marker, choosing one to resume.
+
+Layout (one directory per checkpoint, named by the global samples consumed so that names sort
+by progress and two checkpoints of the same state have the same name)::
+
+    RUN_DIR/checkpoints/samples-0000001437/rank0.pt ... rank<N-1>.pt   every rank's own state
+    RUN_DIR/checkpoints/samples-0000001437/COMPLETE                    written last, by rank 0
+
+A rank's file holds its model (decentralized replicas differ), optimizer state, RNG states,
+data position, counters and its algorithm's state (runner/trainer.py decides what). Each file is
+written to a temporary name in the same directory, flushed, fsynced and renamed, and the
+directory is fsynced; rank 0 writes ``COMPLETE`` only after a barrier that every rank reaches
+once its file is durable. A job killed at any moment therefore leaves either a complete
+checkpoint or one without a marker, which resuming ignores, and the previous complete
+checkpoints are never touched until a newer one is complete (only then are old ones pruned to
+``trainer.keep_checkpoints``).
+
+``COMPLETE`` is JSON with the step, samples, epoch, number of ranks and the run config, so the
+command line can check that a checkpoint fits the job before any rank starts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from .errors import ConfigError, UserError, one_line
+
+CHECKPOINTS = "checkpoints"
+MARKER = "COMPLETE"
+PREFIX = "samples-"
+# Keys whose values must match between a checkpoint and the job resuming from it: they shape
+# the state it holds (model, algorithm state, data order, per-rank files). The learning-rate
+# options, epochs, evaluation and logging may change (e.g. a lower rate after a divergence).
+IDENTITY_KEYS = ("recipe.name", "algo", "topology", "seed", "trainer.batch_size",
+                 "trainer.dtype", "launcher.procs_per_node")
+MAY_CHANGE = ("algo.timeout_s",)
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A complete checkpoint, as its marker describes it."""
+
+    path: Path
+    step: int
+    samples: int
+    epoch: float
+    nprocs: int
+    reason: str
+    config: dict[str, Any]
+
+    def rank_file(self, rank: int) -> Path:
+        return self.path / f"rank{rank}.pt"
+
+
+def checkpoints_dir(run_dir: str | Path) -> Path:
+    return Path(run_dir) / CHECKPOINTS
+
+
+def checkpoint_path(run_dir: str | Path, samples: int) -> Path:
+    return checkpoints_dir(run_dir) / f"{PREFIX}{samples:010d}"
+
+
+def read_checkpoint(path: str | Path) -> Checkpoint | None:
+    """The checkpoint at ``path``, or None when it is not complete (no readable marker)."""
+    path = Path(path)
+    try:
+        meta = json.loads((path / MARKER).read_text())
+        return Checkpoint(path=path, step=int(meta["step"]), samples=int(meta["samples"]),
+                          epoch=float(meta["epoch"]), nprocs=int(meta["nprocs"]),
+                          reason=str(meta.get("reason", "")), config=dict(meta["config"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def complete_checkpoints(run_dir: str | Path) -> list[Checkpoint]:
+    """Every complete checkpoint of a run dir, oldest first."""
+    root = checkpoints_dir(run_dir)
+    if not root.is_dir():
+        return []
+    found = (read_checkpoint(p) for p in root.iterdir() if p.name.startswith(PREFIX))
+    return sorted((c for c in found if c is not None), key=lambda c: c.samples)
+
+
+def resolve_resume(resume: str | None, run_dir: str | Path) -> Checkpoint | None:
+    """The checkpoint that ``resume`` (null, auto or a path) selects; None: a fresh start."""
+    if resume is None:
+        return None
+    if resume == "auto":
+        found = complete_checkpoints(run_dir)
+        return found[-1] if found else None
+    path = Path(resume).expanduser()
+    if not path.is_dir():
+        raise ConfigError("resume", f"checkpoint dir {path} does not exist",
+                          "give a checkpoint dir (RUN_DIR/checkpoints/samples-N), or "
+                          "resume=auto with hydra.run.dir=RUN_DIR")
+    found = read_checkpoint(path)
+    if found is None:
+        # Also a run dir or its checkpoints/ given for a checkpoint: point at its newest one.
+        run_dir = (path.parent.parent if path.parent.name == CHECKPOINTS else
+                   path.parent if path.name == CHECKPOINTS else path)
+        newest = complete_checkpoints(run_dir)
+        fix = (f"resume={newest[-1].path}, the newest complete one" if newest else
+               "resume=auto hydra.run.dir=RUN_DIR, which takes the newest complete checkpoint "
+               "of RUN_DIR")
+        raise ConfigError("resume", f"{path} is not a complete checkpoint (no {MARKER} marker: "
+                          "its write was interrupted, or it is not a checkpoint dir)", fix)
+    return found
+
+
+def _flat(node: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(node, Mapping):
+        out: dict[str, Any] = {}
+        for key, value in node.items():
+            out.update(_flat(value, f"{prefix}{key}."))
+        return out
+    return {prefix[:-1]: node}
+
+
+def check_compatible(checkpoint: Checkpoint, cfg: Mapping[str, Any], averaged: bool) -> None:
+    """Raise ConfigError (naming the first differing key) when ``checkpoint`` was written by a
+    job whose state cannot continue in the job configured by ``cfg``."""
+    nprocs = cfg["launcher"]["nprocs"]
+    if checkpoint.nprocs != nprocs and not averaged:
+        raise ConfigError("resume", f"checkpoint {checkpoint.path} was written by "
+                          f"{checkpoint.nprocs} ranks, this job has launcher.nprocs={nprocs}",
+                          f"launcher.nprocs={checkpoint.nprocs}, or resume_averaged=true to "
+                          f"start every rank from the average of its {checkpoint.nprocs} models")
+    theirs, ours = _flat(checkpoint.config), _flat(cfg)
+    keys = ("recipe.name",) if averaged else IDENTITY_KEYS
+    # Group choices (algo.name...) first: another algorithm's options differ as a consequence.
+    for key in sorted((k for k in set(theirs) | set(ours)
+                       if any(k == p or k.startswith(p + ".") for p in keys)
+                       and k not in MAY_CHANGE), key=lambda k: (k.count(".") != 1
+                                                                 or not k.endswith(".name"), k)):
+        if theirs.get(key) != ours.get(key):
+            written = _as_override(key, theirs.get(key))
+            raise ConfigError("resume", f"checkpoint {checkpoint.path} was written with "
+                              f"{written}, this job has {_as_override(key, ours.get(key))}",
+                              f"resume with {written}, or start a new run dir "
+                              f"(hydra.run.dir=NEW_DIR) for the new settings")
+
+
+def _as_override(key: str, value: Any) -> str:
+    """How the command line sets ``key``: a config group's choice is ``algo=ssgd``
+    (``algo.name=ssgd`` would keep the other algorithm's options)."""
+    group, _, leaf = key.partition(".")
+    return f"{group}={value}" if leaf == "name" else f"{key}={value}"
+
+
+# ---- writing -------------------------------------------------------------------------------
+def fsync_dir(path: Path) -> None:
+    """Make a rename or a new file in ``path`` durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: Path, write: Callable[[IO[bytes]], None], delay_s: float = 0.0) -> None:
+    """Write ``path`` through a temporary file in the same directory: fsync, rename, fsync the
+    directory. ``delay_s`` (faults.checkpoint_write_delay_s, tests only) pauses after the
+    temporary file is written and before the rename."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "wb") as f:
+        write(f)
+        f.flush()
+        if delay_s:
+            time.sleep(delay_s)
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def save_rank_state(directory: Path, rank: int, state: dict[str, Any],
+                    delay_s: float = 0.0) -> Path:
+    """Write one rank's state into a checkpoint dir (created when missing)."""
+    import torch
+
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"rank{rank}.pt"
+    write_atomic(path, lambda f: torch.save(state, f), delay_s)
+    return path
+
+
+def mark_complete(directory: Path, step: int, samples: int, epoch: float, nprocs: int,
+                  reason: str, config: dict[str, Any]) -> Checkpoint:
+    """Rank 0, after every rank's file is durable: write the marker that makes it count."""
+    meta = {"step": step, "samples": samples, "epoch": epoch, "nprocs": nprocs,
+            "reason": reason, "written": time.strftime("%Y-%m-%dT%H:%M:%S"), "config": config}
+    payload = (json.dumps(meta, indent=2, sort_keys=True) + "\n").encode()
+    write_atomic(directory / MARKER, lambda f: f.write(payload))
+    return Checkpoint(path=directory, step=step, samples=samples, epoch=epoch, nprocs=nprocs,
+                      reason=reason, config=config)
+
+
+def discard_incomplete(directory: Path) -> None:
+    """Before rewriting a checkpoint dir: drop its marker first, so that a crash in the middle
+    of the rewrite leaves a dir that resuming ignores rather than a mix of two states."""
+    marker = directory / MARKER
+    if marker.exists():
+        marker.unlink()
+        fsync_dir(directory)
+
+
+def prune(run_dir: str | Path, keep: int) -> list[Path]:
+    """Remove all but the ``keep`` newest complete checkpoints, and every incomplete one
+    (left by a crash) older than the newest complete one; return what was removed."""
+    complete = complete_checkpoints(run_dir)
+    if not complete:
+        return []
+    kept = {c.path for c in complete[-keep:]}
+    newest = complete[-1].samples
+    removed = []
+    for path in sorted(checkpoints_dir(run_dir).glob(f"{PREFIX}*")):
+        incomplete_and_old = read_checkpoint(path) is None and _samples_of(path) < newest
+        if path not in kept and (read_checkpoint(path) is not None or incomplete_and_old):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
+
+
+def _samples_of(path: Path) -> int:
+    try:
+        return int(path.name.removeprefix(PREFIX))
+    except ValueError:
+        return -1
+
+
+# ---- reading -------------------------------------------------------------------------------
+def load_rank_state(checkpoint: Checkpoint, rank: int) -> dict[str, Any]:
+    """One rank's state. Only tensors and plain Python values are unpickled
+    (``weights_only``): loading a checkpoint cannot run code."""
+    import pickle
+
+    import torch
+
+    path = checkpoint.rank_file(rank)
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except (OSError, EOFError, RuntimeError, ValueError, pickle.UnpicklingError) as ex:
+        # COMPLETE is written after every file was durable: the file changed since.
+        older = [c for c in complete_checkpoints(checkpoint.path.parent.parent)
+                 if c.samples < checkpoint.samples]
+        fix = (f"resume={older[-1].path}, the complete checkpoint before it" if older else
+               "start a new run dir without resume")
+        raise UserError(f"cannot read {path} of complete checkpoint {checkpoint.path.name} "
+                        f"({type(ex).__name__}: {one_line(ex).split('. ')[0][:160]}); it was "
+                        "truncated or replaced after it was written", fix) from None
+
+
+def averaged_model_state(checkpoint: Checkpoint) -> dict[str, Any]:
+    """The mean over the checkpoint's ranks of their model states (floating entries; integer
+    ones, such as BatchNorm's batch counter, are rank 0's)."""
+    total: dict[str, Any] = {}
+    for rank in range(checkpoint.nprocs):
+        model = load_rank_state(checkpoint, rank)["model"]
+        for key, value in model.items():
+            if rank == 0:
+                total[key] = value.double() if value.is_floating_point() else value
+            elif value.is_floating_point():
+                total[key] += value.double()
+    return {key: value / checkpoint.nprocs if value.is_floating_point() else value
+            for key, value in total.items()}

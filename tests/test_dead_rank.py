@@ -1,0 +1,184 @@
+"""Failures of a running job through the real adpsgd-run and mpiexec: a rank killed with
+kill -9 (mid-run, or in the middle of a checkpoint write), a non-finite loss, a stop signal to
+the launcher; and resuming from what such a job left behind.
+
+The kills use scripts/bench_dead_rank.py's function, so the benchmark measures what the tests
+check. Times are printed (``-s``), never asserted beyond the issue's 60 s bound on a hang.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from runner.checkpoint import complete_checkpoints, load_rank_state
+from runner.errors import EXIT_PREEMPTED
+
+from conftest import BIN, REPO, read_run, run_cli
+
+pytestmark = [pytest.mark.mpi, pytest.mark.slow]
+
+_spec = importlib.util.spec_from_file_location("bench_dead_rank",
+                                               REPO / "scripts" / "bench_dead_rank.py")
+bench = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bench)
+
+DEAD_RANK_BOUND_S = 60  # the issue's bound from a rank's death to the job's exit
+# A small, exactly reproducible SSGD job (float64: resumed == uninterrupted bit for bit).
+EXACT = ["recipe=digit_images", "algo=ssgd", "launcher.nprocs=2", "trainer.dtype=float64",
+         "trainer.batch_size=32", "trainer.progress=false", "trainer.eval_every=10"]
+
+
+@pytest.mark.parametrize("algo,nprocs", sorted(bench.CASES))
+def test_a_killed_rank_ends_the_job_naming_it(tmp_path, algo, nprocs):
+    victim, overrides = bench.CASES[(algo, nprocs)]
+    result = bench.kill_one_rank(tmp_path, algo, nprocs, victim, overrides)
+    print(f"{algo} x{nprocs}: killed rank {victim}; named after {result['verdict_s']:.2f} s, "
+          f"exit after {result['exit_s']:.2f} s")
+    stderr = result["stderr"]
+    assert result["status"] not in (0, EXIT_PREEMPTED), stderr
+    assert result["exit_s"] < DEAD_RANK_BOUND_S, stderr
+    assert f"rank {victim} (pid" in stderr and "died without reporting an error" in stderr
+    assert f"--- last lines of {result['run_dir']}/logs/rank{victim}.log ---" in stderr
+    assert "resume=auto" in stderr  # how to continue
+    assert "Traceback" not in stderr, stderr
+    assert result["leftover_pids"] == [], "orphan rank processes"
+    assert result["checkpoint"], "the newest complete checkpoint does not load"
+
+
+@pytest.mark.parametrize("algo", ["ssgd", "adpsgd"])
+def test_a_hung_rank_ends_the_job_through_communication_timeouts(tmp_path, algo):
+    """A rank that is alive but silent (SIGSTOP: a hung node) is what the watchdog cannot see:
+    its peers' bounded waits end the job, naming the waiting rank and the operation."""
+    timeouts = ["comm.timeout_s=5"] + (["algo.timeout_s=5"] if algo == "adpsgd" else [])
+    result = bench.kill_one_rank(tmp_path, algo, 2, 1, timeouts, signum=signal.SIGSTOP)
+    stderr = result["stderr"]
+    print(f"{algo}: rank 1 stopped; job ended after {result['exit_s']:.1f} s")
+    assert result["status"] == 1 and result["exit_s"] < DEAD_RANK_BOUND_S, stderr
+    errors = [line for line in stderr.splitlines() if line.startswith("adpsgd-run: error:")]
+    assert len(errors) == 1, stderr
+    assert "rank 0 of the world communicator (2 ranks)" in errors[0]
+    assert "got no answer in 5 s" in errors[0] and "raise comm.timeout_s" in errors[0]
+    assert "Traceback" not in stderr
+    assert result["leftover_pids"] == [], "the stopped rank was left behind"
+
+
+def final_model(run_dir: Path, rank: int = 0) -> dict[str, torch.Tensor]:
+    """The model of the last checkpoint (written at the end of training)."""
+    return load_rank_state(complete_checkpoints(run_dir)[-1], rank)["model"]
+
+
+def writing_a_later_checkpoint(run_dir: Path) -> bool:
+    """A checkpoint is complete and rank 1 is inside the write of a later one."""
+    complete = {c.path for c in complete_checkpoints(run_dir)}
+    return bool(complete) and any(tmp.parent not in complete for tmp in
+                                  (run_dir / "checkpoints").glob("samples-*/.rank1.pt.tmp"))
+
+
+def test_kill_during_a_checkpoint_write_keeps_the_previous_one_and_ssgd_resumes_exactly(
+        tmp_path):
+    reference = tmp_path / "uninterrupted"
+    run_cli([*EXACT, "trainer.epochs=2", f"hydra.run.dir={reference}"], cwd=tmp_path)
+
+    # Every write pauses inside the temporary file: rank 1 is killed in that window.
+    slow_writes = [*EXACT[3:], "faults.checkpoint_write_delay_s=1.5"]
+    result = bench.kill_one_rank(tmp_path, "ssgd", 2, 1, slow_writes,
+                                 ready=writing_a_later_checkpoint, name="killed", epochs=2)
+    run_dir = Path(result["run_dir"])
+    assert result["status"] != 0 and result["leftover_pids"] == [], result["stderr"]
+    complete = complete_checkpoints(run_dir)
+    half_written = [p for p in (run_dir / "checkpoints").glob("samples-*")
+                    if p not in {c.path for c in complete}]
+    assert complete and half_written, sorted((run_dir / "checkpoints").rglob("*"))
+    assert all(not (p / "COMPLETE").exists() for p in half_written)
+    for rank in range(2):  # the previous checkpoint loads on every rank
+        state = load_rank_state(complete[-1], rank)
+        assert all(torch.isfinite(v).all() for v in state["model"].values())
+
+    proc = run_cli([*EXACT, "trainer.epochs=2", "resume=auto", f"hydra.run.dir={run_dir}"],
+                   cwd=tmp_path)
+    assert f"resuming from {complete[-1].path}" in proc.stdout + proc.stderr
+    _, summary = read_run(run_dir)
+    assert summary["status"] == "completed"
+    resumed, whole = final_model(run_dir), final_model(reference)
+    assert resumed.keys() == whole.keys()
+    difference = max((resumed[k] - whole[k]).abs().max().item() for k in whole)
+    assert difference <= 1e-6, f"resumed SSGD differs from the uninterrupted run by {difference}"
+
+
+def test_an_asynchronous_run_killed_and_resumed_reaches_the_same_epochs(tmp_path):
+    job = ["trainer.progress=false", "trainer.eval_every=20"]
+    reference = tmp_path / "uninterrupted"
+    run_cli(["recipe=digit_images", "algo=adpsgd", "launcher.nprocs=2", "trainer.epochs=4",
+             *job, f"hydra.run.dir={reference}"], cwd=tmp_path)
+    result = bench.kill_one_rank(tmp_path, "adpsgd", 2, 0, job, name="killed", epochs=4)
+    run_dir = Path(result["run_dir"])
+    assert result["status"] != 0 and result["checkpoint"], result["stderr"]
+    run_cli(["recipe=digit_images", "algo=adpsgd", "launcher.nprocs=2", "trainer.epochs=4",
+             *job, "resume=auto", f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+    whole, (resumed, summary) = read_run(reference)[0], read_run(run_dir)
+    assert summary["status"] == "completed"
+    last = [m for m in resumed if m["split"] == whole[-1]["split"]][-1]
+    # Asynchronous ranks stop once their estimate of the global count passes the budget: a
+    # few steps past it, more when an estimate lags on a loaded machine (4.03-4.26 seen).
+    assert 4 <= whole[-1]["epoch"] < 4.5 and 4 <= last["epoch"] < 4.5, (whole[-1], last)
+    print(f"top-1 uninterrupted {whole[-1]['top1']:.2f}%, killed and resumed {last['top1']:.2f}%")
+    assert last["top1"] >= whole[-1]["top1"] - 5 and last["top1"] >= 85  # percent
+
+
+def test_a_nonfinite_loss_stops_with_one_line_and_keeps_the_last_good_checkpoint(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = run_cli([*EXACT, "trainer.epochs=2", "trainer.checkpoint_every=4",
+                    "faults.nonfinite_loss.ranks=[1]", "faults.nonfinite_loss.steps=[6]",
+                    f"hydra.run.dir={run_dir}"], cwd=tmp_path, check=False, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("adpsgd-run: error:")]
+    assert len(errors) == 1 and "non-finite training loss" in errors[0], proc.stderr
+    assert "Fix: lower optim.lr" in errors[0] and "Traceback" not in proc.stderr
+    [checkpoint] = complete_checkpoints(run_dir)  # the step-4 one; none of a poisoned model
+    assert checkpoint.step == 4 and str(checkpoint.path) in errors[0]
+    for rank in range(2):
+        model = load_rank_state(checkpoint, rank)["model"]
+        assert all(torch.isfinite(v).all() for v in model.values())
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "failed" and summary["exit_status"] == 2
+    assert summary["checkpoint"] == str(checkpoint.path)
+
+
+def test_a_stop_signal_to_the_launcher_checkpoints_exits_75_and_resume_finishes(tmp_path):
+    run_dir = tmp_path / "run"
+    job = ["recipe=digit_images", "algo=hadpsgd", "launcher.nprocs=4",
+           "launcher.procs_per_node=2", "trainer.epochs=3", "trainer.progress=false",
+           "faults.delay_s=0.05"]
+    launcher = subprocess.Popen([str(BIN / "adpsgd-run"), *job, f"hydra.run.dir={run_dir}"],
+                                cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not (run_dir / "metrics.jsonl").exists():  # the first evaluation is logged
+            assert launcher.poll() is None and time.monotonic() < deadline, launcher.stderr.read()
+            time.sleep(0.1)
+        os.kill(launcher.pid, signal.SIGUSR1)
+        _, stderr = launcher.communicate(timeout=DEAD_RANK_BOUND_S)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    assert launcher.returncode == EXIT_PREEMPTED, stderr
+    assert "got SIGUSR1: every rank checkpoints and stops" in stderr
+    assert "resume=auto" in stderr
+    _, summary = read_run(run_dir)
+    stopped_at = complete_checkpoints(run_dir)[-1]
+    assert summary["status"] == "preempted" and summary["checkpoint"] == str(stopped_at.path)
+    assert stopped_at.nprocs == 4 and stopped_at.epoch < 3
+    run_cli([*job, "resume=auto", f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+    metrics, summary = read_run(run_dir)
+    assert summary["status"] == "completed" and summary["resumed_from"] == str(stopped_at.path)
+    assert 3 <= metrics[-1]["epoch"] < 3.5 and metrics[-1]["step"] > stopped_at.step

@@ -1,0 +1,40 @@
+"""Checkpoints keep every algorithm's state: lockstep algorithms resumed from a checkpoint end
+bit for bit where the uninterrupted run ends (communication in flight at the checkpoint is
+completed and stored); a stop signal that reaches one rank stops every rank at the same step;
+skip_batch drops a non-finite step on exactly the ranks that share its update. One 2-rank job
+runs every case (tests/mpi/resume.py)."""
+
+import pytest
+
+from conftest import case_report, run_mpi_cases
+
+pytestmark = pytest.mark.mpi
+
+CASES = {
+    "ssgd": ["scenario=exact", "algo=ssgd"],
+    "dpsgd-random-ring": ["scenario=exact", "algo=dpsgd", "topology=random_ring"],
+    "dasgd-in-flight": ["scenario=exact", "algo=dasgd", "algo.tau=4", "algo.delay=2"],
+    "post-local-sgd": ["scenario=exact", "algo=local_sgd", "algo.switch_epoch=0.5",
+                       "algo.period=4"],
+    "delay-by-one": ["scenario=exact", "algo=adpsgd", "algo.delay_by_one=true",
+                     "algo.pattern=random"],
+    "preempt-one-rank": ["scenario=preempt", "algo=ssgd"],
+    # SSGD averages the gradient: both ranks drop the step. D-PSGD: only the rank whose loss
+    # was NaN drops its own update.
+    "skip-ssgd": ["scenario=skip:2,2", "algo=ssgd"],
+    "skip-dpsgd": ["scenario=skip:0,2", "algo=dpsgd"],
+}
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory):
+    return run_mpi_cases(2, "resume.py", tmp_path_factory.mktemp("resume"), CASES, timeout=500)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_checkpoint_resume_and_nonfinite_steps(job, case):
+    report = case_report(job, case, 2)
+    if CASES[case][0] == "scenario=exact":
+        assert report.count("identical") == 2, report
+    if case in ("dasgd-in-flight", "delay-by-one"):
+        assert "with communication in flight" in report, report
