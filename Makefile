@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 DEMO_ARGS ?=
 
-.PHONY: install demo test lint clean
+.PHONY: install demo test lint clean slurm-up slurm-down
 
 install: $(STAMP)
 
@@ -25,6 +25,13 @@ test: install
 
 lint: install
 	$(BIN)/ruff check .
+
+# A single-node SLURM from Debian's packages, for launcher=slurm and its tests (docs/slurm.md).
+slurm-up:
+	bash scripts/slurm_local.sh up
+
+slurm-down:
+	bash scripts/slurm_local.sh down
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -3,10 +3,17 @@
 Nodes are real (ranks that share memory, found with ``MPI_Comm_split_type``) unless
 ``procs_per_node`` is given, in which case consecutive ranks form emulated nodes: that is how a
 laptop or a CI machine runs the hierarchical algorithms. Super learners of hadpsgd are nodes.
+
+Under SLURM (``launcher=slurm``) ``procs_per_node`` is the number of tasks per node, so the
+consecutive groups are the SLURM nodes; :func:`placement_problem` checks that against where
+the ranks really run (host names, and SLURM's task variables when srun started the ranks), so
+that a super learner never silently spans two machines.
 """
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 
@@ -65,4 +72,65 @@ def detect_world(comm, procs_per_node: int | None) -> tuple[World, object]:
         node, num_nodes = leaders.index(leader), len(leaders)
     world = World(rank=rank, size=size, local_rank=node_comm.Get_rank(),
                   local_size=node_comm.Get_size(), node=node, num_nodes=num_nodes)
+    placements = comm.allgather(Placement(world.node, world.local_rank, MPI.Get_processor_name(),
+                                          slurm_task(os.environ, rank, size)))
+    problem = placement_problem(placements, procs_per_node)
+    if problem:
+        from ..errors import UserError  # every rank sees the same list and raises the same
+
+        raise UserError(problem, "start procs_per_node consecutive ranks on each node (SLURM's "
+                        "default block distribution, srun -m block), or set "
+                        "launcher.procs_per_node=null to group ranks by real node")
     return world, node_comm
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where one rank runs: its node and local rank as computed here, its host, and SLURM's
+    view of it, ``(node id, local id)``, when srun started it."""
+
+    node: int
+    local_rank: int
+    host: str
+    slurm: tuple[int, int] | None
+
+
+def slurm_task(env: Mapping[str, str], rank: int, size: int) -> tuple[int, int] | None:
+    """``(SLURM_NODEID, SLURM_LOCALID)`` when srun started this very rank (SLURM's task id is
+    the MPI rank and the step has as many tasks as the job has ranks); None otherwise. Under
+    mpiexec inside an allocation the variables describe mpiexec's proxy, not the rank."""
+    try:
+        task, tasks = int(env["SLURM_PROCID"]), int(env["SLURM_STEP_NUM_TASKS"])
+        slurm_node, slurm_local = int(env["SLURM_NODEID"]), int(env["SLURM_LOCALID"])
+    except (KeyError, ValueError):
+        return None
+    return (slurm_node, slurm_local) if (task, tasks) == (rank, size) else None
+
+
+def placement_problem(placements: Sequence[Placement], procs_per_node: int | None) -> str | None:
+    """Why the nodes computed here are not the machines the ranks run on, or None.
+
+    Emulated nodes may share a machine (that is what emulation is for) but one node must not
+    span two. When srun started every rank, SLURM's node and local ids must also agree with
+    ours wherever a node is a whole SLURM node, which is the case under ``launcher=slurm``.
+    """
+    by_node: dict[int, list[int]] = {}
+    for rank, place in enumerate(placements):
+        by_node.setdefault(place.node, []).append(rank)
+    for node, ranks in sorted(by_node.items()):
+        hosts = sorted({placements[r].host for r in ranks})
+        if len(hosts) > 1:
+            return (f"ranks {ranks[0]}-{ranks[-1]} form node {node} (launcher.procs_per_node="
+                    f"{procs_per_node}) but run on several machines ({', '.join(hosts)})")
+    slurm = [place.slurm for place in placements]
+    if any(ids is None for ids in slurm):
+        return None
+    for rank, place in enumerate(placements):
+        slurm_node, slurm_local = place.slurm  # type: ignore[misc]
+        same_slurm_node = [r for r, ids in enumerate(slurm) if ids[0] == slurm_node]
+        if same_slurm_node != by_node[place.node]:
+            continue  # emulated nodes inside one SLURM node: nothing to compare
+        if slurm_local != place.local_rank:
+            return (f"rank {rank} is local rank {place.local_rank} of node {place.node} here but "
+                    f"SLURM_LOCALID={slurm_local} (SLURM_NODEID={slurm_node})")
+    return None

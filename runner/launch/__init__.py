@@ -1,4 +1,5 @@
-"""Launchers start the ranks of one run (``launcher=local``; SLURM comes later)."""
+"""Launchers start the ranks of one run: ``launcher=local`` (mpiexec here) or ``launcher=slurm``
+(an sbatch job)."""
 
 from ..registry import Registry
 from .base import Launcher, LauncherConfig

@@ -1,3 +1,3 @@
 """Importing this module registers every launcher."""
 
-from . import local  # noqa: F401
+from . import local, slurm  # noqa: F401

@@ -28,10 +28,14 @@ class LauncherConfig(Section):
 
 class Launcher(ABC):
     Config: ClassVar[type] = LauncherConfig
+    # False for batch systems: launch() returns once the job is queued, before any result
+    # exists (the CLI then prints no results table).
+    blocking: ClassVar[bool] = True
 
     def __init__(self, cfg: Any):
         self.cfg = cfg
 
     @abstractmethod
     def launch(self, run_cfg: DictConfig, run_dir: Path) -> int:
-        """Run the job to the end; return its exit status."""
+        """Run the job to the end (or, when not ``blocking``, submit it); return the exit
+        status."""

@@ -1,0 +1,269 @@
+"""SLURM launcher: write ``RUN_DIR/job.sbatch``, submit it with sbatch, return at once.
+
+The script is meant to be read and resubmitted by hand: every ``#SBATCH`` option comes from a
+``launcher.*`` key, then environment set-up lines, then the ranks under
+``srun --mpi=pmi2`` (default) or mpiexec inside the allocation.
+
+Preemption and time limits (docs/slurm.md)::
+
+    #SBATCH --signal=B:USR1@<signal_lead_s>   SLURM warns the batch shell before the end
+    trap 'forward USR1' USR1                  the script passes it on to srun/mpiexec, which
+                                              deliver it to every rank
+    ranks: finish the step, checkpoint, exit 75 (runner.errors.EXIT_PREEMPTED)
+    status 75 -> scontrol requeue $SLURM_JOB_ID   unless SLURM_RESTART_COUNT >= max_requeues
+    next start -> python -m runner.launch.restart RUN_DIR (resume=auto), then the ranks
+
+``B:`` signals the batch shell only: the script always learns of the warning and forwards it
+the same way whichever program started the ranks (``--signal=USR1@...`` would signal the job
+steps' tasks, which under mpiexec are its proxies rather than the ranks).
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from omegaconf import DictConfig
+
+from ..config import require
+from ..errors import EXIT_PREEMPTED, UserError, one_line
+from . import LAUNCHERS
+from .base import Launcher, LauncherConfig
+from .local import find_mpiexec
+
+JOB_SCRIPT = "job.sbatch"
+RANK_LAUNCHERS = ("srun", "mpiexec")
+MAX_SIGNAL_LEAD_S = 65535  # sbatch --signal's limit
+# SLURM's time formats: minutes, minutes:seconds, hours:minutes:seconds, days-hours,
+# days-hours:minutes, days-hours:minutes:seconds.
+TIME_FORMAT = re.compile(r"^(?:(\d+)-(\d+)(?::(\d+)(?::(\d+))?)?|(\d+)(?::(\d+)(?::(\d+))?)?)$")
+
+
+def time_limit_s(text: str) -> Optional[int]:
+    """Seconds in a SLURM ``--time`` value; None when it is not one of SLURM's formats."""
+    match = TIME_FORMAT.match(text.strip())
+    if not match:
+        return None
+    days, d_hours, d_minutes, d_seconds, first, second, third = match.groups()
+    if days is not None:
+        return (int(days) * 86400 + int(d_hours) * 3600 + int(d_minutes or 0) * 60
+                + int(d_seconds or 0))
+    if third is not None:  # hours:minutes:seconds
+        return int(first) * 3600 + int(second) * 60 + int(third)
+    return int(first) * 60 + int(second or 0)  # minutes[:seconds]
+
+
+def sbatch_option(line: str) -> str:
+    """An extra ``#SBATCH`` line as its option: ``--mem=64G`` and ``#SBATCH --mem=64G`` alike."""
+    text = line.strip()
+    return text[len("#SBATCH"):].strip() if text.startswith("#SBATCH") else text
+
+
+@dataclass
+class SlurmConfig(LauncherConfig):
+    name: str = "slurm"
+    nodes: int = 1
+    # nprocs (ranks in all) is nodes x procs_per_node; conf/launcher/slurm.yaml derives it.
+    gpus_per_node: int = 0
+    cpus_per_task: int = 1
+    time: str = "01:00:00"  # SLURM's formats: MM, HH:MM:SS, D-HH:MM...
+    partition: Optional[str] = None
+    account: Optional[str] = None
+    qos: Optional[str] = None
+    job_name: Optional[str] = None  # default: adpsgd-<recipe>-<algo>
+    extra_sbatch: list[str] = field(default_factory=list)  # more #SBATCH options ("--mem=64G")
+    setup: list[str] = field(default_factory=list)  # shell lines before the ranks (module load)
+    rank_launcher: str = "srun"  # srun | mpiexec (inside the allocation)
+    srun_mpi: str = "pmi2"  # srun --mpi=...: the PMI the MPI library speaks
+    srun_args: list[str] = field(default_factory=list)
+    mpiexec: Optional[str] = None  # with rank_launcher=mpiexec; default: the venv's
+    mpiexec_args: list[str] = field(default_factory=list)
+    python: Optional[str] = None  # Python on the nodes; default: this one (shared filesystem)
+    signal_lead_s: int = 300  # USR1 this long before the time limit: checkpoint, requeue (0: none)
+    max_requeues: int = 3  # a job requeues itself at most this often (SLURM_RESTART_COUNT)
+    dry_run: bool = False  # write job.sbatch only
+    sbatch: str = "sbatch"  # the submit command
+
+    def check(self, prefix: str, cfg: DictConfig) -> None:
+        # nprocs follows from these two: name them, not nprocs, when they are wrong.
+        require(self.procs_per_node is not None, f"{prefix}.procs_per_node",
+                "launcher=slurm needs the number of tasks per node",
+                f"{prefix}.procs_per_node=4 (e.g. one rank per GPU)")
+        require(self.nodes >= 1, f"{prefix}.nodes", f"must be >= 1, got {self.nodes}",
+                f"{prefix}.nodes=1")
+        super().check(prefix, cfg)
+        ranks = self.nodes * self.procs_per_node
+        require(self.nprocs == ranks, f"{prefix}.nprocs",
+                f"launcher=slurm runs nodes x procs_per_node = {self.nodes} x "
+                f"{self.procs_per_node} = {ranks} ranks, got nprocs={self.nprocs}",
+                f"set {prefix}.nodes and {prefix}.procs_per_node instead of {prefix}.nprocs")
+        require(self.gpus_per_node >= 0, f"{prefix}.gpus_per_node", "must be >= 0",
+                f"{prefix}.gpus_per_node=0")
+        require(self.cpus_per_task >= 1, f"{prefix}.cpus_per_task", "must be >= 1",
+                f"{prefix}.cpus_per_task=1")
+        limit = time_limit_s(self.time)
+        require(limit is not None and limit > 0, f"{prefix}.time",
+                f"{self.time!r} is not a SLURM time limit",
+                f"{prefix}.time=HH:MM:SS, e.g. {prefix}.time=04:00:00 or 1-00:00:00")
+        require(0 <= self.signal_lead_s <= MAX_SIGNAL_LEAD_S, f"{prefix}.signal_lead_s",
+                f"must be between 0 and {MAX_SIGNAL_LEAD_S} seconds, got {self.signal_lead_s}",
+                f"{prefix}.signal_lead_s=300")
+        require(self.signal_lead_s < limit, f"{prefix}.signal_lead_s",
+                f"{self.signal_lead_s} s is not shorter than {prefix}.time={self.time}: the "
+                "warning would come before the job starts", f"{prefix}.signal_lead_s="
+                f"{max(1, limit // 10)} or a longer {prefix}.time")
+        require(self.max_requeues >= 0, f"{prefix}.max_requeues", "must be >= 0",
+                f"{prefix}.max_requeues=3")
+        require(self.rank_launcher in RANK_LAUNCHERS, f"{prefix}.rank_launcher",
+                f"must be srun or mpiexec, got {self.rank_launcher!r}",
+                f"{prefix}.rank_launcher=srun")
+        for line in self.extra_sbatch:
+            require(sbatch_option(line).startswith("-") and "\n" not in line,
+                    f"{prefix}.extra_sbatch", f"{line!r} is not an sbatch option",
+                    f"write options as sbatch takes them, e.g. {prefix}.extra_sbatch=[--mem=64G]")
+        if self.rank_launcher == "mpiexec":
+            find_mpiexec(self.mpiexec, key=f"{prefix}.mpiexec")
+        if self.python is not None:
+            require(Path(self.python).is_absolute(), f"{prefix}.python",
+                    f"must be an absolute path, got {self.python!r}",
+                    f"{prefix}.python=/path/to/venv/bin/python")
+        if not self.dry_run:
+            require(shutil.which(self.sbatch) is not None, f"{prefix}.sbatch",
+                    f"{self.sbatch!r} not found: this machine cannot submit SLURM jobs",
+                    "run on a SLURM login node (or start one here: scripts/slurm_local.sh up), "
+                    f"or write the script only with {prefix}.dry_run=true")
+
+
+def render_script(cfg: SlurmConfig, run_cfg: DictConfig, run_dir: Path, workdir: Path) -> str:
+    """The text of job.sbatch for a run dir (absolute paths: it may be submitted from
+    anywhere)."""
+    q = shlex.quote
+    name = cfg.job_name or f"adpsgd-{run_cfg.recipe.name}-{run_cfg.algo.name}"
+    options = [f"--job-name={name}", f"--nodes={cfg.nodes}",
+               f"--ntasks-per-node={cfg.procs_per_node}", f"--cpus-per-task={cfg.cpus_per_task}"]
+    if cfg.gpus_per_node:
+        options.append(f"--gpus-per-node={cfg.gpus_per_node}")
+    options.append(f"--time={cfg.time}")
+    options += [f"--{key}={getattr(cfg, key)}" for key in ("partition", "account", "qos")
+                if getattr(cfg, key)]
+    options += [f"--chdir={workdir}", f"--output={run_dir}/logs/slurm-%j.out",
+                "--open-mode=append"]  # a requeued job appends to the same log
+    if cfg.signal_lead_s:
+        options.append(f"--signal=B:USR1@{cfg.signal_lead_s}")
+    options.append("--requeue")
+    options += [sbatch_option(line) for line in cfg.extra_sbatch]
+
+    python = cfg.python or sys.executable
+    if cfg.rank_launcher == "srun":
+        ranks = ["srun", f"--mpi={cfg.srun_mpi}", f"--ntasks-per-node={cfg.procs_per_node}",
+                 f"--cpus-per-task={cfg.cpus_per_task}", *cfg.srun_args]
+    else:
+        ranks = [find_mpiexec(cfg.mpiexec), "-n", str(cfg.nprocs), "-ppn",
+                 str(cfg.procs_per_node), *cfg.mpiexec_args]
+    ranks_line = " ".join(q(word) for word in ranks) + ' "$PYTHON" -m runner.worker "$RUN_DIR"'
+    setup = "\n".join(cfg.setup) if cfg.setup else "# (none: launcher.setup)"
+    header = "\n".join(f"#SBATCH {option}" for option in options)
+    return f"""#!/bin/bash
+# adpsgd job: {run_cfg.algo.name} on {run_cfg.recipe.name}, {cfg.nodes} node(s) x \
+{cfg.procs_per_node} rank(s), written by `adpsgd-run launcher=slurm`.
+# Submitting it again (sbatch {run_dir}/{JOB_SCRIPT}) continues the run from its newest checkpoint.
+{header}
+
+RUN_DIR={q(str(run_dir))}
+PYTHON={q(python)}
+MAX_REQUEUES={cfg.max_requeues}
+PREEMPTED={EXIT_PREEMPTED}  # the ranks' status after a checkpoint on USR1/TERM
+
+# Environment set-up (launcher.setup):
+{setup}
+
+export PYTHONUNBUFFERED=1
+export OMP_NUM_THREADS=${{SLURM_CPUS_PER_TASK:-1}}
+restarts=${{SLURM_RESTART_COUNT:-0}}
+echo "adpsgd: job $SLURM_JOB_ID start $((restarts + 1)) on $SLURM_JOB_NODELIST at $(date -Is)"
+# Before the ranks: continue from the newest checkpoint of this run dir when there is one.
+"$PYTHON" -m runner.launch.restart "$RUN_DIR" || exit 1
+
+# SLURM's warning (--signal=B:USR1) and a preemption's SIGTERM reach this shell; pass them
+# on to the ranks, which checkpoint at the next safe point and exit with $PREEMPTED.
+step=""
+interrupted=0
+forward() {{
+    interrupted=1
+    echo "adpsgd: SIG$1 at $(date -Is): the ranks checkpoint and stop"
+    [ -n "$step" ] && kill -s "$1" "$step" 2>/dev/null
+}}
+trap 'forward USR1' USR1
+trap 'forward TERM' TERM
+
+{ranks_line} &
+step=$!
+wait "$step"; status=$?
+while [ "$interrupted" = 1 ]; do  # a trapped signal ends `wait` early: wait for the ranks
+    interrupted=0
+    wait "$step"; status=$?
+done
+echo "adpsgd: ranks exited with status $status at $(date -Is)"
+
+if [ "$status" -eq "$PREEMPTED" ]; then
+    if [ "$restarts" -lt "$MAX_REQUEUES" ]; then
+        echo "adpsgd: checkpoint written; requeueing (requeue $((restarts + 1)) of $MAX_REQUEUES)"
+        scontrol requeue "$SLURM_JOB_ID" && exit 0
+        echo "adpsgd: scontrol requeue failed; continue with: sbatch $RUN_DIR/{JOB_SCRIPT}"
+    else
+        echo "adpsgd: checkpoint written; requeue limit ($MAX_REQUEUES) reached; continue with:" \\
+             "sbatch $RUN_DIR/{JOB_SCRIPT}"
+    fi
+fi
+exit "$status"
+"""
+
+
+@LAUNCHERS.register("slurm")
+class SlurmLauncher(Launcher):
+    Config = SlurmConfig
+    blocking = False  # returns once sbatch has queued the job
+
+    def launch(self, run_cfg, run_dir):
+        run_dir = Path(run_dir).resolve()
+        script = run_dir / JOB_SCRIPT
+        script.write_text(render_script(self.cfg, run_cfg, run_dir, Path.cwd()))
+        script.chmod(0o755)
+        if self.cfg.dry_run:
+            print(f"adpsgd-run: wrote {script} (launcher.dry_run=true: not submitted; submit "
+                  f"it with: sbatch {script})", flush=True)
+            return 0
+        job_id = self.submit(script)
+        print(f"adpsgd-run: submitted SLURM job {job_id} ({self.cfg.nodes} node(s) x "
+              f"{self.cfg.procs_per_node} rank(s)); it runs in {run_dir}\n"
+              f"  follow it:    squeue -j {job_id}\n"
+              f"  its output:   tail -f {run_dir}/logs/slurm-{job_id}.out "
+              f"(ranks: {run_dir}/logs/rank<N>.log)\n"
+              f"  TensorBoard:  tensorboard --logdir {run_dir}/tb\n"
+              f"  results:      {run_dir}/metrics.jsonl, {run_dir}/summary.json\n"
+              f"  stop it:      scancel {job_id} (checkpoint first: "
+              f"scancel --batch --signal=USR1 {job_id})", flush=True)
+        return 0
+
+    def submit(self, script: Path) -> str:
+        """``sbatch --parsable SCRIPT``; the job id, or a UserError with sbatch's reason."""
+        command = [self.cfg.sbatch, "--parsable", str(script)]
+        try:
+            proc = subprocess.run(command, capture_output=True, text=True, timeout=120)
+        except (OSError, subprocess.TimeoutExpired) as ex:
+            raise UserError(f"could not run {' '.join(command)}: {one_line(ex)}",
+                            "check that SLURM answers (sinfo)") from None
+        job_id = proc.stdout.strip().split(";")[0]
+        if proc.returncode != 0 or not job_id.isdigit():
+            reason = one_line(proc.stderr or proc.stdout) or f"exit status {proc.returncode}"
+            raise UserError(f"sbatch refused {script}: {reason}",
+                            "fix the launcher.* key behind the #SBATCH line it names "
+                            "(partition, account, qos, time, nodes)")
+        return job_id
+

@@ -1,0 +1,243 @@
+"""launcher=slurm without a cluster: job.sbatch's contents (dry run), the launcher keys'
+one-line errors, the restart step of a requeued job, and the rank placement check."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from conftest import REPO, run_cli
+
+SLURM = ["launcher=slurm", "launcher.dry_run=true"]
+
+
+def sbatch_options(script: str) -> list[str]:
+    return [line.split(None, 1)[1] for line in script.splitlines() if line.startswith("#SBATCH")]
+
+
+def test_dry_run_writes_a_readable_script_for_a_2_node_4_gpu_hadpsgd_job(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = run_cli(["recipe=digit_images", "algo=hadpsgd", *SLURM, "launcher.nodes=2",
+                    "launcher.procs_per_node=4", "launcher.gpus_per_node=4",
+                    "launcher.cpus_per_task=8", "launcher.time=1-12:00:00",
+                    "launcher.partition=gpu", "launcher.account=speech", "launcher.qos=high",
+                    "launcher.signal_lead_s=600", "launcher.max_requeues=5",
+                    "launcher.extra_sbatch=['--mem=128G','#SBATCH --exclusive']",
+                    "launcher.setup=['module load cuda/12.4','source /opt/env.sh']",
+                    f"hydra.run.dir={run_dir}"], cwd=tmp_path, timeout=120)
+    script_path = run_dir / "job.sbatch"
+    assert f"wrote {script_path}" in proc.stdout and "not submitted" in proc.stdout
+    assert "samples/s" not in proc.stdout and "submitted SLURM job" not in proc.stdout
+    script = script_path.read_text()
+    assert script.startswith("#!/bin/bash\n")
+    assert sbatch_options(script) == [
+        "--job-name=adpsgd-digit_images-hadpsgd", "--nodes=2", "--ntasks-per-node=4",
+        "--cpus-per-task=8", "--gpus-per-node=4", "--time=1-12:00:00", "--partition=gpu",
+        "--account=speech", "--qos=high", f"--chdir={tmp_path}",
+        f"--output={run_dir}/logs/slurm-%j.out", "--open-mode=append",
+        "--signal=B:USR1@600", "--requeue", "--mem=128G", "--exclusive"]
+    lines = script.splitlines()
+    assert lines.index("module load cuda/12.4") + 1 == lines.index("source /opt/env.sh")
+    assert f"RUN_DIR={run_dir}" in lines and "MAX_REQUEUES=5" in lines
+    assert ('srun --mpi=pmi2 --ntasks-per-node=4 --cpus-per-task=8 "$PYTHON" -m runner.worker '
+            '"$RUN_DIR" &') in lines
+    assert '"$PYTHON" -m runner.launch.restart "$RUN_DIR" || exit 1' in lines
+    assert "trap 'forward USR1' USR1" in lines and "trap 'forward TERM' TERM" in lines
+    assert 'scontrol requeue "$SLURM_JOB_ID" && exit 0' in script
+    assert subprocess.run(["bash", "-n", str(script_path)]).returncode == 0
+    run_cfg = OmegaConf.load(run_dir / ".hydra" / "run.yaml")
+    assert (run_cfg.launcher.nprocs, run_cfg.launcher.procs_per_node) == (8, 4)
+    assert not list((run_dir / "logs").iterdir())  # nothing ran
+
+
+def test_mpiexec_inside_the_allocation_instead_of_srun(tmp_path):
+    from runner.cli import compose_all, validate_job
+    from runner.launch.slurm import SlurmConfig, find_mpiexec, render_script
+
+    [composed] = compose_all(["recipe=digit_images", "algo=ssgd", *SLURM,
+                              "launcher.rank_launcher=mpiexec", "launcher.nodes=2",
+                              "launcher.procs_per_node=3", "launcher.python=/opt/venv/bin/python"],
+                             multirun=False, config_name="config")
+    cfg = validate_job(composed)
+    script = render_script(OmegaConf.to_object(cfg.launcher), cfg, tmp_path / "run", tmp_path)
+    assert isinstance(OmegaConf.to_object(cfg.launcher), SlurmConfig)
+    assert f'{find_mpiexec(None)} -n 6 -ppn 3 "$PYTHON" -m runner.worker "$RUN_DIR" &' in script
+    assert "PYTHON=/opt/venv/bin/python" in script and "srun --mpi" not in script
+
+
+BAD_LAUNCHER_KEYS = [
+    (["launcher.procs_per_node=null"], "launcher.procs_per_node: launcher=slurm needs",
+     "launcher.procs_per_node=4"),
+    (["launcher.nprocs=3"], "runs nodes x procs_per_node = 1 x 2 = 2 ranks, got nprocs=3",
+     "set launcher.nodes"),
+    (["launcher.time=soon"], "launcher.time: 'soon' is not a SLURM time limit",
+     "launcher.time=HH:MM:SS"),
+    (["launcher.time=00:05:00", "launcher.signal_lead_s=300"],
+     "300 s is not shorter than launcher.time=00:05:00", "launcher.signal_lead_s=30"),
+    (["launcher.signal_lead_s=70000"], "must be between 0 and 65535",
+     "launcher.signal_lead_s=300"),
+    (["launcher.rank_launcher=torchrun"], "must be srun or mpiexec, got 'torchrun'",
+     "launcher.rank_launcher=srun"),
+    (["launcher.extra_sbatch=['mem=4G']"], "'mem=4G' is not an sbatch option",
+     "extra_sbatch=[--mem=64G]"),
+    (["launcher.dry_run=false", "launcher.sbatch=/no/such/sbatch"],
+     "'/no/such/sbatch' not found: this machine cannot submit SLURM jobs",
+     "launcher.dry_run=true"),
+    (["launcher.nodes=0"], "launcher.nodes: must be >= 1", "launcher.nodes=1"),
+    (["algo=hadpsgd", "launcher.nodes=3"], "needs an even number of them, got 3",
+     "launcher.nprocs=8 with launcher.procs_per_node=2"),
+]
+
+
+@pytest.mark.parametrize("args,cause,fix", BAD_LAUNCHER_KEYS)
+def test_bad_launcher_keys_end_with_one_clear_line(capsys, args, cause, fix):
+    from runner.cli import check_command_line
+
+    with pytest.raises(SystemExit) as exit_info:
+        check_command_line(["recipe=digit_images", *SLURM, *args])
+    assert exit_info.value.code == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("adpsgd-run: error: "), lines
+    assert cause in lines[0] and "Fix: " in lines[0] and fix in lines[0], lines[0]
+
+
+def test_a_bad_launcher_key_is_caught_before_the_run_dir_exists(tmp_path):
+    proc = run_cli(["recipe=digit_images", "launcher=slurm", "launcher.time=12h"],
+                   cwd=tmp_path, check=False, timeout=60)
+    assert proc.returncode == 2 and "launcher.time: '12h' is not a SLURM time limit" in proc.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("text,seconds", [
+    ("30", 1800), ("30:15", 1815), ("04:00:00", 14400), ("2-0", 172800),
+    ("1-12:30", 131400), ("1-00:00:05", 86405), ("4h", None), ("", None), ("1:2:3:4", None)])
+def test_slurm_time_formats(text, seconds):
+    from runner.launch.slurm import time_limit_s
+
+    assert time_limit_s(text) == seconds
+
+
+def write_run_config(run_dir: Path, resume: str | None) -> Path:
+    path = run_dir / ".hydra" / "run.yaml"
+    path.parent.mkdir(parents=True)
+    OmegaConf.save(OmegaConf.create({"seed": 0, "resume": resume, "trainer": {"epochs": 3}}),
+                   path)
+    return path
+
+
+@pytest.mark.parametrize("resume", [None, "/data/pretrained/checkpoints/samples-0000000100"])
+def test_a_job_that_runs_again_resumes_from_its_own_newest_checkpoint(tmp_path, resume):
+    from runner.launch.restart import prepare_restart
+
+    path = write_run_config(tmp_path, resume)
+    # First start: nothing to continue, the user's choice stands.
+    assert prepare_restart(tmp_path) == resume
+    assert OmegaConf.load(path).resume == resume
+    # Requeued after a checkpoint: continue from this run dir's newest one.
+    (tmp_path / "checkpoints" / "samples-0000001437").mkdir(parents=True)
+    assert prepare_restart(tmp_path) == "auto"
+    reloaded = OmegaConf.load(path)
+    assert reloaded.resume == "auto" and reloaded.trainer.epochs == 3
+    assert not list(path.parent.glob("*.tmp"))
+
+
+def test_the_restart_step_prints_what_it_does(tmp_path):
+    import sys
+
+    write_run_config(tmp_path, None)
+    restart = [sys.executable, "-m", "runner.launch.restart", str(tmp_path)]
+    first = subprocess.run(restart, capture_output=True, text=True, timeout=60)
+    assert first.returncode == 0 and first.stdout == "", first.stderr
+    (tmp_path / "checkpoints" / "samples-0000000064").mkdir(parents=True)
+    again = subprocess.run(restart, capture_output=True, text=True, timeout=60)
+    assert again.returncode == 0 and "resume=auto: continuing from" in again.stdout
+    missing = subprocess.run([*restart[:-1], str(tmp_path / "nowhere")], capture_output=True,
+                             text=True, timeout=60)
+    assert missing.returncode == 2 and "run.yaml is missing. Fix:" in missing.stderr
+
+
+def place(node: int, local: int, host: str, slurm=None):
+    from runner.comm.world import Placement
+
+    return Placement(node, local, host, slurm)
+
+
+def test_placement_check_accepts_nodes_that_match_the_machines():
+    from runner.comm.world import placement_problem
+
+    # Two SLURM nodes of two tasks, srun's block distribution.
+    assert placement_problem([place(0, 0, "a", (0, 0)), place(0, 1, "a", (0, 1)),
+                              place(1, 0, "b", (1, 0)), place(1, 1, "b", (1, 1))], 2) is None
+    # Emulated nodes on one machine, and mpiexec (no per-rank SLURM ids).
+    assert placement_problem([place(0, 0, "a"), place(1, 0, "a")], 1) is None
+
+
+def test_placement_check_rejects_a_node_split_over_machines_or_disagreeing_with_slurm():
+    from runner.comm.world import placement_problem
+
+    cyclic = [place(0, 0, "a", (0, 0)), place(0, 1, "b", (1, 0)),
+              place(1, 0, "a", (0, 1)), place(1, 1, "b", (1, 1))]
+    assert "ranks 0-1 form node 0 (launcher.procs_per_node=2) but run on several machines " \
+           "(a, b)" == placement_problem(cyclic, 2)
+    swapped = [place(0, 0, "a", (0, 1)), place(0, 1, "a", (0, 0))]
+    assert "rank 0 is local rank 0 of node 0 here but SLURM_LOCALID=1" in placement_problem(
+        swapped, 2)
+
+
+def test_slurm_ids_count_only_when_srun_started_this_very_rank():
+    from runner.comm.world import slurm_task
+
+    srun = {"SLURM_PROCID": "3", "SLURM_STEP_NUM_TASKS": "4", "SLURM_NODEID": "1",
+            "SLURM_LOCALID": "1"}
+    assert slurm_task(srun, rank=3, size=4) == (1, 1)
+    proxy = {**srun, "SLURM_PROCID": "1", "SLURM_STEP_NUM_TASKS": "2"}  # mpiexec's proxy
+    assert slurm_task(proxy, rank=3, size=4) is None
+    assert slurm_task({}, rank=0, size=1) is None
+
+
+def doc_blocks(kind: str) -> list[str]:
+    return re.findall(rf"```{kind}\n(.*?)```", (REPO / "docs" / "slurm.md").read_text(),
+                      flags=re.S)
+
+
+def test_every_command_in_the_slurm_doc_matches_the_code(capsys):
+    """docs/slurm.md's commands: adpsgd-run ones pass the full pre-launch check (as dry runs,
+    so that no sbatch is needed here); the others are the local cluster script's subcommands
+    and SLURM's own commands (tests/test_slurm_cluster.py runs those for real)."""
+    from runner.cli import check_command_line
+
+    local_dir = re.search(r"^DIR=\$\{SLURM_LOCAL_DIR:-(\S+)\}$",
+                          (REPO / "scripts" / "slurm_local.sh").read_text(), flags=re.M)[1]
+    commands = [line.strip() for block in doc_blocks("bash") for line in block.splitlines()
+                if line.strip()]
+    assert sum(c.startswith("adpsgd-run") for c in commands) >= 4
+    for command in commands:
+        words = shlex.split(command)
+        if words[0] == "adpsgd-run":
+            check_command_line([*words[1:], "launcher.dry_run=true"])
+            assert capsys.readouterr().err == "", command
+        elif words[0] == "scripts/slurm_local.sh":
+            assert words[1:] in (["up"], ["down"], ["status"], ["env"]), command
+        elif words[0] == "export":
+            assert words[1] == f"SLURM_CONF={local_dir}/slurm.conf", command
+        else:
+            assert words[0] == "scancel", f"docs/slurm.md command with no check: {command!r}"
+
+
+def test_the_script_shown_in_the_slurm_doc_is_what_the_launcher_writes():
+    from runner.cli import compose_all, validate_job
+    from runner.launch.slurm import render_script
+
+    shown = next(block for block in doc_blocks("text") if block.startswith("#!/bin/bash"))
+    command = next(line for block in doc_blocks("bash") for line in block.splitlines()
+                   if "launcher.gpus_per_node=4" in line)
+    args = [*shlex.split(command)[1:], "launcher.python=/scratch/venv/bin/python"]
+    [composed] = compose_all(args, multirun=False, config_name="config")
+    cfg = validate_job(composed)
+    assert shown == render_script(OmegaConf.to_object(cfg.launcher), cfg,
+                                  Path("/scratch/runs/digits-hadpsgd"), Path("/scratch"))
