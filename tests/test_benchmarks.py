@@ -1,0 +1,128 @@
+"""Every benchmark under scripts/ in --quick mode, on real ranks where it trains: the JSON has
+the promised structure, the machine context, finite and sane numbers, and the markdown file
+gets its rows. Never a timed assertion: what the numbers are is docs/RESULTS.md's business."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+
+import pytest
+
+from conftest import REPO
+
+
+def load_script(name: str):
+    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def run_quick(tmp_path, name: str, *extra: str) -> tuple[dict, list[str]]:
+    """Run scripts/NAME.py --quick; return its JSON and its markdown lines."""
+    out, table = tmp_path / f"{name}.json", tmp_path / f"{name}.md"
+    args = ["--quick", "--json", str(out), "--markdown", str(table), *extra]
+    assert load_script(name).main(args) == 0
+    result = json.loads(out.read_text())
+    assert result["quick"] is True and "--quick" in result["command"]
+    assert result["command"].startswith(f"python scripts/{name}.py")
+    assert result["machine"]["cores"] >= 1 and result["machine"]["cpu"]
+    assert len(result["load_before"]) == 3 and len(result["load_after"]) == 3
+    assert result["date"][:2] == "20" and result["elapsed_s"] >= 0
+    lines = table.read_text().splitlines()
+    assert lines[0].startswith("| ") and set(lines[1]) <= {"|", "-"}
+    return result, lines[2:]
+
+
+def positive(value) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value) and value > 0
+
+
+@pytest.mark.mpi
+def test_ssgd_against_ddp(tmp_path):
+    r, rows = run_quick(tmp_path, "bench_ssgd_ddp", "--runs", str(tmp_path / "runs"))
+    assert r["nprocs"] == 2 and r["repeats"] == 1 and len(rows) == 1
+    assert all(positive(x) for x in r["ssgd_samples_per_s"] + r["ddp_samples_per_s"])
+    assert r["ratio"] == pytest.approx(r["ssgd_median"] / r["ddp_median"])
+    # Same initial model, batches and schedule: the two trained the same thing.
+    assert r["warmup_max_abs_difference"] < 1e-3
+    assert rows[0].split("|")[8].strip() == f"{r['ratio']:.2f}"
+
+
+@pytest.mark.mpi
+def test_stragglers(tmp_path):
+    r, rows = run_quick(tmp_path, "bench_stragglers", "--algos", "ssgd", "adpsgd",
+                        "--runs", str(tmp_path / "runs"))
+    assert list(r["algorithms"]) == ["ssgd", "adpsgd"] and len(rows) == 2
+    for entry in r["algorithms"].values():
+        assert positive(entry["even_median"]) and positive(entry["straggler_median"])
+        assert 0 < entry["kept"] < 5
+        assert len(entry["even_steps_per_rank"]) == 4
+    assert r["algorithms"]["adpsgd"]["goal"] == 0.7
+    assert isinstance(r["algorithms"]["adpsgd"]["goal_met"], bool)
+    # The straggler really was slower: lockstep SSGD takes the same steps on every rank,
+    # asynchronous rank 3 fewer than the fastest.
+    steps = r["algorithms"]["adpsgd"]["straggler_steps_per_rank"]
+    assert steps[3] < max(steps[:3])
+
+
+@pytest.mark.mpi
+def test_dasgd_hiding(tmp_path):
+    r, rows = run_quick(tmp_path, "bench_dasgd_hiding", "--runs", str(tmp_path / "runs"))
+    assert list(r["taus"]) == ["4"] and len(rows) == 1
+    tau = r["taus"]["4"]
+    assert positive(r["compute_ms_per_step"]) and positive(tau["hidden_ms_per_step"])
+    assert tau["hidden_ratio"] == pytest.approx(tau["hidden_ms_per_step"]
+                                                / r["compute_ms_per_step"])
+    assert 0 < tau["blocking_ratio"] < 20 and tau["hidden_merge_wait_ms_per_step"] >= 0
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_time_to_wer(tmp_path):
+    r, rows = run_quick(tmp_path, "bench_time_to_wer", "--algos", "ssgd", "adpsgd", "hadpsgd",
+                        "--runs", str(tmp_path / "runs"))
+    assert list(r["algorithms"]) == ["ssgd", "adpsgd", "hadpsgd"]
+    assert len(rows) == 5  # three algorithms, then ssgd and adpsgd at the sweep's larger batch
+    for entry in r["algorithms"].values():
+        assert 0 <= entry["final_wer"] <= 100 and entry["best_wer"] <= entry["final_wer"]
+        assert set(entry["time_to_target_s"]) == {"100.0", "50.0"}
+        wers = [wer for _, wer in entry["wer_by_epoch"]]
+        for target, seconds in entry["time_to_target_s"].items():
+            # Reached exactly when some evaluation was at or below the target.
+            assert (seconds is not None) == any(w <= float(target) for w in wers)
+            assert seconds is None or positive(seconds)
+        assert (tmp_path / "runs" / "ssgd" / "metrics.jsonl").exists()
+    verdict = r["sweep_verdict"]
+    assert set(verdict["tolerated_batch"]) == {"ssgd", "adpsgd"}
+    assert isinstance(verdict["claim_holds"], bool)
+
+
+def test_consensus_contraction_matches_theory_for_the_fixed_ring(tmp_path):
+    plot = tmp_path / "consensus.png"
+    r, rows = run_quick(tmp_path, "bench_consensus", "--plot", str(plot))
+    assert len(rows) == 4 and plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    for row in r["rows"]:
+        assert 0 < row["measured_contraction"] < 1 and row["steps"] >= 60
+        if row["topology"] == "ring":  # a fixed W contracts at exactly SLEM^2 asymptotically
+            assert row["measured_contraction"] == pytest.approx(row["rho"], rel=1e-3)
+        else:  # the expectation bound of a random pattern
+            assert row["measured_mean_ratio"] < row["rho"] * 1.15
+
+
+def test_blstm_throughput(tmp_path):
+    r, rows = run_quick(tmp_path, "bench_blstm")
+    assert (r["num_layers"], r["hidden_size"], r["input_dim"], r["subsample"]) == (2, 64, 120, 2)
+    assert positive(r["frames_per_s"]) and math.isfinite(r["final_loss"])
+    assert r["audio_seconds_per_s"] == pytest.approx(r["frames_per_s"] / 100)
+    assert r["device"] == "cpu" and len(rows) == 1
+
+
+def test_blstm_full_defaults_are_the_swb2000_shape():
+    bench = load_script("bench_blstm")
+    args = bench.parse_args([])
+    cfg = bench.recipe_config(args)
+    m = cfg.recipe.model
+    assert (m.num_layers, m.hidden_size, m.bottleneck, args.batch_size) == (6, 512, 256, 32)

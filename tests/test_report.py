@@ -1,0 +1,90 @@
+"""adpsgd-report on two tiny real runs (digit images, 1 epoch: SSGD in process, AD-PSGD on
+2 real ranks): valid PNGs of sensible size and a table that holds the runs' own numbers; a
+run without summary.json; one-line errors for run dirs that are missing or empty."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+
+import pytest
+from PIL import Image
+
+from runner.report import main as report_main
+
+from conftest import BIN, run_cli
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def two_runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("report")
+    runs = {"ssgd": ["algo=ssgd", "launcher.nprocs=1"],
+            "adpsgd": ["algo=adpsgd", "launcher.nprocs=2"]}
+    for name, overrides in runs.items():
+        run_cli(["recipe=digit_images", *overrides, "trainer.epochs=1",
+                 f"hydra.run.dir={root / name}"], cwd=root)
+    return root, [root / name for name in runs]
+
+
+@pytest.mark.mpi
+def test_report_draws_pngs_and_a_table_of_the_runs_numbers(two_runs):
+    root, run_dirs = two_runs
+    out = root / "report"
+    proc = subprocess.run([str(BIN / "adpsgd-report"), *map(str, run_dirs), "--out", str(out),
+                           "--rank0"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    for name in ("curves_wall", "curves_epoch", "throughput"):
+        path = out / f"{name}.png"
+        assert path.read_bytes()[:8] == PNG_SIGNATURE
+        assert 10_000 < path.stat().st_size < 400_000  # drawn, yet small enough for docs/
+        with Image.open(path) as image:
+            image.verify()
+        with Image.open(path) as image:
+            width, height = image.size
+        assert 600 <= width <= 2000 and 250 <= height <= 800, (name, image.size)
+    table = (out / "table.md").read_text()
+    assert table in proc.stdout  # printed too
+    lines = table.splitlines()
+    assert lines[0].startswith("| run | algo | recipe | nprocs | final metric | samples/s |")
+    assert len(lines) == 2 + len(run_dirs)
+    for run_dir, line in zip(run_dirs, lines[2:]):
+        summary = json.loads((run_dir / "summary.json").read_text())
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        assert cells[:4] == [run_dir.name, summary["algo"], "digit_images",
+                             str(summary["nprocs"])]
+        assert cells[4] == f"top1 {summary['top1']:.2f}"
+        assert cells[5] == f"{summary['samples_per_s']:.1f}"
+        assert cells[6:9] == [f"{summary[k]:.2f}" for k in ("compute_s", "comm_s", "idle_s")]
+        assert cells[10] == "completed"
+    # AD-PSGD's replicas differ: its consensus distance is a number; SSGD's is 0.
+    assert float(lines[3].split("|")[10]) >= 0 and lines[2].split("|")[10].strip() == "0"
+
+
+def test_missing_and_empty_run_dirs_are_one_line_errors(tmp_path, capsys):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for args, expected in (([str(tmp_path / "nope")], "does not exist"),
+                           ([str(empty)], "holds no metrics.jsonl or summary.json"),
+                           ([], "required")):
+        assert report_main([*args, "--out", str(tmp_path / "out")]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("adpsgd-report: error: ") and expected in err
+        assert err.count("\n") == 1 and "Fix: " in err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.mpi
+def test_a_run_without_summary_is_drawn_as_incomplete(two_runs, tmp_path):
+    """A run that died after an evaluation: its metrics.jsonl, no summary.json."""
+    _, run_dirs = two_runs
+    crashed = tmp_path / "crashed"
+    crashed.mkdir()
+    shutil.copy(run_dirs[0] / "metrics.jsonl", crashed)
+    last = json.loads((crashed / "metrics.jsonl").read_text().splitlines()[-1])
+    assert report_main([str(crashed), "--out", str(tmp_path / "out")]) == 0
+    row = (tmp_path / "out" / "table.md").read_text().splitlines()[2]
+    assert f"| top1 {last['top1']:.2f} |" in row and "incomplete (no summary.json)" in row
+    assert (tmp_path / "out" / "curves_epoch.png").stat().st_size > 10_000
