@@ -94,7 +94,8 @@ def test_every_readme_command_runs(tmp_path):
             if command == "make demo":
                 assert "samples/s" in proc.stdout and "status completed" in proc.stdout
                 # ...and as written it is the bare command (COVERED_BY).
-                dry = shell("make -n demo", cwd=REPO).stdout.strip().splitlines()
+                dry = shell("make -s --no-print-directory -n demo", cwd=REPO).stdout
+                dry = dry.strip().splitlines()
                 assert dry[-1].split() == [".venv/bin/adpsgd-run"], dry
         elif command == "source .venv/bin/activate":
             proc = shell(f"{command} && command -v adpsgd-run", cwd=REPO)
@@ -119,6 +120,11 @@ def test_every_readme_command_runs(tmp_path):
             lines = proc.stdout.strip().splitlines()
             assert lines[0].split() == ["topology", "n", "spectral_gap", "rho"], proc.stdout
             assert len(lines) > 1, proc.stdout
+        elif command.startswith("adpsgd-report"):  # over the runs the commands above left
+            proc = shell(command, cwd=tmp_path)
+            assert proc.returncode == 0, f"{command}\n{proc.stderr}"
+            out = tmp_path / command.split("--out", 1)[1].split()[0]
+            assert (out / "table.md").exists() and (out / "curves_wall.png").exists(), command
         elif command.startswith("tensorboard "):
             check_tensorboard(command, cwd=tmp_path)
         else:
