@@ -6,6 +6,10 @@ from __future__ import annotations
 # EX_TEMPFAIL ("try again later"), which tells a scheduler the job should be requeued and
 # resumed with resume=auto, not counted as a failure.
 EXIT_PREEMPTED = 75
+# Exit status of a rank whose communication with a peer failed (no answer in time, or the MPI
+# library reporting a lost connection): the peer is the cause, so the launcher's watchdog still
+# looks for a rank that died first and names that one.
+EXIT_PEER_LOST = 3
 
 
 class UserError(Exception):

@@ -26,7 +26,7 @@ from typing import TextIO
 from omegaconf import DictConfig, OmegaConf
 
 from .comm.deadline import CommTimeout
-from .errors import EXIT_PREEMPTED, UserError, one_line
+from .errors import EXIT_PEER_LOST, EXIT_PREEMPTED, UserError, one_line
 from .launch.watchdog import write_exit_record, write_pid_file
 from .preemption import install_stop_handlers
 
@@ -119,6 +119,7 @@ def _run_rank(run_dir: Path, in_process: bool) -> int:
 
     from .comm.communicator import Communicator, init_torch_distributed, torch_subgroups
     from .comm.deadline import DEADLINES
+    from .comm.pairwise import ExchangeTimeout
     from .comm.world import detect_world, mpi
     from .trainer import Trainer, resolve_device
 
@@ -132,8 +133,8 @@ def _run_rank(run_dir: Path, in_process: bool) -> int:
     def give_up(message: str) -> None:  # a communication timed out (monitor thread)
         log.error("%s", message)
         print(comm_timeout_line(message), file=console, flush=True)
-        write_exit_record(run_dir, rank, 1)
-        world_mpi.Abort(1)
+        write_exit_record(run_dir, rank, EXIT_PEER_LOST)
+        world_mpi.Abort(EXIT_PEER_LOST)
 
     DEADLINES.on_expired = give_up
     trainer = None
@@ -171,15 +172,16 @@ def _run_rank(run_dir: Path, in_process: bool) -> int:
         log_error_to_file("%s", ex)
         message = None if ex.quiet else f"adpsgd-run: error: {ex}"
         status = 2
-    except CommTimeout as ex:  # a peer hung or died: not this rank's fault, no traceback
+    except (CommTimeout, ExchangeTimeout) as ex:  # a peer hung or died: no traceback
         log_error_to_file("%s", ex)
         message = comm_timeout_line(one_line(ex))
-        status = 1
+        status = EXIT_PEER_LOST
     except BaseException as ex:  # noqa: BLE001 - every failure must end the job, never hang it
         log_error_to_file("unhandled exception:\n%s", traceback.format_exc())
         message = (f"adpsgd-run: rank {rank} failed: {type(ex).__name__}: {one_line(ex)} "
                    f"(traceback in {run_dir / 'logs' / f'rank{rank}.log'})")
-        status = 1
+        # The MPI library's own errors here mean a lost connection to a peer, mostly.
+        status = EXIT_PEER_LOST if isinstance(ex, MPI.Exception) else 1
     if message is not None:
         progress = getattr(trainer, "progress", None)
         if progress is not None:  # end the bar's line, or the bar overwrites the error's start

@@ -41,9 +41,10 @@ EXACT = ["recipe=digit_images", "algo=ssgd", "launcher.nprocs=2", "trainer.dtype
 def test_a_killed_rank_ends_the_job_naming_it(tmp_path, algo, nprocs):
     victim, overrides = bench.CASES[(algo, nprocs)]
     result = bench.kill_one_rank(tmp_path, algo, nprocs, victim, overrides)
+    stderr = result["stderr"]
+    assert result["verdict_s"] is not None, f"rank {victim} was not named:\n{stderr}"
     print(f"{algo} x{nprocs}: killed rank {victim}; named after {result['verdict_s']:.2f} s, "
           f"exit after {result['exit_s']:.2f} s")
-    stderr = result["stderr"]
     assert result["status"] not in (0, EXIT_PREEMPTED), stderr
     assert result["exit_s"] < DEAD_RANK_BOUND_S, stderr
     assert f"rank {victim} (pid" in stderr and "died without reporting an error" in stderr
@@ -62,11 +63,14 @@ def test_a_hung_rank_ends_the_job_through_communication_timeouts(tmp_path, algo)
     result = bench.kill_one_rank(tmp_path, algo, 2, 1, timeouts, signum=signal.SIGSTOP)
     stderr = result["stderr"]
     print(f"{algo}: rank 1 stopped; job ended after {result['exit_s']:.1f} s")
-    assert result["status"] == 1 and result["exit_s"] < DEAD_RANK_BOUND_S, stderr
+    assert result["status"] != 0 and result["exit_s"] < DEAD_RANK_BOUND_S, stderr
     errors = [line for line in stderr.splitlines() if line.startswith("adpsgd-run: error:")]
     assert len(errors) == 1, stderr
     assert "rank 0 of the world communicator (2 ranks)" in errors[0]
     assert "got no answer in 5 s" in errors[0] and "raise comm.timeout_s" in errors[0]
+    # The silent rank went down with the job (MPI_Abort): the launcher names it too.
+    if "died without reporting" in stderr:
+        assert "rank 1 (pid" in stderr and "or hung until rank 0 gave up on it" in stderr
     assert "Traceback" not in stderr
     assert result["leftover_pids"] == [], "the stopped rank was left behind"
 

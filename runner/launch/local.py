@@ -33,10 +33,10 @@ from pathlib import Path
 from typing import IO, Optional
 
 from ..checkpoint import complete_checkpoints
-from ..errors import EXIT_PREEMPTED, ConfigError
+from ..errors import EXIT_PEER_LOST, EXIT_PREEMPTED, ConfigError
 from . import LAUNCHERS
 from .base import Launcher, LauncherConfig
-from .watchdog import DeadRank, RankWatchdog, clear_rank_files, failure_times
+from .watchdog import DeadRank, RankWatchdog, clear_rank_files, exit_statuses, failure_times
 
 POLL_S = 0.25  # how often the watchdog looks at the ranks
 # After the watchdog sees a rank die, mpiexec gets this long to end the job by itself.
@@ -291,10 +291,15 @@ class LocalLauncher(Launcher):
                   f"hydra.run.dir={run_dir}" if checkpoints else "start it again")
         print(f"--- last lines of {run_dir}/logs/rank{dead.rank}.log ---\n"
               f"{log_tail(run_dir, dead.rank)}", file=sys.stderr)
+        # A peer that gave up on it first: it died, or it hung and went down with the job.
+        gave_up = [rank for rank, status in exit_statuses(run_dir, self.cfg.nprocs).items()
+                   if status == EXIT_PEER_LOST]
+        hung = (f", or hung until rank {gave_up[0]} gave up on it (line above)"
+                if gave_up else "")
         print(f"adpsgd-run: rank {dead.rank} (pid {dead.pid}) died without reporting an error "
-              f"({how}: kill -9, the out-of-memory killer or a crash); the other ranks were "
-              f"stopped. Fix: find the cause in its log above and the kernel log (dmesg), then "
-              f"{resume}", file=sys.stderr, flush=True)
+              f"({how}: kill -9, the out-of-memory killer or a crash{hung}); the other ranks "
+              f"were stopped. Fix: find the cause in its log above and the kernel log (dmesg), "
+              f"then {resume}", file=sys.stderr, flush=True)
 
     @staticmethod
     def mpiexec_report(watchdog: RankWatchdog, output: MpiexecOutput) -> str:

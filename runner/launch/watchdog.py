@@ -61,14 +61,19 @@ def exit_status(run_dir: str | Path, rank: int) -> int | None:
         return None
 
 
+def exit_statuses(run_dir: str | Path, nprocs: int) -> dict[int, int | None]:
+    return {rank: exit_status(run_dir, rank) for rank in range(nprocs)}
+
+
 def failure_times(run_dir: str | Path, nprocs: int) -> dict[int, float]:
-    """Ranks that ended with an error message (exit record not 0 or 75), and when."""
-    from ..errors import EXIT_PREEMPTED
+    """Ranks that ended with an error message of their own (exit record not 0, 75, or 3 for
+    a failed communication with a peer, which a dead peer causes), and when."""
+    from ..errors import EXIT_PEER_LOST, EXIT_PREEMPTED
 
     failed = {}
     for rank in range(nprocs):
         status = exit_status(run_dir, rank)
-        if status not in (None, 0, EXIT_PREEMPTED):
+        if status not in (None, 0, EXIT_PREEMPTED, EXIT_PEER_LOST):
             failed[rank] = _path(run_dir, rank, "exit").stat().st_mtime
     return failed
 
@@ -192,4 +197,4 @@ class RankWatchdog:
         return alive
 
     def exit_statuses(self) -> dict[int, int | None]:
-        return {rank: exit_status(self.run_dir, rank) for rank in range(self.nprocs)}
+        return exit_statuses(self.run_dir, self.nprocs)
