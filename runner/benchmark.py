@@ -132,6 +132,29 @@ def add_common_arguments(parser: argparse.ArgumentParser, name: str, trains: boo
                              f"(default {timeout_s:.0f})")
 
 
+def fill_defaults(args: argparse.Namespace, argv: Sequence[str] | None,
+                  quick: dict[str, Any], full: dict[str, Any]) -> None:
+    """Record the command line, resolve --runs, and give every option left unset (or 0/empty)
+    its --quick or full value."""
+    args.argv = list(sys.argv[1:] if argv is None else argv)
+    if getattr(args, "runs", None) is not None:
+        args.runs = args.runs.resolve()
+    for key, value in (quick if args.quick else full).items():
+        if not getattr(args, key):
+            setattr(args, key, value)
+
+
+def measure_and_write(prog: str, args: argparse.Namespace,
+                      measure: Callable[[argparse.Namespace], dict[str, Any]], header: str,
+                      rows: Callable[[dict[str, Any]], list[str]]) -> int:
+    """The main of a benchmark: measure, print and write the JSON and markdown rows."""
+    def body() -> None:
+        result = measure(args)
+        write_outputs(result, args.json, args.markdown, header, rows(result))
+
+    return run_benchmark(prog, body)
+
+
 def run_benchmark(prog: str, body: Callable[[], object]) -> int:
     """Run ``body``; a user error (bad override, failed job) ends as one line, status 2."""
     try:

@@ -165,11 +165,8 @@ def markdown_row(r: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
 
-    def body() -> None:
-        result = benchmark(args)
-        bench.write_outputs(result, args.json, args.markdown, MD_HEADER, [markdown_row(result)])
-
-    return bench.run_benchmark("bench_blstm", body)
+    return bench.measure_and_write("bench_blstm", args, benchmark, MD_HEADER,
+                                   lambda result: [markdown_row(result)])
 
 
 if __name__ == "__main__":

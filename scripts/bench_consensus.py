@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -52,10 +51,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--plot", type=Path, help="write a PNG of 1 - rho against n here")
     args = p.parse_args(argv)
-    args.argv = list(sys.argv[1:] if argv is None else argv)
-    for key, value in (QUICK if args.quick else FULL).items():
-        if not getattr(args, key):
-            setattr(args, key, value)
+    bench.fill_defaults(args, argv, QUICK, FULL)
     if min(*args.n, args.trials, args.max_steps, args.dim) < 1 or min(args.n) < 4:
         p.error("--n must be >= 4; --trials, --max-steps and --dim >= 1")
     return args

@@ -23,7 +23,6 @@ All cases run in one mpiexec job, interleaved per repetition; ratios are medians
 from __future__ import annotations
 
 import argparse
-import sys
 
 from runner import benchmark as bench
 
@@ -51,11 +50,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("overrides", nargs="*", help="adpsgd-run overrides for every case "
                    f"(default: {' '.join(FULL['overrides'])})")
     args = p.parse_args(argv)
-    args.argv = list(sys.argv[1:] if argv is None else argv)
-    args.runs = args.runs.resolve()
-    for key, value in (QUICK if args.quick else FULL).items():
-        if not getattr(args, key):
-            setattr(args, key, value)
+    bench.fill_defaults(args, argv, QUICK, FULL)
     if min(args.nprocs, args.repeats, args.epochs, args.batch_size, *args.taus) < 1:
         p.error("--nprocs, --taus, --repeats, --epochs and --batch-size must be >= 1")
     return args
@@ -118,11 +113,7 @@ def markdown_rows(r: dict) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
 
-    def body() -> None:
-        result = measure(args)
-        bench.write_outputs(result, args.json, args.markdown, MD_HEADER, markdown_rows(result))
-
-    return bench.run_benchmark("bench_dasgd_hiding", body)
+    return bench.measure_and_write("bench_dasgd_hiding", args, measure, MD_HEADER, markdown_rows)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
@@ -51,11 +50,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    f"(default: {' '.join(FULL['overrides'])})")
     p.add_argument("--rank-job", help=argparse.SUPPRESS)  # the rank side, under mpiexec
     args = p.parse_args(argv)
-    args.argv = list(sys.argv[1:] if argv is None else argv)
-    args.runs = args.runs.resolve()
-    for key, value in (QUICK if args.quick else FULL).items():
-        if not getattr(args, key):
-            setattr(args, key, value)
+    bench.fill_defaults(args, argv, QUICK, FULL)
     if min(args.nprocs, args.repeats, args.epochs, args.batch_size) < 1:
         p.error("--nprocs, --repeats, --epochs and --batch-size must be >= 1")
     return args
@@ -221,11 +216,8 @@ def main(argv: list[str] | None = None) -> int:
         rank_job(Path(args.rank_job))
         return 0
 
-    def body() -> None:
-        result = measure(args)
-        bench.write_outputs(result, args.json, args.markdown, MD_HEADER, [markdown_row(result)])
-
-    return bench.run_benchmark("bench_ssgd_ddp", body)
+    return bench.measure_and_write("bench_ssgd_ddp", args, measure, MD_HEADER,
+                                   lambda result: [markdown_row(result)])
 
 
 if __name__ == "__main__":

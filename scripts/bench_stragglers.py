@@ -19,7 +19,6 @@ algorithm whose other ranks do not wait for it.
 from __future__ import annotations
 
 import argparse
-import sys
 
 from runner import benchmark as bench
 from runner.report import primary_metric
@@ -46,11 +45,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help=f"adpsgd-run overrides for every case (default: "
                         f"{' '.join(FULL['overrides'])})")
     args = p.parse_args(argv)
-    args.argv = list(sys.argv[1:] if argv is None else argv)
-    args.runs = args.runs.resolve()
-    for key, value in (QUICK if args.quick else FULL).items():
-        if not getattr(args, key):
-            setattr(args, key, value)
+    bench.fill_defaults(args, argv, QUICK, FULL)
     if min(args.repeats, args.epochs, args.batch_size) < 1:
         p.error("--repeats, --epochs and --batch-size must be >= 1")
     return args
@@ -107,11 +102,7 @@ def markdown_rows(r: dict) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
 
-    def body() -> None:
-        result = measure(args)
-        bench.write_outputs(result, args.json, args.markdown, MD_HEADER, markdown_rows(result))
-
-    return bench.run_benchmark("bench_stragglers", body)
+    return bench.measure_and_write("bench_stragglers", args, measure, MD_HEADER, markdown_rows)
 
 
 if __name__ == "__main__":

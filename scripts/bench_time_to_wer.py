@@ -24,7 +24,6 @@ the cases of --runs that already completed.
 from __future__ import annotations
 
 import argparse
-import sys
 
 from runner import benchmark as bench
 
@@ -60,11 +59,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("overrides", nargs="*", help="adpsgd-run overrides for every case "
                    f"(default: {' '.join(FULL['overrides'])})")
     args = p.parse_args(argv)
-    args.argv = list(sys.argv[1:] if argv is None else argv)
-    args.runs = args.runs.resolve()
-    for key, value in (QUICK if args.quick else FULL).items():
-        if not getattr(args, key):
-            setattr(args, key, value)
+    bench.fill_defaults(args, argv, QUICK, FULL)
     args.sweep_batches = sorted(set(args.sweep_batches))
     if min(args.epochs, args.batch_size, *args.sweep_batches) < 1:
         p.error("--epochs, --batch-size and --sweep-batches must be >= 1")
@@ -154,11 +149,7 @@ def markdown_rows(r: dict) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
 
-    def body() -> None:
-        result = measure(args)
-        bench.write_outputs(result, args.json, args.markdown, MD_HEADER, markdown_rows(result))
-
-    return bench.run_benchmark("bench_time_to_wer", body)
+    return bench.measure_and_write("bench_time_to_wer", args, measure, MD_HEADER, markdown_rows)
 
 
 if __name__ == "__main__":
