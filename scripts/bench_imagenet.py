@@ -32,6 +32,7 @@ from recipes.imagenet.data import ImageBatch
 from recipes.imagenet.model import RESNETS, build_resnet
 from recipes.imagenet.recipe import ImageNet, ImageNetConfig
 from runner.accel import AMP_CHOICES, ComputePath, amp_dtype
+from runner.benchmark import cpu_model
 from runner.comm.buffers import flatten_parameters
 from runner.optim import parameter_groups
 
@@ -126,7 +127,7 @@ def benchmark(args: argparse.Namespace) -> dict:
         "compile_backend": args.compile_backend if args.compile else None,
         "quick": args.quick,
         "device": device.type,
-        "device_name": torch.cuda.get_device_name(device) if use_cuda else cpu_name(),
+        "device_name": torch.cuda.get_device_name(device) if use_cuda else cpu_model(),
         "cpu_threads": torch.get_num_threads(),
         "peak_memory_gib": torch.cuda.max_memory_allocated(device) / 2**30 if use_cuda else None,
         "torch": torch.__version__,
@@ -136,16 +137,6 @@ def benchmark(args: argparse.Namespace) -> dict:
         "data": "synthetic uint8 batch in pinned host memory, copied to the device each step",
     }
     return result
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def markdown_row(r: dict) -> str:
