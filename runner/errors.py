@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import argparse
+from typing import NoReturn
+
 # Exit status of a job stopped by SIGUSR1/SIGTERM after writing a checkpoint: sysexits'
 # EX_TEMPFAIL ("try again later"), which tells a scheduler the job should be requeued and
 # resumed with resume=auto, not counted as a failure.
@@ -39,3 +42,14 @@ class ConfigError(UserError):
 def one_line(text: str) -> str:
     """Collapse a possibly multi-line message into one line."""
     return " ".join(part.strip() for part in str(text).splitlines() if part.strip())
+
+
+class UsageError(Exception):
+    """A bad argument to one of the small commands (adpsgd-gap, adpsgd-prepare, adpsgd-report)."""
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line (UsageError), not usage plus message."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message)

@@ -12,23 +12,13 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
 
-from .errors import UserError, one_line
+from .errors import OneLineParser, UsageError, UserError, one_line
 from .topology import TOPOLOGIES
 from .topology.spectral import summarize
 
 PROG = "adpsgd-gap"
 COLUMNS = ("topology", "n", "spectral_gap", "rho")
-
-
-class _UsageError(Exception):
-    pass
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:  # one line instead of usage + message
-        raise _UsageError(message)
 
 
 def positive_int(text: str) -> int:
@@ -42,7 +32,7 @@ def positive_int(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
+    parser = OneLineParser(
         prog=PROG,
         description="Spectral gap and rho of a mixing topology (algorithms.md section 9).",
         epilog="Fixed W: spectral_gap = 1 - SLEM(W), rho = SLEM(W^T W) (= SLEM^2 when "
@@ -79,7 +69,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         topologies = [TOPOLOGIES.get(name)(None, seed=args.seed) for name in args.topology]
         rows = [summarize(topology, n) for topology in topologies for n in args.n]
-    except (_UsageError, UserError) as ex:
+    except (UsageError, UserError) as ex:
         print(f"{PROG}: error: {one_line(ex)}", file=sys.stderr)
         return 2
     except SystemExit as ex:  # --help

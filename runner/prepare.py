@@ -14,24 +14,14 @@ import argparse
 import sys
 import time
 from collections.abc import Sequence
-from typing import NoReturn
 
-from .errors import UserError, one_line
+from .errors import OneLineParser, UsageError, UserError, one_line
 
 PROG = "adpsgd-prepare"
 
 
-class _UsageError(Exception):
-    pass
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:  # one line instead of usage + message
-        raise _UsageError(message)
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog=PROG, description="Run a recipe's data preparation stages.",
+    parser = OneLineParser(prog=PROG, description="Run a recipe's data preparation stages.",
                      epilog="Example: adpsgd-prepare recipe=swb300 recipe.data.train=DIR "
                             "recipe.data.eval=DIR --stop-stage 0")
     parser.add_argument("--list", action="store_true", help="list the stages and exit")
@@ -68,7 +58,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             started = time.perf_counter()
             stage()
             print(f"stage {index} done in {time.perf_counter() - started:.1f} s", flush=True)
-    except (_UsageError, UserError) as ex:
+    except (UsageError, UserError) as ex:
         print(f"{PROG}: error: {one_line(ex)}", file=sys.stderr)
         return 2
     except SystemExit as ex:  # --help

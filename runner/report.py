@@ -26,9 +26,9 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
-from .errors import UserError, one_line
+from .errors import OneLineParser, UsageError, UserError, one_line
 from .reporting import read_metrics
 
 PROG = "adpsgd-report"
@@ -205,17 +205,8 @@ def write_report(run_dirs: Sequence[Path], out: Path, rank0: bool = False) -> di
 
 
 # ---- command line ----------------------------------------------------------------------------
-class _UsageError(Exception):
-    pass
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:  # one line instead of usage + message
-        raise _UsageError(message)
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog=PROG, description="Plots and a markdown table of several runs.",
+    parser = OneLineParser(prog=PROG, description="Plots and a markdown table of several runs.",
                      epilog="Example: adpsgd-report runs/2026-11-23/* --out report")
     parser.add_argument("run_dirs", nargs="+", type=Path, metavar="RUN_DIR")
     parser.add_argument("--out", type=Path, required=True, help="directory for PNGs and table.md")
@@ -229,7 +220,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         paths = write_report(args.run_dirs, args.out, rank0=args.rank0)
-    except _UsageError as ex:
+    except UsageError as ex:
         print(f"{PROG}: error: {one_line(ex)}. Fix: see {PROG} --help", file=sys.stderr)
         return 2
     except UserError as ex:
