@@ -192,8 +192,7 @@ class Checkpointing:
     def save_checkpoint(self, reason: str) -> None:
         """Collective: quiesce the algorithm, refuse a poisoned state, write every rank's file,
         then (rank 0, after a barrier) the marker, and prune old checkpoints."""
-        self.algo.pause()
-        self._sync_samples()
+        self._meet()
         self._refuse_nonfinite_state()
         directory = checkpoint_path(self.run_dir, self.samples)
         # A complete checkpoint at this sample count holds this very state (a stop right at a

@@ -143,6 +143,7 @@ class Trainer(Checkpointing):
         self._loss_sum: torch.Tensor | float = 0.0
         self._loss_steps = 0
         self.skipped_batches = 0
+        self.milestone_waits = 0  # evaluations and checkpoints met (see _meet)
         self._consecutive_skips = 0
         self.history: list[dict[str, Any]] = []
         self.last_checkpoint: Path | None = None
@@ -234,6 +235,15 @@ class Trainer(Checkpointing):
                          self.step)
                 self.preempted = True
                 return
+
+    def _meet(self) -> None:
+        """Before a collective milestone (evaluation, checkpoint): quiesce the algorithm and
+        agree on the exact global sample count. The time spent here is waiting for the
+        slowest rank to reach the milestone (idle), also kept apart as milestone_wait."""
+        with self.timers.time("idle"), self.timers.time("milestone_wait"):
+            self.algo.pause()
+            self._sync_samples()
+        self.milestone_waits += 1
 
     def _sync_samples(self) -> None:
         """Every rank learns the exact global count (asynchronous ranks only estimate it)."""
@@ -442,8 +452,7 @@ class Trainer(Checkpointing):
         return float(self.comm.allreduce_numbers([local])[0]) / self.world.size
 
     def evaluate(self, final: bool = False) -> None:
-        self.algo.pause()
-        self._sync_samples()
+        self._meet()
         with self.timers.time("eval"):
             results: dict[str, dict[str, float]] = {}
             mean = lambda t: self.comm.allreduce_(t, op="mean")  # noqa: E731
@@ -489,7 +498,7 @@ class Trainer(Checkpointing):
     def _rank_report(self) -> dict[str, Any]:
         return {"time": {**self.timers.snapshot(), "comm_busy": self.comm.busy_s},
                 "algo": self.algo.stats(), "steps": self.step,
-                "skipped_batches": self.skipped_batches}
+                "skipped_batches": self.skipped_batches, "milestones": self.milestone_waits}
 
     def finalize(self, status: str = "completed") -> dict[str, Any]:
         """summary.json (status ``completed``, or ``preempted`` after a graceful stop, whose
@@ -513,7 +522,7 @@ class Trainer(Checkpointing):
             times = [report["time"] for report in per_rank]
             means = {name: float(np.mean([t.get(name, 0.0) for t in times]))
                      for name in ("compute", "comm", "idle", "data", "eval", "checkpoint",
-                                  "comm_busy")}
+                                  "comm_busy", "milestone_wait")}
             algo_stats = [report["algo"] for report in per_rank]
             summary = {
                 "status": status,
@@ -543,6 +552,9 @@ class Trainer(Checkpointing):
                 "per_rank": times,
                 "steps_per_rank": [report["steps"] for report in per_rank],
                 "checkpoint_s": means["checkpoint"],
+                # Waiting at evaluations and checkpoints for the other ranks (part of idle_s).
+                "milestone_wait_s": means["milestone_wait"],
+                "milestones": per_rank[0]["milestones"],
                 # The newest checkpoint, and the one this session resumed from (if any).
                 "checkpoint": str(self.last_checkpoint) if self.last_checkpoint else None,
                 "resumed_from": str(self.resumed_from.path) if self.resumed_from else None,

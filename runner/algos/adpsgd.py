@@ -133,6 +133,7 @@ class ADPSGD(Algorithm):
         if leaders != mpi().COMM_NULL:
             leaders.Free()
         self._snapshot_version = 0
+        self.local_steps = 0  # steps of this session (traffic per step)
 
     def _refresh_replica(self) -> None:
         """Copy x into the model the next gradient is computed on (and into every replica)."""
@@ -148,6 +149,7 @@ class ADPSGD(Algorithm):
 
     # ---- hooks -------------------------------------------------------------------------
     def before_forward(self, step):
+        self.local_steps += 1
         self._refresh_replica()
 
     def gradient_weight(self, local_count, global_count):
@@ -240,9 +242,14 @@ class ADPSGD(Algorithm):
         self._refresh_replica()
 
     def stats(self):
+        out = {}
+        if self.group.size > 1:  # a super learner's internal traffic, per local step
+            for kind in ("allreduce", "broadcast"):
+                out[f"node_{kind}_bytes_per_step"] = (self.group.payload_bytes[kind]
+                                                      / max(1, self.local_steps))
         if not self.averager:
-            return {}
+            return out
         staleness = self.staleness or [0]
-        return {"exchanges": float(self.averager.exchanges),
+        return {**out, "exchanges": float(self.averager.exchanges),
                 "staleness_mean": float(np.mean(staleness)),
                 "staleness_max": float(np.max(staleness))}

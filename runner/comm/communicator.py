@@ -82,12 +82,19 @@ class Communicator:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"comm-{name}")
         self._busy_lock = threading.Lock()
         self.busy_s = 0.0  # seconds the communication thread spent inside collectives
+        # Bytes of tensor payload per kind of collective (allreduce, broadcast, exchange) that
+        # actually went to other ranks: what a traffic measurement reads.
+        self.payload_bytes: dict[str, int] = {"allreduce": 0, "broadcast": 0, "exchange": 0}
 
     # ---- tensor collectives (communication thread) -------------------------------------
     def _what(self, operation: str) -> str:
         """How a timeout names this wait: the rank, the operation and the peers."""
         return (f"rank {self.rank} of the {self.name} communicator ({self.size} ranks): "
                 f"{operation}")
+
+    def _count(self, kind: str, nbytes: int) -> None:
+        if self.size > 1:
+            self.payload_bytes[kind] += nbytes
 
     def _submit(self, fn: Callable[[], Any], operation: str) -> Handle:
         def timed():
@@ -106,6 +113,7 @@ class Communicator:
             raise ValueError(f"unsupported reduction {op!r}")
         if not tensor.is_contiguous():
             raise ValueError("collectives need contiguous tensors; use a flat buffer")
+        self._count("allreduce", _nbytes(tensor))
 
         def run():
             if self.size > 1:
@@ -126,6 +134,8 @@ class Communicator:
         return self.iallreduce_(tensor, op).wait()
 
     def broadcast_(self, tensor: torch.Tensor, root: int = 0) -> torch.Tensor:
+        self._count("broadcast", _nbytes(tensor))
+
         def run():
             if self.size > 1:
                 if self.backend == "mpi":
@@ -165,6 +175,7 @@ class Communicator:
                     request.wait()
             return recv_from
 
+        self._count("exchange", _nbytes(send) * len(send_to))
         peers = sorted(set(send_to) | set(recv_from))
         return self._submit(run, f"exchange with rank(s) {', '.join(map(str, peers))}")
 
@@ -209,6 +220,10 @@ class Communicator:
         if self._tensor_comm is not None:
             self._tensor_comm.Free()
             self._tensor_comm = None
+
+
+def _nbytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()
 
 
 def _as_numpy(tensor: torch.Tensor) -> np.ndarray:
