@@ -5,7 +5,7 @@ costs more than a case)."""
 
 import pytest
 
-from conftest import case_report, run_mpi_cases
+from conftest import case_report, run_mpi, run_mpi_cases
 
 pytestmark = pytest.mark.mpi
 
@@ -25,6 +25,12 @@ CASES = {
     "dasgd-delay-equals-tau": ["algo=dasgd", "algo.tau=3", "algo.delay=3"],
     "local-sgd": ["algo=local_sgd", "algo.period=3"],
 }
+# Real learning (learning rate > 0, momentum, weight decay, delays, a 10x straggler).
+CONSERVATION_CASES = {
+    "adpsgd-fixed": ["algo=adpsgd", "algo.pattern=fixed"],
+    "adpsgd-random": ["algo=adpsgd", "algo.pattern=random", "topology=complete"],
+    "hadpsgd": ["algo=hadpsgd", "launcher.procs_per_node=2"],
+}
 MERGE_CASES = {"tau3-delay1": ["algo.tau=3", "algo.delay=1"],
                "tau2-delay2": ["algo.tau=2", "algo.delay=2"]}
 
@@ -34,6 +40,12 @@ def gossip_lines(tmp_path_factory):
     cases = {name: [*overrides, *COMMON] for name, overrides in CASES.items()}
     return run_mpi_cases(4, "gossip_invariants.py", tmp_path_factory.mktemp("gossip"), cases,
                          timeout=400)
+
+
+@pytest.fixture(scope="module")
+def conservation_lines(tmp_path_factory):
+    return run_mpi_cases(4, "conservation.py", tmp_path_factory.mktemp("conservation"),
+                         CONSERVATION_CASES, timeout=400)
 
 
 @pytest.fixture(scope="module")
@@ -55,3 +67,19 @@ def test_gossip_keeps_the_mean_and_reaches_consensus(gossip_lines, case):
 def test_dasgd_merge_keeps_the_mean_and_the_local_progress(merge_lines, case):
     report = case_report(merge_lines, case, 4)
     assert report.count("kept the mean and the local progress") == 4, report
+
+
+def test_no_exchange_starts_after_quiesce_or_stop():
+    """The active's gossip thread is held between its permission check and the start of its
+    exchange while quiesce() (then stop()) runs: nothing may be exchanged afterwards."""
+    proc = run_mpi(2, "quiesce_race.py", timeout=120)
+    assert proc.stdout.count("no exchange after quiesce or stop") == 2, proc.stdout
+
+
+@pytest.mark.parametrize("case", sorted(CONSERVATION_CASES))
+def test_averaging_conserves_the_sum_of_the_models_while_learning(conservation_lines, case):
+    """sum_i x_i(end) = sum_i x_i(0) + every applied update, to 1e-10 relative, and every
+    exchange averaged two snapshots that existed, the same two on both ends."""
+    report = case_report(conservation_lines, case, 4)
+    assert report.count("conserved to") == 4 and report.count("exchanges matched") == 4, report
+    print(f"{case}: {report.splitlines()[0]}")

@@ -64,11 +64,16 @@ class PairwiseAverager:
         self.intervals: list[tuple[float, float, int]] = []  # (start, end, peer), if recorded
         self.record_intervals = False
         self.error: BaseException | None = None
-        self._allow_initiate = threading.Event()
-        self._allow_initiate.set()
+        # Whether an active may start an exchange, and whether one is in flight here: read
+        # and written together under one condition, so that quiesce() cannot slip between an
+        # active's permission check and the start of its exchange.
+        self._state = threading.Condition()
+        self._initiate_allowed = True
+        self._busy = False
+        # Tests only: called between an active's permission check and the start of its
+        # exchange, to force a thread switch inside that window.
+        self.before_exchange: Callable[[], None] | None = None
         self._ticks = threading.Semaphore(0)
-        self._idle = threading.Event()
-        self._idle.set()
         self._running = True
         # The gossip thread runs a few Python statements between MPI calls; with CPython's
         # default 5 ms switch interval each of them can wait that long for the GIL while the
@@ -80,7 +85,8 @@ class PairwiseAverager:
     # ---- called by the training thread ------------------------------------------------------
     def tick(self, local_samples: int) -> None:
         """One local step done: publish progress; a rate-limited active may average once."""
-        self.counts[self.rank] = max(self.counts[self.rank], local_samples)
+        with self.lock:  # the gossip thread merges counts under the same lock
+            self.counts[self.rank] = max(self.counts[self.rank], local_samples)
         if self.rate_limited:
             self._ticks.release()
         self.raise_if_failed()
@@ -89,20 +95,31 @@ class PairwiseAverager:
         return int(self.counts.sum())
 
     def quiesce(self, barrier: Callable[[], None]) -> None:
-        """Stop initiating, let every in-flight exchange end everywhere (collective)."""
-        self._allow_initiate.clear()
+        """Stop initiating, let every in-flight exchange end everywhere (collective).
+
+        After the barrier no active anywhere has an exchange in flight or can start one (it
+        either marked itself busy before this call took the state lock, and this call waited
+        for that exchange to end, or it sees the pause); a passive may still be merging the
+        last reply it sent, which the second wait covers.
+        """
+        with self._state:
+            self._initiate_allowed = False
         self._ticks.release()  # wake an active waiting for a tick so it can see the pause
         self._wait_idle()
-        barrier()  # now no active anywhere starts or has an exchange in flight...
-        self._wait_idle()  # ...and a passive finishing its last reply is done too
+        barrier()
+        self._wait_idle()
         self.raise_if_failed()
 
     def resume(self) -> None:
-        self._allow_initiate.set()
+        with self._state:
+            self._initiate_allowed = True
+            self._state.notify_all()
 
     def stop(self, barrier: Callable[[], None]) -> None:
         self.quiesce(barrier)
-        self._running = False
+        with self._state:
+            self._running = False
+            self._state.notify_all()
         self._ticks.release()
         self._thread.join()
         self.comm.Free()
@@ -112,8 +129,15 @@ class PairwiseAverager:
             raise self.error
 
     def _wait_idle(self) -> None:
-        while not self._idle.wait(timeout=0.5):
-            self.raise_if_failed()
+        with self._state:
+            while self._busy:
+                self._state.wait(timeout=0.5)
+                self.raise_if_failed()
+
+    def _set_busy(self, busy: bool) -> None:
+        with self._state:
+            self._busy = busy
+            self._state.notify_all()
 
     # ---- gossip thread -------------------------------------------------------------------
     def _loop(self) -> None:
@@ -130,15 +154,17 @@ class PairwiseAverager:
     def _active_round(self) -> None:
         if self.rate_limited and not self._ticks.acquire(timeout=0.5):
             return
-        if not (self._running and self._allow_initiate.is_set()):
-            time.sleep(0.001)
-            return
-        self._idle.clear()
+        with self._state:
+            if not (self._running and self._initiate_allowed):
+                self._state.wait(timeout=0.5)  # until resume() (or stop) wakes us
+                return
+            if self.before_exchange is not None:
+                self.before_exchange()
+            self._busy = True
         try:
             peer = self.next_peer(self.exchanges)
             started = time.perf_counter()
-            self._snapshot()
-            header = self.counts.copy()
+            header = self._snapshot()
             reply = np.empty_like(header)
             self._wait([self.comm.Isend(header, dest=peer, tag=REQUEST),
                         self.comm.Irecv(reply, source=peer, tag=REPLY)], peer, "request")
@@ -149,7 +175,7 @@ class PairwiseAverager:
             self._wait(requests, peer, "model exchange")
             self._merge(reply, peer, started)
         finally:
-            self._idle.set()
+            self._set_busy(False)
 
     def _serve_one(self) -> None:
         status = self.MPI.Status()
@@ -159,14 +185,13 @@ class PairwiseAverager:
                 return
             time.sleep(delay)
             delay = min(delay * 2, 2e-3)
-        self._idle.clear()
+        self._set_busy(True)
         try:
             peer = status.Get_source()
             started = time.perf_counter()
             header = np.empty_like(self.counts)
             self.comm.Recv(header, source=peer, tag=REQUEST)
-            self._snapshot()
-            requests = [self.comm.Isend(self.counts.copy(), dest=peer, tag=REPLY)]
+            requests = [self.comm.Isend(self._snapshot(), dest=peer, tag=REPLY)]
             requests += [self.comm.Irecv(_np(r), source=peer, tag=MODEL_REQUEST)
                          for r in self.received]
             requests += [self.comm.Isend(_np(s), dest=peer, tag=MODEL_REPLY)
@@ -174,12 +199,14 @@ class PairwiseAverager:
             self._wait(requests, peer, "reply")
             self._merge(header, peer, started)
         finally:
-            self._idle.set()
+            self._set_busy(False)
 
-    def _snapshot(self) -> None:
+    def _snapshot(self) -> np.ndarray:
+        """Copy x into the snapshot buffers; return the progress counts of that moment."""
         with self.lock:
             for snapshot, x in zip(self.snapshots, self.buffers):
                 snapshot.copy_(x)
+            return self.counts.copy()
 
     def _merge(self, their_counts: np.ndarray, peer: int, started: float) -> None:
         with self.lock:
@@ -188,9 +215,9 @@ class PairwiseAverager:
                 # ends with the roles swapped, so the pair's sum is unchanged.
                 x.add_(theirs.sub_(mine).to(x.device), alpha=0.5)
             self.version += 1
-        np.maximum(self.counts, their_counts, out=self.counts)
-        self.exchanges += 1
-        self.partners[peer] = self.partners.get(peer, 0) + 1
+            np.maximum(self.counts, their_counts, out=self.counts)
+            self.exchanges += 1
+            self.partners[peer] = self.partners.get(peer, 0) + 1
         if self.record_intervals:
             self.intervals.append((started, time.perf_counter(), peer))
 
