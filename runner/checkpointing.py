@@ -211,4 +211,4 @@ class Checkpointing:
                     prune(self.run_dir, self.cfg.trainer.keep_checkpoints)
             log.info("checkpoint (%s) at step %d: %s", reason, self.step, directory)
         self.last_checkpoint = directory
-        self.algo.resume()
+        self._leave()

@@ -23,7 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from . import config  # noqa: F401 - registers the resolvers conf/ uses
 from .config import leaf_keys, section_given_a_value
-from .errors import EXIT_PREEMPTED, UserError, one_line
+from .errors import EXIT_PREEMPTED, ConfigError, UserError, one_line
 
 CONFIG_MODULE = "runner.conf"
 CONFIG_NAME = "config"
@@ -108,9 +108,8 @@ def hydra_error(ex: Exception, base: DictConfig | None) -> UserError:
         or type(ex).__name__, "check the command line")
 
 
-def compose_all(overrides: list[str], multirun: bool, config_name: str) -> list[DictConfig]:
-    """Compose every job of the command line (every sweep combination with -m)."""
-    from hydra import compose, initialize_config_module
+def sweep_jobs(overrides: list[str], multirun: bool) -> list[list[str]]:
+    """The overrides of every job of the command line (every sweep combination with -m)."""
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
@@ -118,7 +117,15 @@ def compose_all(overrides: list[str], multirun: bool, config_name: str) -> list[
         parsed = OverridesParser.create().parse_overrides(overrides)
     except Exception as ex:  # noqa: BLE001 - Hydra raises several parse error types
         raise hydra_error(ex, None) from None
-    jobs = BasicSweeper.split_arguments(parsed, None)[0] if multirun else [overrides]
+    return [list(job) for job in BasicSweeper.split_arguments(parsed, None)[0]] if multirun \
+        else [list(overrides)]
+
+
+def compose_all(overrides: list[str], multirun: bool, config_name: str) -> list[DictConfig]:
+    """Compose every job of the command line (every sweep combination with -m)."""
+    from hydra import compose, initialize_config_module
+
+    jobs = sweep_jobs(overrides, multirun)
     configs = []
     with initialize_config_module(config_module=CONFIG_MODULE, version_base=None):
         for job in jobs:
@@ -186,13 +193,31 @@ def check_output_dir(overrides: list[str], multirun: bool) -> None:
                         f"set {key} to a writable place, e.g. {key}=runs/NAME") from None
 
 
+def check_keys_used(typed: DictConfig, job: list[str]) -> None:
+    """A ``topology=`` (or ``topology.KEY=``) on the command line that the chosen algorithm
+    would silently drop is an error."""
+    from .algos import ALGORITHMS
+
+    given = [o for o in job if o.lstrip("+~").split("=", 1)[0].split(".", 1)[0] == "topology"]
+    if not given:
+        return
+    reason = ALGORITHMS.get(typed.algo.name).topology_ignored(typed)
+    if reason:
+        users = [n for n in ALGORITHMS.names() if ALGORITHMS.get(n).uses_topology]
+        raise ConfigError("topology", f"{reason}, so {given[0]} would change nothing",
+                          f"remove it; algo={', '.join(users)} follow a topology")
+
+
 def preflight(argv: list[str]) -> None:
     overrides, multirun, config_name, info = split_argv(argv)
     if info:
         return
     check_output_dir(overrides, multirun)
-    for cfg in compose_all(overrides, multirun, config_name):
-        check_resume(validate_job(cfg), None)
+    jobs = sweep_jobs(overrides, multirun)
+    for job, cfg in zip(jobs, compose_all(overrides, multirun, config_name)):
+        typed = validate_job(cfg)
+        check_keys_used(typed, job)
+        check_resume(typed, None)
 
 
 @hydra.main(version_base=None, config_path=f"pkg://{CONFIG_MODULE}", config_name=CONFIG_NAME)

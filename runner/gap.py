@@ -1,9 +1,15 @@
 """adpsgd-gap: spectral gap and rho of a topology for several learner counts.
 
-Usage: ``adpsgd-gap --topology NAME [NAME ...] --n N [N ...] [--json] [--seed S]``. Prints
-one row per topology and ``n`` with ``spectral_gap`` and ``rho`` as defined in
-:mod:`runner.topology.spectral`; errors are one line on stderr (``adpsgd-gap: error: ...``)
-with exit status 2.
+Usage: ``adpsgd-gap --topology NAME [NAME ...] --n N [N ...] [--algo dpsgd|adpsgd] [--json]
+[--seed S]``. Prints one row per topology and ``n`` with ``spectral_gap`` and ``rho`` as
+defined in :mod:`runner.topology.spectral`; errors are one line on stderr (``adpsgd-gap:
+error: ...``) with exit status 2.
+
+``--algo dpsgd`` (the default) describes the topology as D-PSGD's mixing matrix W.
+``--algo adpsgd`` describes AD-PSGD's pairwise averaging over the topology's active-passive
+edges (runner/topology/pairing.py): ``rho`` of one averaging on a random such edge,
+``spectral_gap = 1 - rho``, and ``rho_round = rho^(n/2)``, a round in which every active
+averaged once (a modelling assumption).
 """
 
 from __future__ import annotations
@@ -15,10 +21,19 @@ from collections.abc import Sequence
 
 from .errors import OneLineParser, UsageError, UserError, one_line
 from .topology import TOPOLOGIES
+from .topology.pairing import pairwise_rho
 from .topology.spectral import summarize
 
 PROG = "adpsgd-gap"
 COLUMNS = ("topology", "n", "spectral_gap", "rho")
+PAIRWISE_COLUMNS = (*COLUMNS, "rho_round")
+
+
+def summarize_pairwise(topology, n: int) -> dict:
+    """AD-PSGD's numbers for ``n`` participants on ``topology`` (see the module docstring)."""
+    rho = pairwise_rho(topology, n)
+    return {"topology": topology.name, "n": int(n), "spectral_gap": 1.0 - rho, "rho": rho,
+            "rho_round": rho ** (n / 2)}
 
 
 def positive_int(text: str) -> int:
@@ -43,20 +58,25 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"one or more of: {', '.join(TOPOLOGIES.names())}")
     parser.add_argument("--n", required=True, nargs="+", type=positive_int, metavar="N",
                         help="numbers of learners")
+    parser.add_argument("--algo", choices=("dpsgd", "adpsgd"), default="dpsgd",
+                        help="dpsgd: the topology as a mixing matrix (default); adpsgd: "
+                             "pairwise averaging over its active-passive edges, with "
+                             "rho_round = rho^(n/2)")
     parser.add_argument("--json", action="store_true",
-                        help="print a JSON list of {topology, n, spectral_gap, rho}")
+                        help="print a JSON list of {topology, n, spectral_gap, rho[, "
+                             "rho_round]}")
     parser.add_argument("--seed", type=int, default=0,
                         help="seed for random topologies (the expectations do not depend on it)")
     return parser
 
 
-def format_table(rows: list[dict]) -> str:
-    """Aligned columns topology, n, spectral_gap, rho (6 decimals), topology left-aligned."""
-    cells = [[str(r["topology"]), str(r["n"]), f"{r['spectral_gap']:.6f}", f"{r['rho']:.6f}"]
+def format_table(rows: list[dict], columns: tuple[str, ...] = COLUMNS) -> str:
+    """Aligned columns (numbers with 6 decimals), topology left-aligned."""
+    cells = [[str(r["topology"]), str(r["n"]), *(f"{r[c]:.6f}" for c in columns[2:])]
              for r in rows]
-    widths = [max(len(c) for c in column) for column in zip(COLUMNS, *cells)]
+    widths = [max(len(c) for c in column) for column in zip(columns, *cells)]
     lines = []
-    for row in [list(COLUMNS), *cells]:
+    for row in [list(columns), *cells]:
         first = row[0].ljust(widths[0])
         rest = [cell.rjust(width) for cell, width in zip(row[1:], widths[1:])]
         lines.append("  ".join([first, *rest]).rstrip())
@@ -68,16 +88,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         topologies = [TOPOLOGIES.get(name)(None, seed=args.seed) for name in args.topology]
-        rows = [summarize(topology, n) for topology in topologies for n in args.n]
+        describe, columns = ((summarize_pairwise, PAIRWISE_COLUMNS) if args.algo == "adpsgd"
+                             else (summarize, COLUMNS))
+        rows = [describe(topology, n) for topology in topologies for n in args.n]
     except (UsageError, UserError) as ex:
         print(f"{PROG}: error: {one_line(ex)}", file=sys.stderr)
         return 2
     except SystemExit as ex:  # --help
         return ex.code if isinstance(ex.code, int) else 0
     if args.json:
-        print(json.dumps([{key: row[key] for key in COLUMNS} for row in rows]))
+        print(json.dumps([{key: row[key] for key in columns} for row in rows]))
     else:
-        print(format_table(rows))
+        print(format_table(rows, columns))
     return 0
 
 

@@ -36,7 +36,7 @@ from .comm import Communicator, World
 from .comm.buffers import flatten, flatten_parameters, unflatten
 from .data import BatchFetcher, ShardedBatches
 from .errors import UserError
-from .milestones import CHECKPOINT, EVALUATE, Milestones
+from .milestones import CHECKPOINT, EVALUATE, STOP_CHECK, Milestones
 from .optim import parameter_groups
 from .preemption import STOP_CHECK_STEPS, StopAgreement
 from .reporting import RunLog
@@ -144,6 +144,7 @@ class Trainer(Checkpointing):
         self._loss_steps = 0
         self.skipped_batches = 0
         self.milestone_waits = 0  # evaluations and checkpoints met (see _meet)
+        self.algo_finished = False  # algo.finish() has run (see _finish_algorithm)
         self._consecutive_skips = 0
         self.history: list[dict[str, Any]] = []
         self.last_checkpoint: Path | None = None
@@ -217,7 +218,7 @@ class Trainer(Checkpointing):
         if self.preempted:
             self.save_checkpoint("preempted")
         self.stop.close()
-        self.algo.finish()
+        self._finish_algorithm()
         if self.progress:
             self.progress.close()
         return self.finalize("preempted" if self.preempted else "completed")
@@ -226,7 +227,11 @@ class Trainer(Checkpointing):
         """Act on every milestone the sample count has reached, in order (an evaluation makes
         an asynchronous count exact, which may reach further ones)."""
         while (milestone := self.milestones.due(self.samples)) is not None:
+            if milestone.kind != STOP_CHECK:  # the collective ones: every rank waits there
+                self.algo.milestone_reached(milestone.samples)
             if milestone.kind == EVALUATE:
+                if milestone.final:  # nothing may change the model after it is scored
+                    self._finish_algorithm()
                 self.evaluate(final=milestone.final)
             elif milestone.kind == CHECKPOINT:
                 self.save_checkpoint("scheduled")
@@ -241,9 +246,22 @@ class Trainer(Checkpointing):
         agree on the exact global sample count. The time spent here is waiting for the
         slowest rank to reach the milestone (idle), also kept apart as milestone_wait."""
         with self.timers.time("idle"), self.timers.time("milestone_wait"):
-            self.algo.pause()
+            if not self.algo_finished:
+                self.algo.pause()
             self._sync_samples()
         self.milestone_waits += 1
+
+    def _leave(self) -> None:
+        """After a collective milestone: the algorithm goes on (unless it has finished)."""
+        if not self.algo_finished:
+            self.algo.resume()
+
+    def _finish_algorithm(self) -> None:
+        """End the algorithm's communication (collective, once): at the final evaluation, or
+        after the loop when a stop came first."""
+        if not self.algo_finished:
+            self.algo.finish()
+            self.algo_finished = True
 
     def _sync_samples(self) -> None:
         """Every rank learns the exact global count (asynchronous ranks only estimate it)."""
@@ -472,7 +490,7 @@ class Trainer(Checkpointing):
                     self._fill_scratch(lambda t: self.comm.broadcast_(t, root=0)))
             consensus = self.consensus_distance()
             per_rank = self.comm.gather_objects(self._rank_report())
-        self.algo.resume()
+        self._leave()
         if not self.runlog:
             return
         wall = time.perf_counter() - self.start_time

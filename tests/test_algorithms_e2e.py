@@ -75,3 +75,45 @@ def straggler_lines(tmp_path_factory):
 @pytest.mark.parametrize("algo", STRAGGLER_ALGOS)
 def test_straggler_injection_slows_the_chosen_rank_for_every_algorithm(straggler_lines, algo):
     assert case_report(straggler_lines, algo, 4).count("straggler slowed") == 4
+
+
+IMMUNITY_CASES = {  # first override: the least ratio of the others' steps to the straggler's
+    "adpsgd-fixed": ["min_ratio=3", "algo=adpsgd", "algo.pattern=fixed"],
+    "adpsgd-random": ["min_ratio=3", "algo=adpsgd", "algo.pattern=random", "topology=complete"],
+    "hadpsgd": ["min_ratio=3", "algo=hadpsgd"],  # the other node against the straggler's
+    "ssgd": ["min_ratio=1", "algo=ssgd"],  # control: lockstep, every rank the same steps
+}
+
+
+@pytest.fixture(scope="module")
+def immunity_lines(tmp_path_factory):
+    return run_mpi_cases(4, "straggler_immunity.py", tmp_path_factory.mktemp("immunity"),
+                         IMMUNITY_CASES)
+
+
+@pytest.mark.parametrize("case", sorted(IMMUNITY_CASES))
+def test_asynchronous_learners_go_on_without_a_10x_straggler(immunity_lines, case):
+    """With rank 3 ten times slower, the other learners take several times its steps
+    (steps_per_rank in summary.json: counts, not times); lockstep SSGD takes equal steps."""
+    report = case_report(immunity_lines, case, 4)
+    assert report.count("steps per rank") == 4, report
+    print(f"{case}: {report.splitlines()[0]}")
+
+
+FINAL_MODEL_CASES = {
+    "adpsgd": ["algo=adpsgd"],
+    "hadpsgd": ["algo=hadpsgd"],
+    "dasgd": ["algo=dasgd", "algo.tau=3", "algo.delay=2"],  # a reduction in flight at the end
+    "local-sgd": ["algo=local_sgd", "algo.period=3"],
+}
+
+
+@pytest.fixture(scope="module")
+def final_model_lines(tmp_path_factory):
+    return run_mpi_cases(4, "final_model.py", tmp_path_factory.mktemp("final"),
+                         FINAL_MODEL_CASES)
+
+
+@pytest.mark.parametrize("case", sorted(FINAL_MODEL_CASES))
+def test_the_saved_final_model_is_the_scored_one(final_model_lines, case):
+    assert case_report(final_model_lines, case, 4).count("scored") == 4

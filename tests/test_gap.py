@@ -94,3 +94,24 @@ def test_several_topologies_in_one_table(capsys):
     rows = [line.split()[:2] for line in out.strip().splitlines()[1:]]
     assert status == 0
     assert rows == [["ring", "8"], ["ring", "16"], ["random_ring", "8"], ["random_ring", "16"]]
+
+
+def test_adpsgd_pairwise_rho_of_the_papers_peer_sets(capsys):
+    """--algo adpsgd: one averaging on a random active-passive edge (algorithms.md §9.4)."""
+    status, out, _ = run_main(capsys, "--topology", "ring", "bipartite_exponential",
+                              "complete", "--n", "64", "128", "--algo", "adpsgd", "--json")
+    assert status == 0
+    rows = {(r["topology"], r["n"]): r for r in json.loads(out)}
+    per_event = {("ring", 64): 0.000075, ("ring", 128): 0.000009,
+                 ("bipartite_exponential", 64): 0.009439,
+                 ("bipartite_exponential", 128): 0.003922,
+                 ("complete", 64): 0.015625, ("complete", 128): 0.007812}  # = 1/n
+    for key, gap_per_event in per_event.items():
+        row = rows[key]
+        assert row["spectral_gap"] == pytest.approx(gap_per_event, abs=1e-6)
+        assert row["rho"] == pytest.approx(1 - gap_per_event, abs=1e-6)
+        assert row["rho_round"] == pytest.approx(row["rho"] ** (key[1] / 2))
+    assert 1 - rows[("bipartite_exponential", 64)]["rho_round"] == pytest.approx(0.2618,
+                                                                                 abs=1e-4)
+    status, out, _ = run_main(capsys, "--topology", "ring", "--n", "8", "--algo", "adpsgd")
+    assert out.splitlines()[0].split() == ["topology", "n", "spectral_gap", "rho", "rho_round"]

@@ -9,6 +9,7 @@ from omegaconf import OmegaConf
 from runner.errors import ConfigError
 from runner.topology import TOPOLOGIES, build
 from runner.topology.graphs import BipartiteExponential
+from runner.topology.pairing import is_active, passive_peers, peer_schedule
 from runner.topology.random_ring import RandomRing
 from runner.topology.spectral import (
     centering,
@@ -230,7 +231,41 @@ def test_bipartite_exponential_offsets_and_roles():
     assert topology.peer_offsets(4) == [1, 3]
     for n in (2, 4, 8, 16, 64, 128):
         assert all((i + j) % 2 == 1 for i, j in topology.pairwise_edges(n))
-    assert topology.is_active(3) and not topology.is_active(4)
+    assert is_active(4) and not is_active(3)  # the project's one role convention
+
+
+def test_ad_psgd_peers_follow_the_topology():
+    ring = passive_peers(build("ring"), 8)
+    assert ring == {0: [1, 7], 2: [3, 1], 4: [5, 3], 6: [7, 5]}  # right, then left
+    assert passive_peers(build("ring"), 2) == {0: [1]}
+    # The paper's log-hop peers: offsets +-1, +-3, +-5, +-9, +-17, +-33 by ring distance.
+    assert passive_peers(build("bipartite_exponential"), 64)[0] == [
+        1, 63, 3, 61, 5, 59, 9, 55, 17, 47, 31, 33]
+    complete = passive_peers(build("complete"), 8)
+    assert all(sorted(peers) == [1, 3, 5, 7] for peers in complete.values())
+    # Edges between two actives or two passives are not used (torus 4x4: rank 0 has
+    # neighbours 1, 3, 4 and 12; 4 and 12 are active like it).
+    assert passive_peers(build("torus"), 16)[0] == [1, 3]
+
+
+def test_ad_psgd_peer_schedules():
+    peers = [1, 7, 3, 5]
+    fixed = peer_schedule("fixed", peers, seed=0, active=0)
+    assert [fixed(k) for k in range(6)] == [1, 7, 3, 5, 1, 7]
+    draws = [peer_schedule("random", peers, seed=3, active=2)(k) for k in range(4000)]
+    assert set(draws) == set(peers)
+    assert all(abs(draws.count(p) / 4000 - 0.25) < 0.03 for p in peers)
+    again = peer_schedule("random", peers, seed=3, active=2)
+    assert [again(k) for k in range(50)] == draws[:50]  # a function of k: resumable
+
+
+@pytest.mark.parametrize("name,n,message", [
+    ("random_ring", 8, "draws a new graph every step"),
+    ("exponential", 6, "cannot use n=6"),
+])
+def test_ad_psgd_peers_refuse_graphs_they_cannot_use(name, n, message):
+    with pytest.raises(ConfigError, match=message):
+        passive_peers(build(name), n)
 
 
 @pytest.mark.parametrize("n", [4, 8, 16, 32, 64, 128])

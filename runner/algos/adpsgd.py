@@ -5,30 +5,41 @@ Logical update (one gradient of one learner i; one averaging of a pair i, j)::
     x_i, x_j <- (x_i + x_j) / 2               W_k = I - (e_i - e_j)(e_i - e_j)^T / 2
     x_i      <- x_i - gamma * g_i(xhat_i)     xhat_i: a possibly stale read of x_i
 
+where g_i includes weight decay taken at the same read (the gradient of the regularized loss
+at xhat_i).
+
 How it runs. Each learner's model x is shared by two threads:
 
 * the training thread computes g on a snapshot of x (copied into the model before every
   forward pass) and applies its optimizer step to x under a short lock. It never waits for
   communication.
 * one gossip thread per learner (runner/comm/pairwise.py) owns the averaging: learners are
-  split into actives (even) and passives (odd); only an active starts an averaging, always with
-  a passive, once per local step. ``pattern=fixed`` alternates between the right and left ring
-  neighbour; ``pattern=random`` picks a uniformly random passive (TASLP's randomized pattern).
-  Both ends average exactly the two snapshots they exchanged and merge the result into x, which
-  keeps the pair's sum and equals an atomic averaging followed by the gradients that arrived in
-  the meantime. Waits only go from actives to passives, so no deadlock is possible.
+  split into actives (even) and passives (odd) (runner/topology/pairing.py); only an active
+  starts an averaging, always with a passive neighbour in ``topology``'s graph, once per
+  local step. ``pattern=fixed`` cycles through the neighbours by ring distance (on the ring:
+  right, left, right...; ``topology=bipartite_exponential``: the paper's log-hop peers +-1,
+  +-3, +-5, +-9...); ``pattern=random`` picks one uniformly (``topology=complete``: any
+  passive, TASLP's randomized pattern). Both ends average exactly the two snapshots they
+  exchanged and merge the result into x, which keeps the pair's sum and equals an atomic
+  averaging followed by the gradients that arrived in the meantime. Waits only go from actives
+  to passives, so no deadlock is possible.
 
 Progress and the learning-rate schedule follow an estimate of global samples (counters ride on
 every exchange and are made exact at each evaluation): fast learners take more steps than slow
-ones. Evaluation and the end quiesce the gossip (no new exchange, a barrier, in-flight ones
+ones. A learner that reaches a milestone (evaluation, checkpoint) first announces it to every
+other learner (runner/comm/milestone_signal.py), so that none lags behind while the others
+wait. Evaluation and the end quiesce the gossip (no new exchange, a barrier, in-flight ones
 completed): no learner exits while a peer waits on it. Momentum stays local (§0.3).
 
-Checkpoints are taken with the gossip quiesced (``pause()``: no exchange in flight anywhere):
-each learner stores x, its optimizer state, the progress counters, the exchange count (the
-peer schedule is a function of seed, learner and exchange count) and its staleness record.
+Checkpoints are taken with the gossip quiesced (``pause()``: no exchange in flight anywhere),
+under the model lock: each learner stores x, its optimizer state, the progress counters, the
+exchange count (the peer schedule is a function of seed, learner and exchange count) and its
+staleness record.
 
 ``delay_by_one=true`` selects the delay-by-one scheme instead (§5.4, delay_by_one.py).
-Subclassed by hadpsgd.py, where each learner is a node of ranks (a super learner).
+Subclassed by hadpsgd.py, where each learner is a node of ranks (a super learner): every rank
+of a node applies the same averaged gradient to its own copy of x, and the leader's x, which
+alone gossips, is broadcast to the node only at steps after an averaging changed it.
 """
 
 from __future__ import annotations
@@ -41,11 +52,14 @@ import torch
 
 from ..comm.buffers import flatten_gradients
 from ..comm.communicator import Communicator
+from ..comm.milestone_signal import MilestoneSignal
 from ..comm.pairwise import PairwiseAverager
 from ..comm.world import mpi
 from ..config import require
 from ..errors import ConfigError
 from ..optim import flat_param_groups
+from ..topology import TOPOLOGIES
+from ..topology.pairing import is_active, passive_peers, peer_schedule
 from . import ALGORITHMS
 from .base import AlgoConfig, Algorithm
 
@@ -53,7 +67,7 @@ from .base import AlgoConfig, Algorithm
 @dataclass
 class ADPSGDConfig(AlgoConfig):
     name: str = "adpsgd"
-    pattern: str = "fixed"  # fixed: alternate right/left ring neighbour; random: any passive
+    pattern: str = "fixed"  # fixed: cycle through the topology's passive neighbours; random
     delay_by_one: bool = False  # the delay-by-one scheme of algorithms.md §5.4
     timeout_s: float = 300.0  # an exchange with no answer for this long is an error
 
@@ -64,18 +78,11 @@ class ADPSGDConfig(AlgoConfig):
                 f"{prefix}.timeout_s=300")
 
 
-def ring_or_random_peer(pattern: str, index: int, count: int, seed: int):
-    """Peer schedule of active ``index`` among ``count`` participants (even ones active): a
-    function of the exchange number k alone, so that a resumed run continues it."""
-    if pattern == "fixed":
-        return lambda k: (index + (1 if k % 2 == 0 else -1)) % count
-    return lambda k: 2 * int(np.random.default_rng([seed, index, k]).integers(count // 2)) + 1
-
-
 @ALGORITHMS.register("adpsgd")
 class ADPSGD(Algorithm):
     Config = ADPSGDConfig
     asynchronous = True
+    uses_topology = True  # its graph of active-passive pairs
 
     @classmethod
     def build(cls, cfg, ctx):
@@ -90,12 +97,37 @@ class ADPSGD(Algorithm):
         return run_cfg.launcher.nprocs
 
     @classmethod
+    def topology_ignored(cls, run_cfg) -> str | None:
+        if run_cfg.algo.delay_by_one:
+            return ("delay-by-one (algo.delay_by_one=true) exchanges along the perfect "
+                    "matchings that algo.pattern sets (fixed: the ring's two alternating "
+                    "matchings; random: a random matching of all learners)")
+        return None
+
+    @classmethod
     def check_world(cls, run_cfg):
         count = cls.participants(run_cfg)
         if count > 1 and count % 2:
             raise ConfigError("launcher.nprocs", f"{cls.registered_name} pairs active and "
                               f"passive learners, so it needs an even number of them, got "
                               f"{count}", cls.even_fix(run_cfg))
+        if count > 1 and not run_cfg.algo.delay_by_one:
+            try:
+                passive_peers(cls.topology(run_cfg), count)
+            except ConfigError as error:
+                if f"n={count}" not in error.cause:
+                    raise
+                # The topology speaks of n: say what n is here.
+                raise ConfigError(error.key, f"{error.cause.split(': ', 1)[-1]} (n = "
+                                  f"{cls.participants_phrase(run_cfg)})", error.fix) from None
+
+    @classmethod
+    def participants_phrase(cls, run_cfg) -> str:
+        return f"launcher.nprocs = {cls.participants(run_cfg)} learners"
+
+    @classmethod
+    def topology(cls, run_cfg):
+        return TOPOLOGIES.get(run_cfg.topology.name)(run_cfg.topology, seed=run_cfg.seed)
 
     @classmethod
     def even_fix(cls, run_cfg) -> str:
@@ -115,37 +147,60 @@ class ADPSGD(Algorithm):
         self.grads = flatten_gradients(model.parameters())
         self.x = [flat.detach().clone() for flat in self.replica]
         self.lock = threading.Lock()
-        # The trainer's parameter groups (and their weight decay) over views of x.
-        groups = flat_param_groups(optimizer.param_groups, list(model.parameters()), self.x,
-                                   self.grads)
+        # The trainer's parameter groups over views of x. Their weight decay is taken at the
+        # replica the gradient was computed on (part of g, see the docstring), so that every
+        # rank of a super learner computes the same update whether or not its leader's x has
+        # changed by an averaging since.
+        params = list(model.parameters())
+        groups = flat_param_groups(optimizer.param_groups, params, self.x, self.grads)
+        at_replica = flat_param_groups(optimizer.param_groups, params, self.replica, self.grads)
+        self._decay = [(group["weight_decay"], [p.grad for p in group["params"]],
+                        [p.detach() for p in group["params"]])
+                       for group in at_replica if group.get("weight_decay")]
+        for group in groups:
+            group["weight_decay"] = 0.0
         self.optimizer_x = torch.optim.SGD(groups, lr=optimizer.defaults["lr"])
         world_mpi = self.comm.mpi_comm
         leaders = world_mpi.Split(0 if self.is_leader else mpi().UNDEFINED, self.world.rank)
         self.averager = None
+        self.signal = None
         self.staleness: list[int] = []
         if self.is_leader and leaders.Get_size() > 1:
             index, count = leaders.Get_rank(), leaders.Get_size()
+            peers = passive_peers(self.topology(self.ctx.cfg), count).get(index, [])
             self.averager = PairwiseAverager(
-                leaders, self.x, self.lock, is_active=index % 2 == 0,
-                next_peer=ring_or_random_peer(self.cfg.pattern, index, count,
-                                              self.ctx.cfg.seed),
+                leaders, self.x, self.lock, is_active=is_active(index),
+                next_peer=peer_schedule(self.cfg.pattern, peers, self.ctx.cfg.seed, index),
                 timeout_s=self.cfg.timeout_s)
+            self.signal = MilestoneSignal(leaders, self.cfg.timeout_s)
         if leaders != mpi().COMM_NULL:
             leaders.Free()
         self._snapshot_version = 0
+        self._shared_version = 0  # the leader's version the node's replicas last received
         self.local_steps = 0  # steps of this session (traffic per step)
 
-    def _refresh_replica(self) -> None:
-        """Copy x into the model the next gradient is computed on (and into every replica)."""
+    def _refresh_replica(self, force: bool = False) -> None:
+        """Copy x into the model the next gradient is computed on. In a super learner every
+        rank stepped its own x alike; the leader's x is broadcast only when an averaging
+        changed it since the last broadcast (or with ``force``)."""
+        changed = force
         if self.is_leader:
             with self.lock:
+                version = self.averager.version if self.averager else 0
+                changed = changed or version != self._shared_version
                 for replica, x in zip(self.replica, self.x):
                     replica.copy_(x)
-                self._snapshot_version = self.averager.version if self.averager else 0
-        if self.group.size > 1:
-            with self.timers.time("comm"):
+                self._shared_version = self._snapshot_version = version
+        if self.group.size == 1:
+            return
+        with self.timers.time("comm"):
+            changed = self.group.bcast_object(changed, root=0)
+            if changed:
                 for replica in self.replica:
                     self.group.broadcast_(replica, root=0)
+        if not self.is_leader:
+            for replica, x in zip(self.replica, self.x):
+                x.copy_(replica) if changed else replica.copy_(x)
 
     # ---- hooks -------------------------------------------------------------------------
     def before_forward(self, step):
@@ -166,10 +221,10 @@ class ADPSGD(Algorithm):
                     self.group.allreduce_(grad, op="mean")
 
     def apply_update(self, optimizer):
-        if not self.is_leader:
-            return
         for group in self.optimizer_x.param_groups:
             group["lr"] = optimizer.param_groups[0]["lr"]
+        for weight_decay, grads, params in self._decay:
+            torch._foreach_add_(grads, params, alpha=weight_decay)
         with self.lock:
             self.optimizer_x.step()
             if self.averager:
@@ -180,12 +235,16 @@ class ADPSGD(Algorithm):
         if self.averager:
             # A learner's samples are its members' (equal batches inside a node).
             self.averager.tick(local_samples * self.group.size)
-            estimate = self.averager.global_samples()
+            estimate = max(self.averager.global_samples(), self.signal.latest())
         elif self.is_leader:
             estimate = lockstep_samples  # one learner: nothing to estimate
         if self.group.size > 1:  # every member follows its leader's clock
             estimate = self.group.bcast_object(estimate, root=0)
         return estimate
+
+    def milestone_reached(self, samples):
+        if self.signal:
+            self.signal.announce(samples)
 
     def sync_global_samples(self, exact):
         # Exact per-learner counts, over the world's control communicator (the gossip
@@ -194,7 +253,8 @@ class ADPSGD(Algorithm):
         mine = int(self.averager.counts[self.averager.rank]) if self.averager else None
         counts = [c for c in self.comm.allgather_objects(mine) if c is not None]
         if self.averager:
-            self.averager.counts[:] = counts
+            with self.lock:
+                self.averager.counts[:] = counts
 
     def pause(self):
         if self.averager:
@@ -210,6 +270,7 @@ class ADPSGD(Algorithm):
     def finish(self):
         if self.averager:
             self.averager.stop(self.comm.barrier)
+            self.signal.close()
         else:
             self.comm.barrier()
         self._refresh_replica()
@@ -218,13 +279,15 @@ class ADPSGD(Algorithm):
         return self.group if self.group.size > 1 else None  # a super learner's members
 
     def state_dict(self):
-        state = {"x": [t.clone() for t in self.x], "optimizer": self.optimizer_x.state_dict(),
-                 "staleness": torch.tensor(self.staleness, dtype=torch.int64)}
-        if self.averager:
-            a = self.averager
-            state["gossip"] = {"counts": torch.from_numpy(a.counts.copy()),
-                               "exchanges": a.exchanges, "version": a.version,
-                               "partners": dict(a.partners)}
+        with self.lock:  # the gossip is quiesced; the lock makes that no assumption
+            state = {"x": [t.clone() for t in self.x],
+                     "optimizer": self.optimizer_x.state_dict(),
+                     "staleness": torch.tensor(self.staleness, dtype=torch.int64)}
+            if self.averager:
+                a = self.averager
+                state["gossip"] = {"counts": torch.from_numpy(a.counts.copy()),
+                                   "exchanges": a.exchanges, "version": a.version,
+                                   "partners": dict(a.partners)}
         return state
 
     def load_state_dict(self, state):
@@ -238,8 +301,8 @@ class ADPSGD(Algorithm):
                 a.counts[:] = gossip["counts"].numpy()
                 a.exchanges, a.version = gossip["exchanges"], gossip["version"]
                 a.partners = dict(gossip["partners"])
-                self._snapshot_version = a.version
-        self._refresh_replica()
+                self._snapshot_version = self._shared_version = a.version
+        self._refresh_replica(force=True)
 
     def stats(self):
         out = {}

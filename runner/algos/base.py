@@ -11,8 +11,10 @@ gradients and parameters at fixed points of each step::
     apply_update(optimizer)       # default: optimizer.step()
     after_step(step)              # e.g. gossip, periodic averaging
 
-plus ``pause()``/``resume()`` around evaluation and checkpoints, ``finish()`` (shutdown
-protocol: no rank may exit while a peer still waits on it), ``state_dict()``/
+plus ``milestone_reached()`` before each evaluation, checkpoint or preemption check,
+``pause()``/``resume()`` around evaluation and checkpoints, ``finish()`` (shutdown protocol:
+no rank may exit while a peer still waits on it; called before the final evaluation, so that
+the model scored last is the model saved), ``state_dict()``/
 ``load_state_dict()`` for checkpoints (called between steps, after ``pause()``, on every rank
 at the same milestone: communication still in flight there is completed and stored, so a
 resumed run continues exactly where the checkpoint was taken) and ``shared_update_group()``
@@ -76,6 +78,14 @@ class Algorithm:
     def check_world(cls, run_cfg: DictConfig) -> None:
         """Raise ConfigError before ranks start when the world shape cannot work."""
 
+    @classmethod
+    def topology_ignored(cls, run_cfg: DictConfig) -> str | None:
+        """Why this algorithm, as configured, has no use for ``topology`` (the command line
+        refuses a ``topology=`` it would silently drop); None when it follows it."""
+        if cls.uses_topology:
+            return None
+        return f"{cls.registered_name} averages over every rank with an allreduce"
+
     def setup(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
         self.model = model
         self.optimizer = optimizer
@@ -119,6 +129,10 @@ class Algorithm:
 
     def after_step(self, step: int) -> None:
         pass
+
+    def milestone_reached(self, samples: int) -> None:
+        """This rank reached the milestone at ``samples`` global samples and is about to act
+        on it (asynchronous algorithms tell their peers, whose estimates may lag)."""
 
     def pause(self) -> None:
         """Quiesce background communication (evaluation, checkpoints)."""

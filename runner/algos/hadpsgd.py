@@ -56,6 +56,11 @@ class HADPSGD(ADPSGD):
         return -(-nprocs // ppn)
 
     @classmethod
+    def participants_phrase(cls, run_cfg) -> str:
+        return (f"{cls.participants(run_cfg)} super learners, launcher.nprocs / "
+                "launcher.procs_per_node")
+
+    @classmethod
     def even_fix(cls, run_cfg) -> str:
         ppn = run_cfg.launcher.procs_per_node
         nodes = run_cfg.launcher.nprocs // ppn

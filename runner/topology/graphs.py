@@ -143,10 +143,10 @@ class BipartiteExponential(Circulant):
     """AD-PSGD's bipartite exponential graph (algorithms.md §3(b')), ``n`` even.
 
     Ring offsets ``+-1`` and ``+-(2^m + 1)`` for ``m = 1, 2, ...`` while ``2^m + 1 <= n - 1``,
-    i.e. 1, 3, 5, 9, 17, 33, 65: all odd, so every edge joins an even (passive) and an odd
-    (active) rank; each active cycles through :meth:`peer_offsets`, one peer per averaging. As a
-    mixing matrix: uniform weights over self plus distinct neighbours (symmetric). ``n = 8, 16``
-    give the complete bipartite graph.
+    i.e. 1, 3, 5, 9, 17, 33, 65: all odd, so every edge joins an even (active) and an odd
+    (passive) participant (runner/topology/pairing.py); with ``algo=adpsgd`` each active
+    cycles through these peers, one per averaging. As a mixing matrix: uniform weights over self
+    plus distinct neighbours (symmetric). ``n = 8, 16`` give the complete bipartite graph.
     """
 
     Config = BipartiteExponentialConfig
@@ -154,13 +154,8 @@ class BipartiteExponential(Circulant):
     def check_size(self, n: int) -> None:
         super().check_size(n)
         if n % 2:
-            raise size_error(self, n, "actives (odd ranks) and passives (even ranks) must pair up",
+            raise size_error(self, n, "actives (even) and passives (odd) must pair up",
                              f"use an even n, e.g. n={n + 1}")
-
-    @staticmethod
-    def is_active(rank: int) -> bool:
-        """Odd ranks initiate averagings (active); even ranks only answer (passive)."""
-        return rank % 2 == 1
 
     def peer_offsets(self, n: int) -> list[int]:
         """Positive offsets ``1, 3, 5, 9, ...`` (``2^m + 1 <= n - 1``); peers are ``i +- o``."""

@@ -1,0 +1,80 @@
+"""Telling every asynchronous participant at once that a milestone was reached.
+
+Asynchronous learners estimate global progress from the counters that ride on their exchanges
+(runner/comm/pairwise.py). When the estimate of one of them crosses a milestone (an evaluation,
+a checkpoint), it stops exchanging and waits there for the others; a passive whose actives all
+wait then hears of nobody's progress and closes the gap on its own samples alone, n times
+slower than the job did. So whoever reaches a milestone first announces it to every other
+participant (one small non-blocking message each), and each participant takes the largest
+announced milestone as a floor for its estimate: a count someone else's estimate reached is a
+count the job really reached.
+
+Every participant passes the same milestones, so each one ends up receiving exactly
+``(n - 1) * announced`` messages; :meth:`MilestoneSignal.close` waits for those (bounded by a
+timeout) so that no message is left in flight when the communicator is freed.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from .pairwise import ExchangeTimeout
+from .world import mpi
+
+TAG = 31
+
+
+class MilestoneSignal:
+    def __init__(self, mpi_comm, timeout_s: float = 300.0):
+        """``mpi_comm``: the participants (a duplicate is used; only the calling thread)."""
+        self.MPI = mpi()
+        self.comm = mpi_comm.Dup()
+        self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
+        self.timeout_s = timeout_s
+        self.floor = 0  # the largest milestone anyone announced
+        self.announced = 0
+        self.received = 0
+        self._sends: list = []  # (request, payload): the payload must outlive the send
+        self._inbox = np.zeros(1, dtype=np.int64)
+        self._status = self.MPI.Status()
+        self.closed = False
+
+    def announce(self, samples: int) -> None:
+        """This participant reached the milestone at ``samples`` global samples."""
+        if self.closed:
+            return
+        payload = np.array([samples], dtype=np.int64)
+        for peer in range(self.size):
+            if peer != self.rank:
+                self._sends.append((self.comm.Isend(payload, dest=peer, tag=TAG), payload))
+        self.announced += 1
+        self.floor = max(self.floor, samples)
+        self._sends = [(r, p) for r, p in self._sends if not r.Test()]
+
+    def latest(self) -> int:
+        """The largest milestone announced so far (reads what has arrived; never waits)."""
+        while not self.closed and self.comm.Iprobe(source=self.MPI.ANY_SOURCE, tag=TAG,
+                                                   status=self._status):
+            self.comm.Recv(self._inbox, source=self._status.Get_source(), tag=TAG)
+            self.received += 1
+            self.floor = max(self.floor, int(self._inbox[0]))
+        return self.floor
+
+    def close(self) -> None:
+        """Receive every announcement still on its way, complete the sends, free."""
+        if self.closed:
+            return
+        deadline = time.monotonic() + self.timeout_s
+        expected = self.announced * (self.size - 1)
+        while self.received < expected or not all(r.Test() for r, _ in self._sends):
+            if time.monotonic() > deadline:
+                raise ExchangeTimeout(
+                    f"participant {self.rank}: {expected - self.received} milestone "
+                    f"announcement(s) of other participants never arrived in "
+                    f"{self.timeout_s:.0f} s (is every rank alive?)")
+            self.latest()
+            time.sleep(1e-3)
+        self.closed = True
+        self.comm.Free()

@@ -1,0 +1,37 @@
+"""mpiexec -n 4 python straggler_immunity.py RUN_DIR CASES_JSON: rank 3 computes ten times
+slower; the steps each rank took (summary.json's ``steps_per_rank``) tell whether the others
+went on without it. The first override is ``min_ratio=R``: the slowest other learner's steps
+over the straggler's must be at least R (asynchronous algorithms), or, with ``R = 1``, every
+rank's steps must be equal (lockstep algorithms, the control).
+
+Learners are ranks, except for hadpsgd, where the straggler's node partner is as slow as it
+by design (the node is synchronous) and the other node is what must go on.
+"""
+
+from runner.comm.communicator import Communicator
+
+from harness import build_trainer, compose_config, run_cases_on_ranks
+
+
+def checks(world_mpi, run_dir, overrides):
+    min_ratio = float(overrides[0].removeprefix("min_ratio="))
+    comm = Communicator(world_mpi, "mpi")
+    cfg = compose_config([*overrides[1:], "launcher.nprocs=4", "launcher.procs_per_node=2",
+                          "faults.straggler.ranks=[3]", "faults.straggler.factor=10",
+                          "trainer.epochs=2", "trainer.batch_size=16"])
+    trainer, node = build_trainer(world_mpi, comm, run_dir, cfg)
+    summary = comm.bcast_object(trainer.run())
+    node.close()
+    comm.close()
+    steps = summary["steps_per_rank"]
+    slow = steps[3]
+    others = steps[:2] if cfg.algo.name == "hadpsgd" else steps[:3]
+    ratio = min(others) / slow
+    if min_ratio == 1:
+        assert len(set(steps)) == 1, f"lockstep ranks took different steps: {steps}"
+    else:
+        assert ratio >= min_ratio, f"steps {steps}: the others took only {ratio:.2f}x"
+    return f"steps per rank {steps}, ratio {ratio:.2f}"
+
+
+run_cases_on_ranks(checks)
