@@ -118,24 +118,37 @@ def test_kill_during_a_checkpoint_write_keeps_the_previous_one_and_ssgd_resumes_
     assert difference <= 1e-6, f"resumed SSGD differs from the uninterrupted run by {difference}"
 
 
-def test_an_asynchronous_run_killed_and_resumed_reaches_the_same_epochs(tmp_path):
-    job = ["trainer.progress=false", "trainer.eval_every=20"]
-    reference = tmp_path / "uninterrupted"
-    run_cli(["recipe=digit_images", "algo=adpsgd", "launcher.nprocs=2", "trainer.epochs=4",
-             *job, f"hydra.run.dir={reference}"], cwd=tmp_path)
-    result = bench.kill_one_rank(tmp_path, "adpsgd", 2, 0, job, name="killed", epochs=4)
+# Held-out top-1 (%) of uninterrupted runs of the jobs below, 9 each (5 with seed 0, seeds
+# 1-4), measured 2026-11-23 (docs/RESULTS.md, "Asynchronous resume"): mean, standard
+# deviation, range. A resumed run must land within 3 standard deviations of the mean (one
+# held-out sample is 0.28%); the 4 killed-and-resumed runs measured then gave 96.10-97.49
+# (adpsgd) and 96.10-97.21 (hadpsgd).
+UNINTERRUPTED_TOP1 = {"adpsgd": (97.25, 0.49, "96.66-98.05"),
+                      "hadpsgd": (95.85, 1.14, "93.87-97.49")}
+ASYNC_KILLS = {"adpsgd": (2, 0, []), "hadpsgd": (4, 2, ["launcher.procs_per_node=2"])}
+
+
+@pytest.mark.parametrize("algo", sorted(ASYNC_KILLS))
+def test_an_asynchronous_run_killed_and_resumed_reaches_the_uninterrupted_accuracy(tmp_path,
+                                                                                   algo):
+    """kill -9 of a rank right after the first checkpoint, then resume=auto: the run ends at
+    the same epochs with a held-out accuracy inside the uninterrupted runs' spread (the
+    invariants across a resume are tests/test_resume_mpi.py's)."""
+    nprocs, victim, extra = ASYNC_KILLS[algo]
+    job = ["trainer.progress=false", "trainer.eval_every=20", *extra]
+    result = bench.kill_one_rank(tmp_path, algo, nprocs, victim, job, name="killed", epochs=4)
     run_dir = Path(result["run_dir"])
     assert result["status"] != 0 and result["checkpoint"], result["stderr"]
-    run_cli(["recipe=digit_images", "algo=adpsgd", "launcher.nprocs=2", "trainer.epochs=4",
-             *job, "resume=auto", f"hydra.run.dir={run_dir}"], cwd=tmp_path)
-    whole, (resumed, summary) = read_run(reference)[0], read_run(run_dir)
-    assert summary["status"] == "completed"
-    last = [m for m in resumed if m["split"] == whole[-1]["split"]][-1]
-    # Asynchronous ranks stop once their estimate of the global count passes the budget: a
-    # few steps past it, more when an estimate lags on a loaded machine (4.03-4.26 seen).
-    assert 4 <= whole[-1]["epoch"] < 4.5 and 4 <= last["epoch"] < 4.5, (whole[-1], last)
-    print(f"top-1 uninterrupted {whole[-1]['top1']:.2f}%, killed and resumed {last['top1']:.2f}%")
-    assert last["top1"] >= whole[-1]["top1"] - 5 and last["top1"] >= 85  # percent
+    run_cli(["recipe=digit_images", f"algo={algo}", f"launcher.nprocs={nprocs}",
+             "trainer.epochs=4", *job, "resume=auto", f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+    metrics, summary = read_run(run_dir)
+    assert summary["status"] == "completed" and summary["resumed_from"] == result["checkpoint"]
+    last = [m for m in metrics if m["split"] == "eval"][-1]
+    # Asynchronous ranks stop once their estimate of the global count passes the budget.
+    assert 4 <= last["epoch"] < 4.5, last
+    mean, sd, spread = UNINTERRUPTED_TOP1[algo]
+    print(f"{algo}: killed and resumed top-1 {last['top1']:.2f}% (uninterrupted {spread})")
+    assert last["top1"] >= mean - 3 * sd, f"{last['top1']:.2f}% against uninterrupted {spread}"
 
 
 def test_a_nonfinite_loss_stops_with_one_line_and_keeps_the_last_good_checkpoint(tmp_path):

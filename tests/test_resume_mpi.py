@@ -38,3 +38,26 @@ def test_checkpoint_resume_and_nonfinite_steps(job, case):
         assert report.count("identical") == 2, report
     if case in ("dasgd-in-flight", "delay-by-one"):
         assert "with communication in flight" in report, report
+
+
+ASYNC_CASES = {
+    "adpsgd-fixed": ["algo=adpsgd", "algo.pattern=fixed"],
+    "adpsgd-random": ["algo=adpsgd", "algo.pattern=random", "topology=complete"],
+    "hadpsgd": ["algo=hadpsgd", "launcher.procs_per_node=2"],
+}
+
+
+@pytest.fixture(scope="module")
+def async_job(tmp_path_factory):
+    return run_mpi_cases(4, "async_resume.py", tmp_path_factory.mktemp("async_resume"),
+                         ASYNC_CASES, timeout=500)
+
+
+@pytest.mark.parametrize("case", sorted(ASYNC_CASES))
+def test_asynchronous_resume_keeps_the_pair_sums_and_the_peer_schedule(async_job, case):
+    """A checkpoint of a learning AD-PSGD/H-ADPSGD run is a consistent cut (sum of the models
+    = initial sum + updates applied before it), and the run resumed from it conserves the sum
+    and continues every active's peer schedule at the saved exchange number."""
+    report = case_report(async_job, case, 4)
+    assert report.count("a consistent cut") == 4 and report.count("as scheduled") == 4, report
+    print(f"{case}: {report.splitlines()[0]}")

@@ -1,8 +1,12 @@
 """Run checks on every rank; a failing rank aborts the whole job instead of hanging peers."""
 
+import hashlib
 import json
 import sys
+import threading
 import traceback
+
+import torch
 
 from runner.comm.world import mpi
 
@@ -67,8 +71,6 @@ def compose_config(overrides: list[str]):
 
 def build_trainer(world_mpi, comm, run_dir, cfg):
     """A Trainer on this rank for ``cfg``; returns it and the node communicator to close."""
-    import torch
-
     from runner.comm.communicator import Communicator
     from runner.comm.world import detect_world
     from runner.trainer import Trainer
@@ -76,3 +78,104 @@ def build_trainer(world_mpi, comm, run_dir, cfg):
     world, node_mpi = detect_world(world_mpi, cfg.launcher.procs_per_node)
     node = Communicator(node_mpi, "mpi", name="node")
     return Trainer(cfg, run_dir, world, comm, node, torch.device("cpu")), node
+
+
+def digest(tensors) -> str:
+    h = hashlib.sha256()
+    for t in tensors:
+        h.update(t.detach().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+class Recorder:
+    """Wraps an AD-PSGD learner's update, snapshot and merge (a leader's, for H-ADPSGD) to
+    record, under its lock, what they did to x: the sum of the updates applied, the digests of
+    every state x had, whether each snapshot sent was one of them, and each exchange's peer
+    with the digests of the two snapshots averaged."""
+
+    def __init__(self, algo):
+        self.algo, self.averager = algo, algo.averager
+        lock = threading.RLock()  # the wrappers hold it around the originals, which take it
+        algo.lock = self.averager.lock = lock
+        self.lock = lock
+        self.applied = [torch.zeros_like(t) for t in algo.x]
+        self.states = {digest(algo.x)}
+        self.snapshots_existed = []
+        self.exchanges = []  # (peer, digest sent, digest received), in order
+        self._wrap()
+
+    def _wrap(self):
+        algo, averager = self.algo, self.averager
+        apply_update, snapshot, merge = algo.apply_update, averager._snapshot, averager._merge
+
+        def recorded_update(optimizer):
+            with self.lock:
+                before = [t.clone() for t in algo.x]
+                apply_update(optimizer)
+                for total, now, then in zip(self.applied, algo.x, before):
+                    total.add_(now - then)
+                self.states.add(digest(algo.x))
+
+        def recorded_snapshot():
+            with self.lock:
+                counts = snapshot()
+                self.snapshots_existed.append(digest(averager.snapshots) in self.states)
+                return counts
+
+        def recorded_merge(their_counts, peer, started):
+            with self.lock:
+                # _merge turns the received buffers into (received - sent) in place.
+                sent, got = digest(averager.snapshots), digest(averager.received)
+                merge(their_counts, peer, started)
+                self.states.add(digest(algo.x))
+                self.exchanges.append((peer, sent, got))
+
+        algo.apply_update = recorded_update
+        averager._snapshot = recorded_snapshot
+        averager._merge = recorded_merge
+
+
+def gather_learners(comm, algo, recorder, start) -> list[dict]:
+    """Every learner's record (leaders only; ordered by participant): its x at ``start`` and
+    now, and what its recorder saw."""
+    mine = None
+    if recorder is not None:
+        mine = {"participant": algo.averager.rank, "start": start,
+                "x": [t.clone() for t in algo.x], "applied": recorder.applied,
+                "exchanges": recorder.exchanges, "existed": recorder.snapshots_existed}
+    return sorted((r for r in comm.allgather_objects(mine) if r),
+                  key=lambda r: r["participant"])
+
+
+def conservation_error(learners) -> float:
+    """Largest relative error, over the flat buffers, of sum_i x_i = sum_i start_i + sum of
+    every update applied; also checks that the models really learned."""
+    worst = 0.0
+    for i in range(len(learners[0]["x"])):
+        total_start = sum(r["start"][i] for r in learners)
+        total_end = sum(r["x"][i] for r in learners)
+        applied = sum(r["applied"][i] for r in learners)
+        error = (total_end - (total_start + applied)).norm() / total_start.norm()
+        worst = max(worst, float(error))
+        # ...and the learning was real: the models moved, by more than rounding.
+        assert float(applied.norm()) > 1e-3 * float(total_start.norm()), "nothing learned"
+    return worst
+
+
+def matched_exchanges(learners) -> int:
+    """Check that every snapshot sent was a state its x had and that in the k-th exchange of
+    a pair each end received exactly what the other sent; return the number of exchanges."""
+    for r in learners:
+        assert r["existed"] and all(r["existed"]), \
+            f"learner {r['participant']}: a snapshot that x never held"
+    ends = 0
+    for r in learners:
+        for peer in {p for p, _, _ in r["exchanges"]}:
+            mine = [(s, g) for p, s, g in r["exchanges"] if p == peer]
+            theirs = [(s, g) for p, s, g in learners[peer]["exchanges"]
+                      if p == r["participant"]]
+            assert len(mine) == len(theirs), (r["participant"], peer)
+            for (sent, got), (their_sent, their_got) in zip(mine, theirs):
+                assert got == their_sent and their_got == sent, (r["participant"], peer)
+            ends += len(mine)
+    return ends // 2
