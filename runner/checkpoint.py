@@ -227,6 +227,22 @@ def prune(run_dir: str | Path, keep: int) -> list[Path]:
     return removed
 
 
+def remove_partial_checkpoints(run_dir: str | Path) -> list[Path]:
+    """After every rank of a job is gone: remove what a write cut short (temporary files,
+    and checkpoint dirs without their marker, which resuming ignores anyway); return them."""
+    removed = []
+    root = checkpoints_dir(run_dir)
+    for path in sorted(root.glob(f"{PREFIX}*")) if root.is_dir() else []:
+        if read_checkpoint(path) is None:
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+        else:
+            for tmp in path.glob(".*.tmp"):
+                tmp.unlink(missing_ok=True)
+                removed.append(tmp)
+    return removed
+
+
 def _samples_of(path: Path) -> int:
     try:
         return int(path.name.removeprefix(PREFIX))

@@ -23,7 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from . import config  # noqa: F401 - registers the resolvers conf/ uses
 from .config import leaf_keys, section_given_a_value
-from .errors import EXIT_PREEMPTED, ConfigError, UserError, one_line
+from .errors import EXIT_PREEMPTED, EXIT_STOPPED, ConfigError, UserError, one_line
 
 CONFIG_MODULE = "runner.conf"
 CONFIG_NAME = "config"
@@ -258,6 +258,9 @@ def run_job(cfg: DictConfig) -> None:
               f"to continue, run the same command with resume=auto hydra.run.dir={run_dir}",
               file=sys.stderr)
         raise SystemExit(status)
+    if status == EXIT_STOPPED:
+        report_user_stop(typed, run_dir)
+        raise SystemExit(status)
     if status != 0 and launcher.blocking:
         write_failure_summary(run_dir, typed.algo.name, typed.recipe.name,
                               typed.launcher.nprocs, status)
@@ -267,6 +270,32 @@ def run_job(cfg: DictConfig) -> None:
         raise SystemExit(status)
     if launcher.blocking:  # a submitted batch job has no results yet
         print(results_table(run_dir), flush=True)
+
+
+def report_user_stop(typed: DictConfig, run_dir: Path) -> None:
+    """The one line after Ctrl-C: whether the ranks checkpointed (summary status ``stopped``
+    written by them) or were stopped at once, and how to continue."""
+    from .checkpoint import complete_checkpoints, remove_partial_checkpoints
+    from .reporting import session_summary, write_failure_summary
+
+    summary = session_summary(run_dir) or {}
+    graceful = summary.get("status") == "stopped"
+    if not graceful:  # a second Ctrl-C: nothing half-written stays behind
+        remove_partial_checkpoints(run_dir)
+        write_failure_summary(run_dir, typed.algo.name, typed.recipe.name,
+                              typed.launcher.nprocs, EXIT_STOPPED, status="stopped")
+    checkpoints = complete_checkpoints(run_dir)
+    if not graceful:
+        how = "at once"
+    elif summary.get("checkpoint") and summary["checkpoint"] != summary.get("resumed_from"):
+        how = f"after checkpointing at step {summary['steps']}"
+    else:
+        how = "before training started"
+    then = (f"the newest checkpoint is {checkpoints[-1].path}; to continue, run the same "
+            f"command with resume=auto hydra.run.dir={run_dir}" if checkpoints else
+            "no checkpoint was written, so there is nothing to continue from")
+    print(f"adpsgd-run: stopped by Ctrl-C {how} (status stopped in {run_dir / 'summary.json'})"
+          f"; {then}", file=sys.stderr)
 
 
 def check_command_line(argv: list[str]) -> None:
@@ -279,9 +308,12 @@ def check_command_line(argv: list[str]) -> None:
 
 
 def main() -> None:
-    check_command_line(sys.argv[1:])
     try:
+        check_command_line(sys.argv[1:])
         run_job()
+    except KeyboardInterrupt:  # outside a running job (composing, preparing data)
+        print("\nadpsgd-run: interrupted (Ctrl-C) while no rank was running", file=sys.stderr)
+        raise SystemExit(EXIT_STOPPED) from None
     finally:
         # Exiting collects every object the imports made (torch, Hydra), which took seconds on
         # a loaded machine after the job had ended; nothing is left to free but memory.

@@ -9,6 +9,10 @@ from typing import NoReturn
 # EX_TEMPFAIL ("try again later"), which tells a scheduler the job should be requeued and
 # resumed with resume=auto, not counted as a failure.
 EXIT_PREEMPTED = 75
+# Exit status of a job stopped by the user (Ctrl-C), the shell's 128 + SIGINT: after a
+# checkpoint when the ranks stopped gracefully (summary status "stopped"), or at once after a
+# second Ctrl-C.
+EXIT_STOPPED = 130
 # Exit status of a rank whose communication with a peer failed (no answer in time, or the MPI
 # library reporting a lost connection): the peer is the cause, so the launcher's watchdog still
 # looks for a rank that died first and names that one.

@@ -91,22 +91,29 @@ class RunLog:
         self.writer.close()
 
 
-def write_failure_summary(run_dir: str | Path, algo: str, recipe: str, nprocs: int,
-                          exit_status: int) -> None:
-    """summary.json of a job that ended without a summary of its own (a rank failed or died):
-    status ``failed``, the exit status and the checkpoint to resume from, so that a script
-    scanning run dirs sees every run's outcome. A summary the ranks wrote in this session is
-    kept (then they got far enough to say more)."""
-    from .checkpoint import complete_checkpoints
-
+def session_summary(run_dir: str | Path) -> dict[str, Any] | None:
+    """summary.json if the ranks of this session (since the run config was saved) wrote it."""
     path = Path(run_dir) / "summary.json"
     start = (Path(run_dir) / ".hydra" / "run.yaml").stat().st_mtime
     if path.exists() and path.stat().st_mtime >= start:
+        return json.loads(path.read_text())
+    return None
+
+
+def write_failure_summary(run_dir: str | Path, algo: str, recipe: str, nprocs: int,
+                          exit_status: int, status: str = "failed") -> None:
+    """summary.json of a job that ended without a summary of its own (a rank failed or died,
+    or a second Ctrl-C stopped it at once): ``status``, the exit status and the checkpoint to
+    resume from, so that a script scanning run dirs sees every run's outcome. A summary the
+    ranks wrote in this session is kept (then they got far enough to say more)."""
+    from .checkpoint import complete_checkpoints
+
+    if session_summary(run_dir) is not None:
         return
     checkpoints = complete_checkpoints(run_dir)
     evals = [r for r in read_metrics(run_dir) if r.get("split") == "eval"]
-    write_json_atomic(path, {
-        "status": "failed", "exit_status": exit_status, "algo": algo, "recipe": recipe,
+    write_json_atomic(Path(run_dir) / "summary.json", {
+        "status": status, "exit_status": exit_status, "algo": algo, "recipe": recipe,
         "nprocs": nprocs, "checkpoint": str(checkpoints[-1].path) if checkpoints else None,
         "last_eval": evals[-1] if evals else None, "logs": str(Path(run_dir) / "logs")})
 

@@ -38,7 +38,7 @@ from .data import BatchFetcher, ShardedBatches
 from .errors import UserError
 from .milestones import CHECKPOINT, EVALUATE, STOP_CHECK, Milestones
 from .optim import parameter_groups
-from .preemption import STOP_CHECK_STEPS, StopAgreement
+from .preemption import STOP_CHECK_STEPS, STOPPED, StopAgreement
 from .reporting import RunLog
 from .schedule import LRSchedule
 from .timers import Timers
@@ -148,7 +148,7 @@ class Trainer(Checkpointing):
         self._consecutive_skips = 0
         self.history: list[dict[str, Any]] = []
         self.last_checkpoint: Path | None = None
-        self.preempted = False
+        self.stop_status: str | None = None  # preempted or stopped (runner/preemption.py)
         if self.resumed_from:
             self._restore(self.resumed_from)
         self.lr = self.schedule.lr_at(self.samples)
@@ -171,7 +171,9 @@ class Trainer(Checkpointing):
 
     def run(self) -> dict[str, Any]:
         """Train until the global sample count reaches ``epochs`` passes over the data, or
-        until a graceful stop (SIGUSR1/SIGTERM: checkpoint, summary status "preempted").
+        until a graceful stop (runner/preemption.py: SIGUSR1/SIGTERM checkpoint with summary
+        status "preempted", Ctrl-C with status "stopped"; a stop requested while the ranks
+        were starting ends the run before its first step, with nothing to checkpoint).
 
         Lockstep algorithms know that count exactly and every rank takes the same steps.
         Asynchronous ones estimate it, so fast ranks take more steps than slow ones (each
@@ -191,11 +193,13 @@ class Trainer(Checkpointing):
                                  dynamic_ncols=True,
                                  desc=f"{self.cfg.algo.name} x{self.world.size}")
         self.stop = StopAgreement(self.comm.mpi_comm, self.world.rank, self.cfg.comm.timeout_s)
-        self.comm.barrier()  # start together: set-up time differs between ranks
+        # Start together (set-up time differs between ranks), unless asked to stop meanwhile.
+        self.stop_status = self.stop.at_start()
+        first_step = self.step
         self.start_time = time.perf_counter() - self.elapsed_before
         self._last_log = (time.perf_counter(), self.samples)
         epoch, first = self.position
-        while not (self.milestones.done or self.preempted):
+        while not (self.milestones.done or self.stop_status):
             batches = self.shards.epoch_batches(epoch)
             stream = self.fetch.iterate(batches[first:])
             for k in range(first, steps):
@@ -212,16 +216,16 @@ class Trainer(Checkpointing):
                 if self.progress:
                     self.progress.update(min(self.samples, budget) - self.progress.n)
                 self._pass_milestones()
-                if self.milestones.done or self.preempted:
+                if self.milestones.done or self.stop_status:
                     break
             epoch, first = self.position
-        if self.preempted:
-            self.save_checkpoint("preempted")
+        if self.stop_status and self.step > first_step:
+            self.save_checkpoint(self.stop_status)
         self.stop.close()
         self._finish_algorithm()
         if self.progress:
             self.progress.close()
-        return self.finalize("preempted" if self.preempted else "completed")
+        return self.finalize(self.stop_status or "completed")
 
     def _pass_milestones(self) -> None:
         """Act on every milestone the sample count has reached, in order (an evaluation makes
@@ -235,10 +239,10 @@ class Trainer(Checkpointing):
                 self.evaluate(final=milestone.final)
             elif milestone.kind == CHECKPOINT:
                 self.save_checkpoint("scheduled")
-            elif self.stop.check():
-                log.info("stop requested (SIGUSR1/SIGTERM): checkpointing at step %d",
-                         self.step)
-                self.preempted = True
+            elif reason := self.stop.check():
+                log.info("stop requested (%s): checkpointing at step %d",
+                         "Ctrl-C" if reason == STOPPED else "SIGUSR1/SIGTERM", self.step)
+                self.stop_status = reason
                 return
 
     def _meet(self) -> None:
@@ -519,8 +523,8 @@ class Trainer(Checkpointing):
                 "skipped_batches": self.skipped_batches, "milestones": self.milestone_waits}
 
     def finalize(self, status: str = "completed") -> dict[str, Any]:
-        """summary.json (status ``completed``, or ``preempted`` after a graceful stop, whose
-        final metrics are those of the last evaluation so far)."""
+        """summary.json (status ``completed``, or ``preempted``/``stopped`` after a graceful
+        stop, whose final metrics are those of the last evaluation so far)."""
         seconds = self.timers.seconds
         elapsed = time.perf_counter() - self.start_time - seconds["eval"] - seconds["checkpoint"]
         train_time = self.comm.allreduce_numbers([elapsed], op="max")[0]

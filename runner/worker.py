@@ -7,7 +7,8 @@ error on any rank is logged, printed as one line, and aborts the whole MPI job, 
 is left waiting. A communication that outlives ``comm.timeout_s`` does the same.
 
 SIGUSR1/SIGTERM request a graceful stop (runner/preemption.py): the rank exits with status 75
-(``EXIT_PREEMPTED``) after the job's checkpoint. The handlers are installed before anything
+(``EXIT_PREEMPTED``) after the job's checkpoint; SIGINT (Ctrl-C, forwarded by the launcher)
+likewise with status 130 (``EXIT_STOPPED``). The handlers are installed before anything
 slow, and only then does the rank write ``logs/rank<N>.pid``, which is where the launcher
 forwards signals; ``logs/rank<N>.exit`` records how the rank ended (runner/launch/watchdog.py).
 """
@@ -26,9 +27,9 @@ from typing import TextIO
 from omegaconf import DictConfig, OmegaConf
 
 from .comm.deadline import CommTimeout
-from .errors import EXIT_PEER_LOST, EXIT_PREEMPTED, UserError, one_line
+from .errors import EXIT_PEER_LOST, EXIT_PREEMPTED, EXIT_STOPPED, UserError, one_line
 from .launch.watchdog import write_exit_record, write_pid_file
-from .preemption import install_stop_handlers
+from .preemption import PREEMPTED, STOPPED, install_stop_handlers
 
 RUN_CONFIG = Path(".hydra") / "run.yaml"
 QUIET_ABORT_DELAY_S = 5.0  # a rank whose error another rank reports waits this long
@@ -163,9 +164,10 @@ def _run_rank(run_dir: Path, in_process: bool) -> int:
         trainer.run()
         comm.close()
         node_comm.close()
-        status = EXIT_PREEMPTED if trainer.preempted else 0
-        log.info("rank %d %s", world.rank, "stopped after a checkpoint (preempted)"
-                 if trainer.preempted else "finished")
+        status = {None: 0, PREEMPTED: EXIT_PREEMPTED, STOPPED: EXIT_STOPPED}[
+            trainer.stop_status]
+        log.info("rank %d %s", world.rank, f"stopped ({trainer.stop_status})"
+                 if trainer.stop_status else "finished")
         write_exit_record(run_dir, rank, status)
         return status
     except UserError as ex:
@@ -176,6 +178,9 @@ def _run_rank(run_dir: Path, in_process: bool) -> int:
         log_error_to_file("%s", ex)
         message = comm_timeout_line(one_line(ex))
         status = EXIT_PEER_LOST
+    except KeyboardInterrupt:  # a second Ctrl-C (runner/preemption.py): stop at once
+        log_error_to_file("stopped at once by a second Ctrl-C:\n%s", traceback.format_exc())
+        message, status = None, EXIT_STOPPED
     except BaseException as ex:  # noqa: BLE001 - every failure must end the job, never hang it
         log_error_to_file("unhandled exception:\n%s", traceback.format_exc())
         message = (f"adpsgd-run: rank {rank} failed: {type(ex).__name__}: {one_line(ex)} "
@@ -188,7 +193,7 @@ def _run_rank(run_dir: Path, in_process: bool) -> int:
             progress.close()
         print(message, file=console, flush=True)
     write_exit_record(run_dir, rank, status)
-    if message is None:
+    if message is None and status != EXIT_STOPPED:
         # The rank that prints the shared error aborts the job; give it time to do so first
         # (the abort ends this sleep).
         time.sleep(QUIET_ABORT_DELAY_S)

@@ -1,8 +1,10 @@
 """Local launcher: ``mpiexec -n N python -m runner.worker RUN_DIR`` on this machine.
 
 ``launcher.nprocs=1`` runs the rank in this process (no mpiexec), which is what a debugger
-wants. Ctrl-C stops every rank: the MPI job runs in its own session, so the launcher forwards
-the interrupt to the whole process group and escalates to SIGKILL if ranks do not exit.
+wants. The MPI job runs in a session of its own, so a terminal's Ctrl-C reaches only the
+launcher, which forwards it to every rank: the ranks checkpoint and stop (status
+``stopped``, exit 130); a second Ctrl-C kills the job at once and removes the checkpoint it
+left half-written.
 
 While the job runs the launcher supervises it (runner/launch/watchdog.py):
 
@@ -32,8 +34,8 @@ from functools import cache
 from pathlib import Path
 from typing import IO, Optional
 
-from ..checkpoint import complete_checkpoints
-from ..errors import EXIT_PEER_LOST, EXIT_PREEMPTED, ConfigError
+from ..checkpoint import complete_checkpoints, remove_partial_checkpoints
+from ..errors import EXIT_PEER_LOST, EXIT_PREEMPTED, EXIT_STOPPED, ConfigError
 from . import LAUNCHERS
 from .base import Launcher, LauncherConfig
 from .watchdog import DeadRank, RankWatchdog, clear_rank_files, exit_statuses, failure_times
@@ -125,16 +127,24 @@ class MpiexecOutput:
         self.thread.join(timeout=5)
 
 
-class StopForwarding:
-    """While the job runs, SIGUSR1/SIGTERM received here go to every rank (also to ranks
-    whose pid file appears later: a rank writes it once it can take the signal)."""
+class ForcedStop(Exception):
+    """A second Ctrl-C while the job runs: stop every rank at once."""
 
-    SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
+
+class StopForwarding:
+    """While the job runs, SIGUSR1/SIGTERM (a scheduler's warning) and SIGINT (Ctrl-C)
+    received here go to every rank, which checkpoint and stop (runner/preemption.py); ranks
+    whose pid file appears later get them then (a rank writes it once it can take the signal,
+    so a rank still importing never sees a signal it would print a traceback for). A second
+    Ctrl-C raises :class:`ForcedStop`; any after it are ignored."""
+
+    SIGNALS = (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT)
 
     def __init__(self, watchdog: RankWatchdog):
         self.watchdog = watchdog
-        self.signum: int | None = None
-        self.delivered: set[int] = set()
+        self.received: list[int] = []  # signals to forward, in the order they came
+        self.delivered: dict[int, set[int]] = {}
+        self.forced = False
 
     def __enter__(self) -> StopForwarding:
         self.previous = {sig: signal.signal(sig, self._received) for sig in self.SIGNALS}
@@ -145,24 +155,36 @@ class StopForwarding:
             signal.signal(sig, handler)
 
     def _received(self, signum: int, frame) -> None:
-        if self.signum is None:
+        if self.forced:
+            return
+        if signum == signal.SIGINT and signum in self.received:
+            self.forced = True
+            raise ForcedStop
+        if signum == signal.SIGINT:
+            print("\nadpsgd-run: Ctrl-C: every rank checkpoints and stops (Ctrl-C again stops "
+                  "at once)", file=sys.stderr, flush=True)
+        elif not self.received:
             print(f"\nadpsgd-run: got {signal.Signals(signum).name}: every rank checkpoints "
                   "and stops", file=sys.stderr, flush=True)
-        self.signum = signum
+        if signum not in self.received:
+            self.received.append(signum)
         self.deliver()
 
     def deliver(self) -> None:
-        if self.signum is None:
+        if not self.received:
             return
         self.watchdog.refresh()
-        pending = [rank for rank in self.watchdog.pids if rank not in self.delivered]
-        self.watchdog.signal_ranks(self.signum, pending)
-        self.delivered.update(pending)
+        for signum in self.received:
+            done = self.delivered.setdefault(signum, set())
+            pending = [rank for rank in self.watchdog.pids if rank not in done]
+            self.watchdog.signal_ranks(signum, pending)
+            done.update(pending)
 
 
 def stop_process_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
-    """SIGINT, then SIGTERM, then SIGKILL to the job's process group until it is gone."""
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGKILL):
+    """SIGINT, then SIGTERM, then SIGKILL to the job's process group until it is gone (with
+    ``grace_s=0``, SIGKILL at once)."""
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGKILL) if grace_s else (signal.SIGKILL,):
         try:
             os.killpg(proc.pid, sig)
         except ProcessLookupError:
@@ -208,21 +230,24 @@ class LocalLauncher(Launcher):
             return run_rank(run_dir, in_process=True)
         clear_rank_files(run_dir, self.cfg.nprocs)
         watchdog = RankWatchdog(run_dir, self.cfg.nprocs)
-        proc = subprocess.Popen(self.command(run_dir), env=self.environment(),
-                                start_new_session=True, stdout=subprocess.PIPE, text=True,
-                                errors="replace")
-        output = MpiexecOutput(proc.stdout, run_dir / "logs" / "mpiexec.log")
-        grace = 0.0 if "-disable-auto-cleanup" in proc.args else MPIEXEC_GRACE_S
+        # Signals are taken over before mpiexec starts: a Ctrl-C from here on reaches the
+        # ranks as a graceful stop, however early.
         with StopForwarding(watchdog) as forwarding:
+            proc = subprocess.Popen(self.command(run_dir), env=self.environment(),
+                                    start_new_session=True, stdout=subprocess.PIPE, text=True,
+                                    errors="replace")
+            output = MpiexecOutput(proc.stdout, run_dir / "logs" / "mpiexec.log")
+            grace = 0.0 if "-disable-auto-cleanup" in proc.args else MPIEXEC_GRACE_S
             try:
                 status = self.supervise(proc, watchdog, forwarding, grace)
-            except KeyboardInterrupt:
-                print("\nadpsgd-run: interrupted, stopping all ranks", file=sys.stderr,
+            except (ForcedStop, KeyboardInterrupt):
+                print("adpsgd-run: second Ctrl-C: stopping every rank at once", file=sys.stderr,
                       flush=True)
-                stop_process_group(proc)
+                stop_process_group(proc, grace_s=0.0)
                 watchdog.kill_leftovers()
                 watchdog.stop()
-                return 130
+                remove_partial_checkpoints(run_dir)
+                return EXIT_STOPPED
         output.join()
         watchdog.kill_leftovers()  # a rank that outlived mpiexec would be an orphan
         time.sleep(2 * RankWatchdog.POLL_MS / 1000)  # the last deaths reach the record
@@ -231,9 +256,9 @@ class LocalLauncher(Launcher):
             status = 128 - status
         if status == 0:
             return 0
-        statuses = watchdog.exit_statuses()
-        if all(s == EXIT_PREEMPTED for s in statuses.values()):
-            return EXIT_PREEMPTED
+        statuses = set(watchdog.exit_statuses().values())
+        if statuses in ({EXIT_PREEMPTED}, {EXIT_STOPPED}):  # every rank stopped gracefully
+            return statuses.pop()
         dead = self.dead_rank(watchdog, output)
         if dead is not None:
             self.report_dead_rank(run_dir, dead, output)

@@ -66,14 +66,15 @@ def exit_statuses(run_dir: str | Path, nprocs: int) -> dict[int, int | None]:
 
 
 def failure_times(run_dir: str | Path, nprocs: int) -> dict[int, float]:
-    """Ranks that ended with an error message of their own (exit record not 0, 75, or 3 for
-    a failed communication with a peer, which a dead peer causes), and when."""
-    from ..errors import EXIT_PEER_LOST, EXIT_PREEMPTED
+    """Ranks that ended with an error message of their own (exit record not 0, 75 or 130
+    for a graceful stop, or 3 for a failed communication with a peer, which a dead peer
+    causes), and when."""
+    from ..errors import EXIT_PEER_LOST, EXIT_PREEMPTED, EXIT_STOPPED
 
     failed = {}
     for rank in range(nprocs):
         status = exit_status(run_dir, rank)
-        if status not in (None, 0, EXIT_PREEMPTED, EXIT_PEER_LOST):
+        if status not in (None, 0, EXIT_PREEMPTED, EXIT_STOPPED, EXIT_PEER_LOST):
             failed[rank] = _path(run_dir, rank, "exit").stat().st_mtime
     return failed
 

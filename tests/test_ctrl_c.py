@@ -1,0 +1,151 @@
+"""Ctrl-C is a user's stop, not a failure: the real adpsgd-run and mpiexec, interrupted as a
+terminal does it (SIGINT to adpsgd-run's process group; mpiexec runs in a session of its own)
+while the ranks start, while they train, and while they write a checkpoint. Every rank ends
+within seconds, no traceback reaches the terminal, no partial file is left, summary.json says
+``stopped``, and a stop in the middle of training leaves a checkpoint that resume=auto
+continues. A second Ctrl-C stops at once."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from runner.checkpoint import complete_checkpoints
+from runner.errors import EXIT_STOPPED
+
+from conftest import BIN, read_run, run_cli
+
+pytestmark = [pytest.mark.mpi, pytest.mark.slow]
+
+STOP_BOUND_S = 30  # from the Ctrl-C to adpsgd-run's exit, on this oversubscribed machine
+JOB = ["recipe=digit_images", "algo=adpsgd", "launcher.nprocs=2", "trainer.epochs=40",
+       "trainer.progress=false", "trainer.checkpoint_every=30"]
+
+
+def interrupt(tmp_path: Path, when: Callable[[Path, str], bool], overrides: list[str] = (),
+              twice_when: Callable[[Path], bool] | None = None, job: list[str] = JOB) -> dict:
+    """Start adpsgd-run, press Ctrl-C once ``when(run_dir, stdout so far)`` holds (and again
+    once ``twice_when(run_dir)`` holds); return what it printed, its status and timings."""
+    run_dir = tmp_path / "run"
+    out, err = tmp_path / "stdout", tmp_path / "stderr"
+    with open(out, "w") as stdout, open(err, "w") as stderr:
+        proc = subprocess.Popen([str(BIN / "adpsgd-run"), *job, *overrides,
+                                 f"hydra.run.dir={run_dir}"], cwd=tmp_path, stdout=stdout,
+                                stderr=stderr, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not when(run_dir, out.read_text()):
+            assert proc.poll() is None, f"ended first:\n{err.read_text()}"
+            assert time.monotonic() < deadline, "the moment never came"
+            time.sleep(0.02)
+        os.killpg(proc.pid, signal.SIGINT)  # what the terminal does on Ctrl-C
+        pressed = time.monotonic()
+        if twice_when is not None:
+            while not twice_when(run_dir) and proc.poll() is None:
+                time.sleep(0.01)
+            os.killpg(proc.pid, signal.SIGINT)
+        status = proc.wait(timeout=120)
+        stopped_s = time.monotonic() - pressed
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    left = subprocess.run(["pgrep", "-f", f"runner.worker {run_dir}"], capture_output=True,
+                          text=True).stdout.split()
+    return {"status": status, "stopped_s": stopped_s, "stderr": err.read_text(),
+            "stdout": out.read_text(), "run_dir": run_dir, "leftover": left}
+
+
+def partial_files(run_dir: Path) -> list[Path]:
+    """Temporary files, and checkpoint dirs without their COMPLETE marker."""
+    root = run_dir / "checkpoints"
+    complete = {c.path for c in complete_checkpoints(run_dir)}
+    return ([p for p in root.rglob("*.tmp*")]
+            + [p for p in root.glob("samples-*") if p not in complete]) if root.exists() else []
+
+
+def assert_user_stop(result: dict, how: str) -> dict:
+    """Exit 130, the two lines and nothing else, no rank left, no partial file, status
+    stopped; returns summary.json."""
+    stderr = result["stderr"]
+    print(f"{how}: adpsgd-run exited {result['stopped_s']:.1f} s after the Ctrl-C")
+    assert result["status"] == EXIT_STOPPED, stderr
+    assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, stderr
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert lines[0].startswith("adpsgd-run: Ctrl-C: every rank checkpoints and stops"), stderr
+    assert lines[-1].startswith(f"adpsgd-run: stopped by Ctrl-C {how}"), stderr
+    assert result["stopped_s"] < STOP_BOUND_S and result["leftover"] == []
+    assert partial_files(result["run_dir"]) == []
+    summary = json.loads((result["run_dir"] / "summary.json").read_text())
+    assert summary["status"] == "stopped"
+    return summary
+
+
+def test_ctrl_c_while_the_ranks_start(tmp_path):
+    """Right after the launcher starts mpiexec: ranks are still importing."""
+    result = interrupt(tmp_path, lambda run_dir, out: "rank(s); run dir" in out)
+    summary = assert_user_stop(result, "before training started")
+    assert len([x for x in result["stderr"].splitlines() if x.strip()]) == 2, result["stderr"]
+    assert summary["steps"] == 0 and complete_checkpoints(result["run_dir"]) == []
+
+
+def test_ctrl_c_while_training_checkpoints_and_resume_continues(tmp_path):
+    result = interrupt(tmp_path, lambda run_dir, out: (run_dir / "metrics.jsonl").exists())
+    summary = assert_user_stop(result, "after checkpointing")
+    assert len([x for x in result["stderr"].splitlines() if x.strip()]) == 2, result["stderr"]
+    newest = complete_checkpoints(result["run_dir"])[-1]
+    assert summary["checkpoint"] == str(newest.path) and newest.reason == "stopped"
+    assert f"resume=auto hydra.run.dir={result['run_dir']}" in result["stderr"]
+    # The same command with resume=auto goes on from there (a shorter budget, to finish).
+    job = [o for o in JOB if not o.startswith("trainer.epochs")]
+    epochs = int(newest.epoch) + 2
+    run_cli([*job, f"trainer.epochs={epochs}", "resume=auto",
+             f"hydra.run.dir={result['run_dir']}"], cwd=tmp_path)
+    metrics, summary = read_run(result["run_dir"])
+    assert summary["status"] == "completed" and summary["resumed_from"] == str(newest.path)
+    assert metrics[-1]["step"] > newest.step and metrics[-1]["epoch"] >= epochs
+
+
+def writing_a_checkpoint(run_dir: Path, _out: str = "") -> bool:
+    return bool(list((run_dir / "checkpoints").glob("samples-*/.rank*.pt.tmp")))
+
+
+def test_ctrl_c_while_a_checkpoint_is_written(tmp_path):
+    """The write in progress completes, then the ranks stop at the next check with a
+    checkpoint of their own: every checkpoint dir on disk is complete."""
+    result = interrupt(tmp_path, writing_a_checkpoint, ["faults.checkpoint_write_delay_s=1.0"])
+    assert_user_stop(result, "after checkpointing")
+    assert complete_checkpoints(result["run_dir"])[-1].reason == "stopped"
+
+
+def test_a_second_ctrl_c_stops_at_once_and_removes_the_half_written_checkpoint(tmp_path):
+    """Ctrl-C while training, and again while the stop's own checkpoint is being written (a
+    slow write): the job ends at once; the half-written checkpoint goes, the last complete
+    one stays."""
+    result = interrupt(tmp_path, lambda run_dir, out: bool(complete_checkpoints(run_dir)),
+                       ["faults.checkpoint_write_delay_s=3.0"], twice_when=writing_a_checkpoint)
+    assert "adpsgd-run: second Ctrl-C: stopping every rank at once" in result["stderr"]
+    summary = assert_user_stop(result, "at once")
+    assert result["stopped_s"] < 15, result["stopped_s"]
+    assert summary["exit_status"] == EXIT_STOPPED
+    newest = complete_checkpoints(result["run_dir"])[-1]
+    assert summary["checkpoint"] == str(newest.path)
+
+
+def test_ctrl_c_with_the_rank_in_the_launchers_process(tmp_path):
+    """launcher.nprocs=1 trains inside adpsgd-run itself: the same graceful stop."""
+    job = [o for o in JOB if not o.startswith("launcher.nprocs")] + ["launcher.nprocs=1"]
+    result = interrupt(tmp_path, lambda run_dir, out: (run_dir / "metrics.jsonl").exists(),
+                       job=job)
+    # No launcher forwards it, so no "every rank checkpoints" line: the rank's own handler.
+    stderr = result["stderr"]
+    assert result["status"] == EXIT_STOPPED and "Traceback" not in stderr, stderr
+    assert "stopped by Ctrl-C after checkpointing" in stderr.splitlines()[-1], stderr
+    assert partial_files(result["run_dir"]) == []
+    assert json.loads((result["run_dir"] / "summary.json").read_text())["status"] == "stopped"
