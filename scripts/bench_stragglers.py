@@ -70,6 +70,9 @@ def measure(args: argparse.Namespace) -> dict:
         for slow, key in ((False, "even"), (True, "straggler")):
             summaries = [runs[case_name(r, algo, slow)]["summary"] for r in range(args.repeats)]
             entry[f"{key}_samples_per_s"] = [s["samples_per_s"] for s in summaries]
+            # Seconds each rank waited at evaluations and checkpoints for the others: with a
+            # straggler, mostly for the step it was in when the others got there.
+            entry[f"{key}_milestone_wait_s"] = [s.get("milestone_wait_s") for s in summaries]
             entry[f"{key}_median"] = bench.median(entry[f"{key}_samples_per_s"])
             # Asynchronous ranks take their own number of steps: the straggler fewer.
             entry[f"{key}_steps_per_rank"] = summaries[-1]["steps_per_rank"]
