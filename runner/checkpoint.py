@@ -15,12 +15,17 @@ checkpoint or one without a marker, which resuming ignores, and the previous com
 checkpoints are never touched until a newer one is complete (only then are old ones pruned to
 ``trainer.keep_checkpoints``).
 
-``COMPLETE`` is JSON with the step, samples, epoch, number of ranks and the run config, so the
-command line can check that a checkpoint fits the job before any rank starts.
+``COMPLETE`` is JSON with the step, samples, epoch, number of ranks, the run config (so the
+command line can check that a checkpoint fits the job before any rank starts) and the SHA-256
+and size of every rank's file. Loading a rank file checks them: a file changed after it was
+written (a flipped byte, a same-size overwrite, a truncation) is named and refused, and a
+resume falls back to the newest intact checkpoint (runner/checkpointing.py).
 """
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
 import os
 import shutil
@@ -36,11 +41,14 @@ CHECKPOINTS = "checkpoints"
 MARKER = "COMPLETE"
 PREFIX = "samples-"
 # Keys whose values must match between a checkpoint and the job resuming from it: they shape
-# the state it holds (model, algorithm state, data order, per-rank files). The learning-rate
-# options, epochs, evaluation and logging may change (e.g. a lower rate after a divergence).
-IDENTITY_KEYS = ("recipe.name", "algo", "topology", "seed", "trainer.batch_size",
-                 "trainer.dtype", "launcher.procs_per_node")
-MAY_CHANGE = ("algo.timeout_s",)
+# the state it holds (model, algorithm state, data order, per-rank files) or what a rank reads
+# and evaluates (every recipe key: the data, its split into training and held-out parts, the
+# features, the decoding). The learning-rate options, epochs, evaluation frequency and logging
+# may change (e.g. a lower rate after a divergence), and so may the keys in MAY_CHANGE.
+IDENTITY_KEYS = ("recipe", "algo", "topology", "seed", "trainer.batch_size", "trainer.dtype",
+                 "launcher.procs_per_node")
+MAY_CHANGE = ("algo.timeout_s", "recipe.data.cache_dir", "recipe.data.prepare_workers",
+              "recipe.examples")
 
 
 @dataclass(frozen=True)
@@ -54,6 +62,8 @@ class Checkpoint:
     nprocs: int
     reason: str
     config: dict[str, Any]
+    # rank file name -> {"sha256", "bytes"}; None for checkpoints written before checksums
+    files: dict[str, dict[str, Any]] | None = None
 
     def rank_file(self, rank: int) -> Path:
         return self.path / f"rank{rank}.pt"
@@ -74,7 +84,8 @@ def read_checkpoint(path: str | Path) -> Checkpoint | None:
         meta = json.loads((path / MARKER).read_text())
         return Checkpoint(path=path, step=int(meta["step"]), samples=int(meta["samples"]),
                           epoch=float(meta["epoch"]), nprocs=int(meta["nprocs"]),
-                          reason=str(meta.get("reason", "")), config=dict(meta["config"]))
+                          reason=str(meta.get("reason", "")), config=dict(meta["config"]),
+                          files=dict(meta["files"]) if "files" in meta else None)
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
@@ -133,7 +144,7 @@ def check_compatible(checkpoint: Checkpoint, cfg: Mapping[str, Any], averaged: b
                           f"launcher.nprocs={checkpoint.nprocs}, or resume_averaged=true to "
                           f"start every rank from the average of its {checkpoint.nprocs} models")
     theirs, ours = _flat(checkpoint.config), _flat(cfg)
-    keys = ("recipe.name",) if averaged else IDENTITY_KEYS
+    keys = ("recipe",) if averaged else IDENTITY_KEYS
     # Group choices (algo.name...) first: another algorithm's options differ as a consequence.
     for key in sorted((k for k in set(theirs) | set(ours)
                        if any(k == p or k.startswith(p + ".") for p in keys)
@@ -167,38 +178,54 @@ def fsync_dir(path: Path) -> None:
 def write_atomic(path: Path, write: Callable[[IO[bytes]], None], delay_s: float = 0.0) -> None:
     """Write ``path`` through a temporary file in the same directory: fsync, rename, fsync the
     directory. ``delay_s`` (faults.checkpoint_write_delay_s, tests only) pauses after the
-    temporary file is written and before the rename."""
+    temporary file is written and before the rename. A failed write removes the temporary
+    file."""
     tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as f:
-        write(f)
-        f.flush()
-        if delay_s:
-            time.sleep(delay_s)
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            if delay_s:
+                time.sleep(delay_s)
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as ex:
+        tmp.unlink(missing_ok=True)  # a full disk (or a stop) leaves no partial file
+        if isinstance(ex, OSError) and ex.filename is None:  # name what was being written
+            raise OSError(ex.errno, ex.strerror, str(path)) from ex
+        raise
     fsync_dir(path.parent)
 
 
 def save_rank_state(directory: Path, rank: int, state: dict[str, Any],
-                    delay_s: float = 0.0) -> Path:
-    """Write one rank's state into a checkpoint dir (created when missing)."""
+                    delay_s: float = 0.0) -> dict[str, Any]:
+    """Write one rank's state into a checkpoint dir (created when missing); return the
+    file's name, SHA-256 and size, for the marker."""
     import torch
 
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"rank{rank}.pt"
-    write_atomic(path, lambda f: torch.save(state, f), delay_s)
-    return path
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    payload = buffer.getbuffer()
+    write_atomic(path, lambda f: f.write(payload), delay_s)
+    return {"name": path.name, "sha256": hashlib.sha256(payload).hexdigest(),
+            "bytes": len(payload)}
 
 
 def mark_complete(directory: Path, step: int, samples: int, epoch: float, nprocs: int,
-                  reason: str, config: dict[str, Any]) -> Checkpoint:
-    """Rank 0, after every rank's file is durable: write the marker that makes it count."""
+                  reason: str, config: dict[str, Any],
+                  files: list[dict[str, Any]] | None = None) -> Checkpoint:
+    """Rank 0, after every rank's file is durable: write the marker that makes it count,
+    with every rank file's checksum (``files``: what save_rank_state returned, per rank)."""
+    listed = {f["name"]: {"sha256": f["sha256"], "bytes": f["bytes"]} for f in files or []}
     meta = {"step": step, "samples": samples, "epoch": epoch, "nprocs": nprocs,
-            "reason": reason, "written": time.strftime("%Y-%m-%dT%H:%M:%S"), "config": config}
+            "reason": reason, "written": time.strftime("%Y-%m-%dT%H:%M:%S"), "config": config,
+            "files": listed}
     payload = (json.dumps(meta, indent=2, sort_keys=True) + "\n").encode()
     write_atomic(directory / MARKER, lambda f: f.write(payload))
     return Checkpoint(path=directory, step=step, samples=samples, epoch=epoch, nprocs=nprocs,
-                      reason=reason, config=config)
+                      reason=reason, config=config, files=listed)
 
 
 def discard_incomplete(directory: Path) -> None:
@@ -251,25 +278,71 @@ def _samples_of(path: Path) -> int:
 
 
 # ---- reading -------------------------------------------------------------------------------
+class DamagedCheckpoint(UserError):
+    """A rank file of a complete checkpoint that no longer is what was written."""
+
+    def __init__(self, path: Path, problem: str, fix: str):
+        self.path, self.problem = path, problem
+        super().__init__(f"{path} is damaged ({problem}; it changed after the checkpoint was "
+                         "complete)", fix)
+
+
+def complete_before(checkpoint: Checkpoint) -> Checkpoint | None:
+    """The newest complete checkpoint of the same run dir before ``checkpoint``."""
+    older = [c for c in complete_checkpoints(checkpoint.path.parent.parent)
+             if c.samples < checkpoint.samples]
+    return older[-1] if older else None
+
+
+def intact_older(checkpoint: Checkpoint) -> Checkpoint | None:
+    """The newest complete checkpoint before ``checkpoint`` whose rank files still match
+    their checksums (read in full: for a message, not for a hot path)."""
+    for older in reversed(complete_checkpoints(checkpoint.path.parent.parent)):
+        if older.samples < checkpoint.samples and all(
+                _damage(older, rank) is None for rank in range(older.nprocs)):
+            return older
+    return None
+
+
+def _damage(checkpoint: Checkpoint, rank: int, data: bytes | None = None) -> str | None:
+    """Why a rank file does not match what its marker recorded, or None."""
+    path = checkpoint.rank_file(rank)
+    expected = (checkpoint.files or {}).get(path.name)
+    try:
+        data = path.read_bytes() if data is None else data
+    except OSError as ex:
+        return f"unreadable: {ex.strerror or ex}"
+    if expected is None:
+        return None  # written before checksums: nothing to compare with
+    if len(data) != expected["bytes"]:
+        return f"it has {len(data)} bytes, not the size recorded when it was written"
+    if hashlib.sha256(data).hexdigest() != expected["sha256"]:
+        return "its SHA-256 differs from the one recorded when it was written"
+    return None
+
+
 def load_rank_state(checkpoint: Checkpoint, rank: int) -> dict[str, Any]:
-    """One rank's state. Only tensors and plain Python values are unpickled
-    (``weights_only``): loading a checkpoint cannot run code."""
+    """One rank's state, after checking the file against the marker's checksum. Only tensors
+    and plain Python values are unpickled (``weights_only``): loading a checkpoint cannot run
+    code. A damaged file raises :class:`DamagedCheckpoint`, naming it and the newest intact
+    checkpoint before it."""
     import pickle
 
     import torch
 
     path = checkpoint.rank_file(rank)
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        data = path.read_bytes()
+        problem = _damage(checkpoint, rank, data)
+        if problem is None:
+            return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except (OSError, EOFError, RuntimeError, ValueError, pickle.UnpicklingError) as ex:
-        # COMPLETE is written after every file was durable: the file changed since.
-        older = [c for c in complete_checkpoints(checkpoint.path.parent.parent)
-                 if c.samples < checkpoint.samples]
-        fix = (f"resume={older[-1].path}, the complete checkpoint before it" if older else
-               "start a new run dir without resume")
-        raise UserError(f"cannot read {path} of complete checkpoint {checkpoint.path.name} "
-                        f"({type(ex).__name__}: {one_line(ex).split('. ')[0][:160]}); it was "
-                        "truncated or replaced after it was written", fix) from None
+        problem = f"{type(ex).__name__}: {one_line(ex).split('. ')[0][:160]}"
+    # COMPLETE is written after every file was durable: the file changed since.
+    older = intact_older(checkpoint)
+    fix = (f"resume={older.path}, the newest intact checkpoint before it" if older else
+           "start a new run dir without resume")
+    raise DamagedCheckpoint(path, problem, fix) from None
 
 
 def averaged_model_state(checkpoint: Checkpoint) -> dict[str, Any]:

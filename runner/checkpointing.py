@@ -27,6 +27,7 @@ import logging
 import math
 import random
 import time
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -36,9 +37,11 @@ from omegaconf import OmegaConf
 from .checkpoint import MARKER as CHECKPOINT_MARKER
 from .checkpoint import (
     Checkpoint,
+    DamagedCheckpoint,
     averaged_model_state,
     check_compatible,
     checkpoint_path,
+    complete_before,
     complete_checkpoints,
     fsync_dir,
     load_rank_state,
@@ -79,13 +82,49 @@ class Checkpointing:
     # ---- resume ------------------------------------------------------------------------
     def _resolve_resume(self) -> Checkpoint | None:
         """The checkpoint ``resume`` selects, chosen by rank 0 for everyone (``auto`` must
-        mean the same directory on every rank), after checking it fits this job."""
+        mean the same directory on every rank), after checking it fits this job and that
+        every rank's file is intact (each rank checks its own against the marker's checksum;
+        the state it read is kept for :meth:`_restore`). ``resume=auto`` falls back to the
+        newest intact checkpoint, saying so; an explicit checkpoint that is damaged is an
+        error naming the file."""
+        self._resume_state = None
         if not self.cfg.resume:
             return None
+        found = self._agree(lambda: resolve_resume(self.cfg.resume, self.run_dir))
+        while found is not None:
+            if self.cfg.resume_averaged:  # rank 0 reads (and checks) every file to average
+                return found
+            problem = None
+            try:
+                self._resume_state = load_rank_state(found, self.world.rank)
+            except DamagedCheckpoint as ex:
+                problem = (ex.cause, ex.fix, f"{ex.path} is damaged ({ex.problem})")
+            damaged = [p for p in self.comm.allgather_objects(problem) if p]
+            if not damaged:
+                return found
+            if self.cfg.resume != "auto":
+                error = UserError(*damaged[0][:2])
+                error.quiet = not self.world.is_main  # rank 0 says it for everyone
+                raise error
+            damaged_path = found.path
+            found = self._agree(partial(complete_before, found))  # checked in the next round
+            if self.world.is_main and self.progress_stream is not None:
+                then = (f"trying {found.path}, the complete checkpoint before it" if found
+                        else "no complete checkpoint is left before it: starting fresh")
+                print(f"adpsgd-run: warning: resume=auto: {damaged[0][2]}; {then}",
+                      file=self.progress_stream, flush=True)
+            log.warning("checkpoint %s is damaged: %s", damaged_path, damaged[0][0])
+        log.info("resume=%s: no complete checkpoint in %s, starting fresh", self.cfg.resume,
+                 self.run_dir)
+        return None
+
+    def _agree(self, choose) -> Checkpoint | None:
+        """Rank 0 runs ``choose()`` and checks that the checkpoint fits this job; every rank
+        gets the result (or the same one-line error)."""
         found, error = None, None
         if self.world.is_main:
             try:
-                found = resolve_resume(self.cfg.resume, self.run_dir)
+                found = choose()
                 if found is not None:
                     check_compatible(found, OmegaConf.to_container(self.cfg),
                                      self.cfg.resume_averaged)
@@ -94,9 +133,6 @@ class Checkpointing:
         found, error = self.comm.bcast_object((found, error))
         if error:
             raise UserError(*error)
-        if found is None:
-            log.info("resume=%s: no complete checkpoint in %s, starting fresh", self.cfg.resume,
-                     self.run_dir)
         return found
 
     def _load_model(self, state: dict[str, Any], checkpoint: Checkpoint) -> None:
@@ -118,10 +154,21 @@ class Checkpointing:
         """Continue from ``checkpoint`` (after the model, optimizer and algorithm exist)."""
         if self.cfg.resume_averaged:
             self._restore_position(checkpoint.samples, checkpoint.step)
-            if self.world.is_main:
-                self.history = load_rank_state(checkpoint, 0).get("history", [])
+            first = load_rank_state(checkpoint, 0) if self.world.is_main else None
+            if first is not None:
+                self.history = first.get("history", [])
+            # The restored samples took the earlier sessions' time: count it (rank 0's
+            # clock, with its evaluation and checkpoint seconds), or samples/s would divide
+            # every sample by this session's time alone.
+            before = self.comm.bcast_object(first and {
+                "elapsed_s": first["trainer"]["elapsed_s"],
+                "timers": {k: first["trainer"]["timers"].get(k, 0.0)
+                           for k in ("eval", "checkpoint")}})
+            self.elapsed_before = before["elapsed_s"]
+            self.timers.seconds.update(before["timers"])
         else:
-            state = load_rank_state(checkpoint, self.world.rank)
+            state = self._resume_state  # read and checked by _resolve_resume
+            self._resume_state = None
             self._load_model(state["model"], checkpoint)
             self.optimizer.load_state_dict(state["optimizer"])
             self.algo.load_state_dict(state["algo"])
@@ -201,13 +248,14 @@ class Checkpointing:
             read_checkpoint(directory) is not None if self.world.is_main else None)
         if not exists:
             with self.timers.time("checkpoint"):
-                save_rank_state(directory, self.world.rank, self._rank_state(),
-                                self.cfg.faults.checkpoint_write_delay_s)
-                self.comm.barrier()  # every rank's file is durable
+                written = save_rank_state(directory, self.world.rank, self._rank_state(),
+                                          self.cfg.faults.checkpoint_write_delay_s)
+                # Once rank 0 has every rank's checksum, every rank's file is durable.
+                files = self.comm.gather_objects(written)
                 if self.world.is_main:
                     mark_complete(directory, self.step, self.samples,
                                   self.samples / len(self.train_set), self.world.size, reason,
-                                  OmegaConf.to_container(self.cfg))
+                                  OmegaConf.to_container(self.cfg), files)
                     prune(self.run_dir, self.cfg.trainer.keep_checkpoints)
             log.info("checkpoint (%s) at step %d: %s", reason, self.step, directory)
         self.last_checkpoint = directory
