@@ -15,6 +15,7 @@ import os
 import re
 import sys
 import tempfile
+from functools import partial
 from pathlib import Path
 
 import hydra
@@ -218,6 +219,11 @@ def preflight(argv: list[str]) -> None:
         typed = validate_job(cfg)
         check_keys_used(typed, job)
         check_resume(typed, None)
+    single = single_run_dir(argv)
+    if single and single[1] is None and single[0].is_dir():  # main() checks again, locked
+        from .launch.run_dir import check_fresh_start
+
+        check_fresh_start(single[0])
 
 
 @hydra.main(version_base=None, config_path=f"pkg://{CONFIG_MODULE}", config_name=CONFIG_NAME)
@@ -229,6 +235,7 @@ def run_job(cfg: DictConfig) -> None:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     try:
         typed = validate_job(cfg)
+        claim_run_dir(run_dir, typed.resume)  # a sweep's job (a single run's: in main())
         resuming = check_resume(typed, run_dir)
     except UserError as ex:
         print(f"adpsgd-run: error: {ex}", file=sys.stderr)
@@ -298,6 +305,38 @@ def report_user_stop(typed: DictConfig, run_dir: Path) -> None:
           f"; {then}", file=sys.stderr)
 
 
+def claim_run_dir(run_dir: Path, resume: str | None) -> None:
+    """Lock ``run_dir`` for this job and refuse a fresh start in another run's dir
+    (runner/launch/run_dir.py)."""
+    from .launch import run_dir as ownership
+
+    ownership.claim(run_dir, check=partial(ownership.check_fresh_start, run_dir)
+                    if resume is None else None)
+
+
+def single_run_dir(argv: list[str]) -> tuple[Path, str | None] | None:
+    """(the run dir Hydra will use, ``resume``) for a single run, resolved now (``${now:...}``
+    included); None for a sweep or a command that only prints."""
+    from hydra import compose, initialize_config_module
+
+    overrides, multirun, config_name, info = split_argv(argv)
+    if multirun or info:
+        return None
+    with initialize_config_module(config_module=CONFIG_MODULE, version_base=None):
+        cfg = compose(config_name=config_name, overrides=overrides, return_hydra_config=True)
+        HydraConfig.instance().set_config(cfg)
+        return Path(str(cfg.hydra.run.dir)), cfg.get("resume")
+
+
+def pin_run_dir(run_dir: Path) -> None:
+    """Write the resolved run dir into ``sys.argv``, so that Hydra uses exactly this one."""
+    given = [i for i, a in enumerate(sys.argv) if a.startswith("hydra.run.dir=")]
+    for i in given:
+        sys.argv[i] = f"hydra.run.dir={run_dir}"
+    if not given:
+        sys.argv.append(f"hydra.run.dir={run_dir}")
+
+
 def check_command_line(argv: list[str]) -> None:
     """Validate every job of ``argv``; on a user error print one line and exit with 2."""
     try:
@@ -310,6 +349,14 @@ def check_command_line(argv: list[str]) -> None:
 def main() -> None:
     try:
         check_command_line(sys.argv[1:])
+        try:
+            single = single_run_dir(sys.argv[1:])
+            if single:  # before Hydra writes anything into it
+                pin_run_dir(single[0])
+                claim_run_dir(*single)
+        except UserError as ex:
+            print(f"adpsgd-run: error: {ex}", file=sys.stderr)
+            raise SystemExit(2) from None
         run_job()
     except KeyboardInterrupt:  # outside a running job (composing, preparing data)
         print("\nadpsgd-run: interrupted (Ctrl-C) while no rank was running", file=sys.stderr)

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import errno
+import os
+from pathlib import Path
 from typing import NoReturn
 
 # Exit status of a job stopped by SIGUSR1/SIGTERM after writing a checkpoint: sysexits'
@@ -57,3 +60,51 @@ class OneLineParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         raise UsageError(message)
+
+
+# Errors of a write that found no room (a full disk, an exhausted quota).
+NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+
+
+def mount_of(path: str | Path) -> tuple[str, str]:
+    """(device, mount point) of the filesystem holding ``path`` (Linux /proc/self/mounts)."""
+    target = os.path.realpath(path)
+    best = ("?", "/")
+    try:
+        with open("/proc/self/mounts") as mounts:
+            for line in mounts:
+                device, point = line.split()[:2]
+                point = point.replace("\\040", " ")
+                inside = target == point or target.startswith(point.rstrip("/") + "/")
+                if inside and len(point) >= len(best[1]):
+                    best = (device, point)
+    except OSError:
+        pass
+    return best
+
+
+class DiskFull(UserError):
+    """A write that found no room: names the filesystem and what was being written."""
+
+    def __init__(self, filename: str | Path | None, run_dir: str | Path):
+        self.filename = Path(filename) if filename else Path(run_dir)
+        device, point = mount_of(self.filename.parent if filename else self.filename)
+        self.where = f"{device} ({point})"
+        super().__init__(f"no space left on {self.where} while writing {self.filename}",
+                         f"free space on {point}, or give the run a disk with room "
+                         "(hydra.run.dir=...), then continue with resume=auto")
+
+    def with_checkpoint(self, checkpoint: str | Path | None) -> str:
+        """The one line, saying which complete checkpoint is intact."""
+        kept = (f"; the last complete checkpoint ({checkpoint}) is intact" if checkpoint
+                else "; no checkpoint was complete yet")
+        return f"{self.cause}{kept}. Fix: {self.fix}"
+
+
+def disk_full(ex: BaseException, run_dir: str | Path) -> DiskFull | None:
+    """A DiskFull for an error that means the disk (or quota) is full, else None."""
+    if isinstance(ex, DiskFull):
+        return ex
+    if isinstance(ex, OSError) and ex.errno in NO_SPACE:
+        return DiskFull(ex.filename, run_dir)
+    return None

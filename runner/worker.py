@@ -27,9 +27,23 @@ from typing import TextIO
 from omegaconf import DictConfig, OmegaConf
 
 from .comm.deadline import CommTimeout
-from .errors import EXIT_PEER_LOST, EXIT_PREEMPTED, EXIT_STOPPED, UserError, one_line
-from .launch.watchdog import write_exit_record, write_pid_file
-from .preemption import PREEMPTED, STOPPED, install_stop_handlers
+from .errors import (
+    EXIT_PEER_LOST,
+    EXIT_PREEMPTED,
+    EXIT_STOPPED,
+    UserError,
+    disk_full,
+    one_line,
+)
+from .launch.run_dir import hold_shared
+from .launch.watchdog import (
+    LAUNCHER_PID,
+    start_heartbeat,
+    watch_launcher,
+    write_exit_record,
+    write_pid_file,
+)
+from .preemption import PREEMPTED, STOPPED, install_stop_handlers, request_stop
 
 RUN_CONFIG = Path(".hydra") / "run.yaml"
 QUIET_ABORT_DELAY_S = 5.0  # a rank whose error another rank reports waits this long
@@ -98,6 +112,23 @@ def comm_timeout_line(what: str) -> str:
             "resume=auto")
 
 
+def start_failure(ex: OSError, run_dir: Path) -> str:
+    """The line for a rank that cannot even open its log or records."""
+    full = disk_full(ex, run_dir)
+    if full is not None:
+        return str(full)
+    return (f"rank cannot write its log in {run_dir / 'logs'} ({ex.strerror or ex}). Fix: "
+            "make the run dir writable, or choose another hydra.run.dir")
+
+
+def launcher_gone(pid: int) -> None:
+    """The launcher that supervises this job died (kill -9, a closed session): without it
+    nobody watches the ranks, so they checkpoint and stop (status stopped)."""
+    log.warning("adpsgd-run (pid %d), which started this job, is gone: checkpointing and "
+                "stopping", pid)
+    request_stop(signal.SIGINT)
+
+
 def run_rank(run_dir: str | Path, in_process: bool = False) -> int:
     """Train as one rank of the job; return the exit status (0 on success, 75 after a
     graceful stop)."""
@@ -127,14 +158,31 @@ def _run_rank(run_dir: Path, in_process: bool) -> int:
     MPI = mpi()
     world_mpi = MPI.COMM_WORLD
     rank = world_mpi.Get_rank()
-    console = setup_logging(run_dir, rank, redirect_fds=not in_process)
-    if not in_process:
-        write_pid_file(run_dir, rank)
+    try:
+        console = setup_logging(run_dir, rank, redirect_fds=not in_process)
+        if not in_process:
+            write_pid_file(run_dir, rank)
+            start_heartbeat(run_dir, rank)
+            hold_shared(run_dir)
+    except OSError as ex:  # nowhere to write: say it on the terminal, end the job
+        print(f"adpsgd-run: error: {start_failure(ex, run_dir)}", file=sys.stderr, flush=True)
+        if world_mpi.Get_size() > 1:
+            world_mpi.Abort(2)
+        return 2
+    # Under the local launcher, it prints a failure's line from the exit record (a print here
+    # can die with MPI_Abort before mpiexec forwards it) and its death stops the ranks.
+    launcher = os.environ.get(LAUNCHER_PID)
+    if launcher and not in_process:
+        watch_launcher(int(launcher), lambda: launcher_gone(int(launcher)))
+
+    def say(message: str) -> None:
+        if not launcher or in_process:
+            print(message, file=console, flush=True)
 
     def give_up(message: str) -> None:  # a communication timed out (monitor thread)
         log.error("%s", message)
-        print(comm_timeout_line(message), file=console, flush=True)
-        write_exit_record(run_dir, rank, EXIT_PEER_LOST)
+        write_exit_record(run_dir, rank, EXIT_PEER_LOST, comm_timeout_line(message))
+        say(comm_timeout_line(message))
         world_mpi.Abort(EXIT_PEER_LOST)
 
     DEADLINES.on_expired = give_up
@@ -183,16 +231,23 @@ def _run_rank(run_dir: Path, in_process: bool) -> int:
         message, status = None, EXIT_STOPPED
     except BaseException as ex:  # noqa: BLE001 - every failure must end the job, never hang it
         log_error_to_file("unhandled exception:\n%s", traceback.format_exc())
-        message = (f"adpsgd-run: rank {rank} failed: {type(ex).__name__}: {one_line(ex)} "
-                   f"(traceback in {run_dir / 'logs' / f'rank{rank}.log'})")
-        # The MPI library's own errors here mean a lost connection to a peer, mostly.
-        status = EXIT_PEER_LOST if isinstance(ex, MPI.Exception) else 1
+        if (full := disk_full(ex, run_dir)) is not None:
+            last = getattr(trainer, "last_checkpoint", None)
+            message, status = f"adpsgd-run: error: {full.with_checkpoint(last)}", 2
+        else:
+            message = (f"adpsgd-run: rank {rank} failed: {type(ex).__name__}: {one_line(ex)} "
+                       f"(traceback in {run_dir / 'logs' / f'rank{rank}.log'})")
+            # The MPI library's own errors here mean a lost connection to a peer, mostly.
+            status = EXIT_PEER_LOST if isinstance(ex, MPI.Exception) else 1
+    write_exit_record(run_dir, rank, status, message)
     if message is not None:
         progress = getattr(trainer, "progress", None)
         if progress is not None:  # end the bar's line, or the bar overwrites the error's start
-            progress.close()
-        print(message, file=console, flush=True)
-    write_exit_record(run_dir, rank, status)
+            try:
+                progress.close()
+            except OSError:
+                pass
+        say(message)
     if message is None and status != EXIT_STOPPED:
         # The rank that prints the shared error aborts the job; give it time to do so first
         # (the abort ends this sleep).

@@ -64,14 +64,14 @@ def has_complete_checkpoint(run_dir: Path) -> bool:
     return bool(list((run_dir / "checkpoints").glob("samples-*/COMPLETE")))
 
 
-def kill_one_rank(work_dir: Path, algo: str, nprocs: int, victim: int,
+def kill_one_rank(work_dir: Path, algo: str, nprocs: int, victim: int | None,
                   overrides: list[str], startup_timeout_s: float = 600,
                   ready: Callable[[Path], bool] = has_complete_checkpoint,
                   name: str | None = None, epochs: int = 200,
-                  signum: int = signal.SIGKILL) -> dict:
-    """Start the job, send ``signum`` to ``victim`` once ``ready(run_dir)`` (by default: once
-    a checkpoint is complete), measure the end. SIGSTOP makes a hung rank instead of a dead
-    one."""
+                  signum: int = signal.SIGKILL, victim_process: str = "rank") -> dict:
+    """Start the job, send ``signum`` to rank ``victim`` (or, with ``victim_process=
+    "mpiexec"``, to mpiexec itself) once ``ready(run_dir)`` (by default: once a checkpoint is
+    complete), measure the end. SIGSTOP makes a hung rank instead of a dead one."""
     name = name or f"{algo}-{nprocs}"
     run_dir = work_dir / name
     stderr_path = work_dir / f"{name}.stderr"
@@ -89,7 +89,11 @@ def kill_one_rank(work_dir: Path, algo: str, nprocs: int, victim: int,
                 raise RuntimeError(f"{name}: the moment to kill never came:\n"
                                    f"{stderr_path.read_text()[-2000:]}")
             time.sleep(0.05)
-        pid = int((run_dir / "logs" / f"rank{victim}.pid").read_text().split()[0])
+        if victim_process == "mpiexec":
+            pid = int(subprocess.run(["pgrep", "-P", str(job.pid), "mpiexec"],
+                                     capture_output=True, text=True).stdout.split()[0])
+        else:
+            pid = int((run_dir / "logs" / f"rank{victim}.pid").read_text().split()[0])
         os.kill(pid, signum)
         killed = time.monotonic()
         verdict_s = None
@@ -105,7 +109,7 @@ def kill_one_rank(work_dir: Path, algo: str, nprocs: int, victim: int,
     text = stderr_path.read_text()
     verdict_s = verdict_s if verdict_s is not None else (
         exit_s if "died without reporting" in text else None)
-    return {"algo": algo, "nprocs": nprocs, "killed_rank": victim, "status": status,
+    return {"algo": algo, "nprocs": nprocs, "killed_rank": victim, "pid": pid, "status": status,
             "verdict_s": verdict_s, "exit_s": exit_s, "stderr": text,
             "leftover_pids": worker_pids(run_dir),
             "checkpoint": newest_checkpoint_loads(run_dir), "run_dir": str(run_dir)}

@@ -66,13 +66,58 @@ def test_a_hung_rank_ends_the_job_through_communication_timeouts(tmp_path, algo)
     assert result["status"] != 0 and result["exit_s"] < DEAD_RANK_BOUND_S, stderr
     errors = [line for line in stderr.splitlines() if line.startswith("adpsgd-run: error:")]
     assert len(errors) == 1, stderr
-    assert "rank 0 of the world communicator (2 ranks)" in errors[0]
+    # SSGD waits in a collective; AD-PSGD's gossip exchange with the silent rank times out
+    # first (the line comes from the waiting rank's exit record, runner/launch/watchdog.py).
+    waiting = ("rank 0 of the world communicator (2 ranks)" if algo == "ssgd" else
+               "participant 0: request with participant 1")
+    assert waiting in errors[0], errors[0]
     assert "got no answer in 5 s" in errors[0] and "raise comm.timeout_s" in errors[0]
     # The silent rank went down with the job (MPI_Abort): the launcher names it too.
     if "died without reporting" in stderr:
         assert "rank 1 (pid" in stderr and "or hung until rank 0 gave up on it" in stderr
     assert "Traceback" not in stderr
     assert result["leftover_pids"] == [], "the stopped rank was left behind"
+
+
+def test_a_stopped_rank_with_default_timeouts_ends_the_job_by_its_heartbeat(tmp_path):
+    """SIGSTOP of an SSGD rank with the default communication timeouts (900 s): the
+    launcher's watchdog misses its heartbeat and ends the job after launcher.stall_timeout_s
+    (10 s here; 60 s by default, docs/failures.md), naming it."""
+    result = bench.kill_one_rank(tmp_path, "ssgd", 2, 1, ["launcher.stall_timeout_s=10"],
+                                 signum=signal.SIGSTOP)
+    stderr = result["stderr"]
+    print(f"ssgd: rank 1 stopped; job ended after {result['exit_s']:.1f} s")
+    assert result["status"] != 0 and 10 <= result["exit_s"] < 30, stderr
+    lines = [line for line in stderr.splitlines() if line.startswith("adpsgd-run: ")]
+    assert lines[0].startswith(f"adpsgd-run: rank 1 (pid {result['pid']}) stopped responding: "
+                               "no heartbeat for 1"), stderr
+    assert "Fix: look for the cause in" in lines[0] and "resume=auto" in lines[0]
+    assert "Traceback" not in stderr
+    assert result["leftover_pids"] == [], "the stopped rank was left behind"
+
+
+def test_kill_9_of_mpiexec_names_mpiexec(tmp_path):
+    result = bench.kill_one_rank(tmp_path, "ssgd", 2, None, [], victim_process="mpiexec")
+    stderr = result["stderr"]
+    assert result["status"] == 128 + signal.SIGKILL, stderr
+    assert f"adpsgd-run: mpiexec (pid {result['pid']}) was killed by signal 9 (SIGKILL) from " \
+           "outside" in stderr
+    assert "died without reporting" not in stderr and "Traceback" not in stderr
+    assert result["leftover_pids"] == []
+
+
+@pytest.mark.parametrize("repeat", range(3))
+def test_the_failing_ranks_line_reaches_the_terminal(tmp_path, repeat):
+    """A rank's one-line error used to die with MPI_Abort before mpiexec forwarded it (3 of 4
+    NaN runs): the launcher prints it from the rank's exit record, every time."""
+    proc = run_cli([*EXACT[:2], "launcher.nprocs=4", *EXACT[3:], "trainer.epochs=2",
+                    "trainer.checkpoint_every=4", "faults.nonfinite_loss.ranks=[2]",
+                    "faults.nonfinite_loss.steps=[6]", f"hydra.run.dir={tmp_path / 'run'}"],
+                   cwd=tmp_path, check=False, timeout=120)
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("adpsgd-run: error:")]
+    assert proc.returncode == 2 and len(errors) == 1, proc.stderr
+    assert "non-finite training loss or weights at step 8 on ranks 0, 1, 2, 3" in errors[0]
+    assert "(line above)" not in proc.stderr
 
 
 def final_model(run_dir: Path, rank: int = 0) -> dict[str, torch.Tensor]:

@@ -35,10 +35,20 @@ from pathlib import Path
 from typing import IO, Optional
 
 from ..checkpoint import complete_checkpoints, remove_partial_checkpoints
+from ..config import require
 from ..errors import EXIT_PEER_LOST, EXIT_PREEMPTED, EXIT_STOPPED, ConfigError
 from . import LAUNCHERS
 from .base import Launcher, LauncherConfig
-from .watchdog import DeadRank, RankWatchdog, clear_rank_files, exit_statuses, failure_times
+from .watchdog import (
+    HEARTBEAT_S,
+    LAUNCHER_PID,
+    DeadRank,
+    RankWatchdog,
+    StalledRank,
+    clear_rank_files,
+    failure_records,
+    failure_times,
+)
 
 POLL_S = 0.25  # how often the watchdog looks at the ranks
 # After the watchdog sees a rank die, mpiexec gets this long to end the job by itself.
@@ -55,9 +65,16 @@ class LocalConfig(LauncherConfig):
     name: str = "local"
     mpiexec: Optional[str] = None  # default: the mpiexec installed next to this Python
     mpiexec_args: list[str] = field(default_factory=list)
+    # A rank whose heartbeat stopped this long ago (a stopped process, a hung node) ends the
+    # job; 0: never.
+    stall_timeout_s: float = 60.0
 
     def check(self, prefix, cfg):
         super().check(prefix, cfg)
+        require(self.stall_timeout_s == 0 or self.stall_timeout_s >= 3 * HEARTBEAT_S,
+                f"{prefix}.stall_timeout_s", f"must be 0 (never) or at least "
+                f"{3 * HEARTBEAT_S:.0f} s (ranks beat every {HEARTBEAT_S:.0f} s), got "
+                f"{self.stall_timeout_s}", f"{prefix}.stall_timeout_s=60")
         if self.nprocs > 1:
             find_mpiexec(self.mpiexec, key=f"{prefix}.mpiexec")
 
@@ -230,12 +247,13 @@ class LocalLauncher(Launcher):
             return run_rank(run_dir, in_process=True)
         clear_rank_files(run_dir, self.cfg.nprocs)
         watchdog = RankWatchdog(run_dir, self.cfg.nprocs)
+        # The ranks stop if this process dies, and leave printing their failures to it.
+        env = {**self.environment(), LAUNCHER_PID: str(os.getpid())}
         # Signals are taken over before mpiexec starts: a Ctrl-C from here on reaches the
         # ranks as a graceful stop, however early.
         with StopForwarding(watchdog) as forwarding:
-            proc = subprocess.Popen(self.command(run_dir), env=self.environment(),
-                                    start_new_session=True, stdout=subprocess.PIPE, text=True,
-                                    errors="replace")
+            proc = subprocess.Popen(self.command(run_dir), env=env, start_new_session=True,
+                                    stdout=subprocess.PIPE, text=True, errors="replace")
             output = MpiexecOutput(proc.stdout, run_dir / "logs" / "mpiexec.log")
             grace = 0.0 if "-disable-auto-cleanup" in proc.args else MPIEXEC_GRACE_S
             try:
@@ -248,51 +266,88 @@ class LocalLauncher(Launcher):
                 watchdog.stop()
                 remove_partial_checkpoints(run_dir)
                 return EXIT_STOPPED
+        ended = time.time()
         output.join()
         watchdog.kill_leftovers()  # a rank that outlived mpiexec would be an orphan
         time.sleep(2 * RankWatchdog.POLL_MS / 1000)  # the last deaths reach the record
         watchdog.stop()
-        if status < 0:  # mpiexec itself was killed by a signal
-            status = 128 - status
+        if self.stalled is not None:
+            self.report_stalled(run_dir, self.stalled)
+            return 128 + signal.SIGKILL
         if status == 0:
+            if forwarding.received:  # the signal came after the last chance to stop
+                names = ", ".join(signal.Signals(s).name for s in forwarding.received)
+                print(f"adpsgd-run: the run completed before the stop ({names}) took effect: "
+                      "it is finished, nothing to resume", file=sys.stderr, flush=True)
             return 0
         statuses = set(watchdog.exit_statuses().values())
         if statuses in ({EXIT_PREEMPTED}, {EXIT_STOPPED}):  # every rank stopped gracefully
             return statuses.pop()
         dead = self.dead_rank(watchdog, output)
+        if status < 0 and (dead is None or dead.when >= ended):
+            # mpiexec itself was killed from outside; its ranks went down after it.
+            self.report_mpiexec_killed(run_dir, proc.pid, -status)
+            return 128 - status
         if dead is not None:
             self.report_dead_rank(run_dir, dead, output)
             # The shell's convention for "killed by a signal", whether mpiexec or the watchdog
             # ended the job (mpiexec would return the bare signal number).
             code = output.bad_code if output.bad_pid == dead.pid else None
             return 128 + (code if code is not None and 0 < code < 65 else signal.SIGKILL)
-        else:
-            self.report_failure(run_dir, status, sorted(failure_times(run_dir,
-                                                                      self.cfg.nprocs)),
-                                self.mpiexec_report(watchdog, output))
+        status = 128 - status if status < 0 else status
+        self.report_failure(run_dir, status, self.mpiexec_report(watchdog, output))
         return status
 
     def supervise(self, proc: subprocess.Popen, watchdog: RankWatchdog,
                   forwarding: StopForwarding, grace_s: float) -> int:
         """Wait for mpiexec; if a rank dies and mpiexec does not end the job within
-        ``grace_s``, end it here. Returns mpiexec's status."""
+        ``grace_s``, or a rank stalls (no heartbeat for ``stall_timeout_s``), end it here.
+        Returns mpiexec's status."""
         seen_dead = None
+        self.stalled = None
         while True:
             try:
                 return proc.wait(timeout=POLL_S)
             except subprocess.TimeoutExpired:
                 pass
             forwarding.deliver()
+            if self.cfg.stall_timeout_s and (stalled := watchdog.stalled(
+                    self.cfg.stall_timeout_s)) is not None:
+                self.stalled = stalled
+                return self.end_job(proc, watchdog)
             if watchdog.check() is None:
                 continue  # nobody died, or a rank failed first with a message (and aborts)
             seen_dead = seen_dead or time.monotonic()
             if time.monotonic() - seen_dead >= grace_s:
-                watchdog.kill_leftovers()
-                try:  # mpiexec ends once its ranks are gone
-                    proc.wait(timeout=2.0)
-                except subprocess.TimeoutExpired:
-                    stop_process_group(proc, grace_s=2.0)
-                return 128 + signal.SIGKILL
+                return self.end_job(proc, watchdog)
+
+    @staticmethod
+    def end_job(proc: subprocess.Popen, watchdog: RankWatchdog) -> int:
+        """Kill every rank; mpiexec ends once they are gone."""
+        watchdog.kill_leftovers()
+        try:
+            proc.wait(timeout=2.0)
+        except subprocess.TimeoutExpired:
+            stop_process_group(proc, grace_s=2.0)
+        return 128 + signal.SIGKILL
+
+    def resume_hint(self, run_dir: Path) -> str:
+        checkpoints = complete_checkpoints(run_dir)
+        return (f"continue from {checkpoints[-1].path} with resume=auto hydra.run.dir={run_dir}"
+                if checkpoints else "start it again")
+
+    def report_stalled(self, run_dir: Path, stalled: StalledRank) -> None:
+        print(f"adpsgd-run: rank {stalled.rank} (pid {stalled.pid}) stopped responding: no "
+              f"heartbeat for {stalled.silent_s:.0f} s (a stopped process, a hung node or a "
+              "rank stuck outside Python); every rank was stopped. Fix: look for the cause in "
+              f"{run_dir}/logs/rank{stalled.rank}.log and on its host, raise "
+              f"launcher.stall_timeout_s if ranks are only busy that long, then "
+              f"{self.resume_hint(run_dir)}", file=sys.stderr, flush=True)
+
+    def report_mpiexec_killed(self, run_dir: Path, pid: int, signum: int) -> None:
+        print(f"adpsgd-run: mpiexec (pid {pid}) was killed by signal {signum} "
+              f"({signal.Signals(signum).name}) from outside; every rank was stopped with it. "
+              f"Fix: {self.resume_hint(run_dir)}", file=sys.stderr, flush=True)
 
     def dead_rank(self, watchdog: RankWatchdog, output: MpiexecOutput) -> DeadRank | None:
         """The rank that died first, as the watchdog saw the deaths happen (mpiexec's report
@@ -311,20 +366,19 @@ class LocalLauncher(Launcher):
             how = f"killed by signal {code} ({signal.Signals(code).name})"
         else:
             how = "killed from outside"
-        checkpoints = complete_checkpoints(run_dir)
-        resume = (f"continue from {checkpoints[-1].path} with resume=auto "
-                  f"hydra.run.dir={run_dir}" if checkpoints else "start it again")
         print(f"--- last lines of {run_dir}/logs/rank{dead.rank}.log ---\n"
               f"{log_tail(run_dir, dead.rank)}", file=sys.stderr)
         # A peer that gave up on it first: it died, or it hung and went down with the job.
-        gave_up = [rank for rank, status in exit_statuses(run_dir, self.cfg.nprocs).items()
-                   if status == EXIT_PEER_LOST]
-        hung = (f", or hung until rank {gave_up[0]} gave up on it (line above)"
-                if gave_up else "")
+        gave_up = [r for r in failure_records(run_dir, self.cfg.nprocs)
+                   if r.status == EXIT_PEER_LOST and r.message]
+        hung = ""
+        if gave_up:
+            print(gave_up[0].message, file=sys.stderr)
+            hung = f", or hung until rank {gave_up[0].rank} gave up on it (line above)"
         print(f"adpsgd-run: rank {dead.rank} (pid {dead.pid}) died without reporting an error "
               f"({how}: kill -9, the out-of-memory killer or a crash{hung}); the other ranks "
               f"were stopped. Fix: find the cause in its log above and the kernel log (dmesg), "
-              f"then {resume}", file=sys.stderr, flush=True)
+              f"then {self.resume_hint(run_dir)}", file=sys.stderr, flush=True)
 
     @staticmethod
     def mpiexec_report(watchdog: RankWatchdog, output: MpiexecOutput) -> str:
@@ -338,14 +392,18 @@ class LocalLauncher(Launcher):
                                       if code is not None and 0 < code < 32 else ""))
         return f"; mpiexec reports {who} (pid {output.bad_pid}) ended with {how}"
 
-    def report_failure(self, run_dir: Path, status: int, failed: list[int],
-                       mpiexec_said: str = "") -> None:
-        """Ranks that failed printed their one line already: show their log's last lines."""
-        failed = failed or [r for r in range(self.cfg.nprocs)
-                            if "ERROR" in log_tail(run_dir, r, lines=200)]
-        for rank in failed or [0]:
-            print(f"--- last lines of {run_dir}/logs/rank{rank}.log ---\n"
-                  f"{log_tail(run_dir, rank)}", file=sys.stderr)
-        if not failed:
+    def report_failure(self, run_dir: Path, status: int, mpiexec_said: str = "") -> None:
+        """Print the one line of each rank that failed with one (from its exit record: its
+        own print may have died with MPI_Abort), in the order they failed; with none, say so
+        and show rank 0's last log lines."""
+        lines = []
+        for record in failure_records(run_dir, self.cfg.nprocs):
+            if record.message and record.message not in lines:
+                lines.append(record.message)
+        for line in lines:
+            print(line, file=sys.stderr, flush=True)
+        if not lines:
+            print(f"--- last lines of {run_dir}/logs/rank0.log ---\n{log_tail(run_dir, 0)}",
+                  file=sys.stderr)
             print(f"adpsgd-run: the MPI job exited with status {status} without a rank "
                   f"reporting an error{mpiexec_said}; see {run_dir}/logs", file=sys.stderr)

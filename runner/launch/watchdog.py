@@ -1,23 +1,31 @@
 """Which ranks are alive: per-rank files in RUN_DIR/logs, and the launcher's watchdog.
 
 Every rank writes ``logs/rank<N>.pid`` (its pid and host) as soon as it can take a forwarded
-signal, and ``logs/rank<N>.exit`` (its exit status) when it ends on its own: finished,
-preempted, or failed with a message. A rank whose process is gone without an exit record died
-from outside: ``kill -9``, the out-of-memory killer, a segfault. MPICH's mpiexec tears the job
-down within milliseconds when that happens (even with ``-disable-auto-cleanup``), killing every
-rank with the same signal; not every MPI does it at all; and mpiexec starts each rank in a
-session of its own, so a job that is simply killed can leave ranks behind. The watchdog
-therefore waits on every rank's pidfd (Linux: readable the moment the process ends) in a
-thread of its own and records the order of the deaths: the first rank to end without an exit
-record is the culprit, whoever killed the others afterwards. The launcher then kills what is
-left of the job.
+signal, and ``logs/rank<N>.exit`` when it ends on its own: its exit status and, when it failed
+with a message, that one line. The exit record is created (a fixed number of blank bytes)
+together with the pid file and later overwritten in place, so that a rank can still say how it
+ended on a full disk. A rank whose process is gone without an exit record died from outside:
+``kill -9``, the out-of-memory killer, a segfault. MPICH's mpiexec tears the job down within
+milliseconds when that happens (even with ``-disable-auto-cleanup``), killing every rank with
+the same signal; not every MPI does it at all; and mpiexec starts each rank in a session of its
+own, so a job that is simply killed can leave ranks behind. The watchdog therefore waits on
+every rank's pidfd (Linux: readable the moment the process ends) in a thread of its own and
+records the order of the deaths: the first rank to end without an exit record is the culprit,
+whoever killed the others afterwards. The launcher then kills what is left of the job.
 
-The same files tell the launcher where to forward SIGUSR1/SIGTERM (runner/preemption.py) and
-whether every rank stopped for a preemption.
+A rank that is alive but silent (a stopped process, a hung node) is found by its heartbeat: a
+thread of every rank touches its pid file every few seconds, and the launcher ends a job whose
+rank has not done so for ``launcher.stall_timeout_s``.
+
+The same files tell the launcher where to forward SIGUSR1/SIGTERM/SIGINT
+(runner/preemption.py) and whether every rank stopped gracefully; a failed rank's record holds
+the line the launcher prints (the rank's own print may die with MPI_Abort before mpiexec
+forwards it).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import select
 import signal
@@ -34,16 +42,80 @@ def _path(run_dir: str | Path, rank: int, suffix: str) -> Path:
     return Path(run_dir) / LOGS / f"rank{rank}.{suffix}"
 
 
+RECORD_BYTES = 4096  # an exit record's fixed size: its blocks exist before the rank needs them
+HEARTBEAT_S = 2.0  # how often a rank touches its pid file
+
+
 def write_pid_file(run_dir: str | Path, rank: int) -> None:
+    """The rank's pid and host, and its exit record, still blank (raises OSError when the
+    run dir cannot take them: a full disk at the start)."""
     path = _path(run_dir, rank, "pid")
     path.parent.mkdir(parents=True, exist_ok=True)
+    record = _path(run_dir, rank, "exit")
+    with open(record, "wb") as f:
+        f.write(b" " * RECORD_BYTES)
+        f.flush()
+        os.fsync(f.fileno())
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(f"{os.getpid()} {socket.gethostname()}\n")
     os.replace(tmp, path)  # the launcher never reads half a file
 
 
-def write_exit_record(run_dir: str | Path, rank: int, status: int) -> None:
-    _path(run_dir, rank, "exit").write_text(f"{status}\n")
+def write_exit_record(run_dir: str | Path, rank: int, status: int,
+                      message: str | None = None) -> None:
+    """Overwrite the rank's blank exit record in place (no new blocks: this works on a full
+    disk); never raises, since it runs on the way out of every failure."""
+    payload = json.dumps({"status": status, "message": message}).encode()
+    if len(payload) > RECORD_BYTES:
+        cut = message[:RECORD_BYTES // 2] + "..." if message else None
+        payload = json.dumps({"status": status, "message": cut}).encode()
+    try:
+        with open(_path(run_dir, rank, "exit"), "r+b") as f:
+            f.write(payload.ljust(RECORD_BYTES))
+    except OSError:
+        try:
+            _path(run_dir, rank, "exit").write_bytes(payload)
+        except OSError:
+            pass
+
+
+# The local launcher's pid, in its ranks' environment: they stop when it is gone.
+LAUNCHER_PID = "ADPSGD_LAUNCHER_PID"
+
+
+def watch_launcher(pid: int, on_gone) -> None:
+    """Call ``on_gone()`` (from a daemon thread) when process ``pid`` ends."""
+
+    def watch() -> None:
+        try:
+            fd = os.pidfd_open(pid)
+        except (AttributeError, OSError):
+            fd = None
+        if fd is not None:
+            select.select([fd], [], [])  # readable once the process has ended
+            os.close(fd)
+        else:
+            while process_alive(pid):
+                time.sleep(1.0)
+        on_gone()
+
+    threading.Thread(target=watch, name="launcher-watch", daemon=True).start()
+
+
+def start_heartbeat(run_dir: str | Path, rank: int) -> None:
+    """A daemon thread that touches the rank's pid file every HEARTBEAT_S (a file's time
+    changes even on a full disk)."""
+    path = _path(run_dir, rank, "pid")
+
+    def beat() -> None:
+        while True:
+            try:
+                os.utime(path)
+            except OSError:
+                pass
+            time.sleep(HEARTBEAT_S)
+
+    threading.Thread(target=beat, name="heartbeat", daemon=True).start()
 
 
 def clear_rank_files(run_dir: str | Path, nprocs: int) -> None:
@@ -54,15 +126,46 @@ def clear_rank_files(run_dir: str | Path, nprocs: int) -> None:
             _path(run_dir, rank, suffix).unlink(missing_ok=True)
 
 
-def exit_status(run_dir: str | Path, rank: int) -> int | None:
+def exit_record(run_dir: str | Path, rank: int) -> dict | None:
+    """``{"status", "message"}`` once the rank wrote its exit record, else None."""
     try:
-        return int(_path(run_dir, rank, "exit").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
+        text = _path(run_dir, rank, "exit").read_text().strip()
+        record = json.loads(text) if text else None
+    except (OSError, ValueError):
         return None
+    return record if isinstance(record, dict) and isinstance(record.get("status"), int) \
+        else None
+
+
+def exit_status(run_dir: str | Path, rank: int) -> int | None:
+    record = exit_record(run_dir, rank)
+    return record["status"] if record else None
 
 
 def exit_statuses(run_dir: str | Path, nprocs: int) -> dict[int, int | None]:
     return {rank: exit_status(run_dir, rank) for rank in range(nprocs)}
+
+
+@dataclass(frozen=True)
+class FailureRecord:
+    rank: int
+    status: int
+    message: str | None  # the rank's one line (None: another rank says it)
+    when: float  # the record's mtime
+
+
+def failure_records(run_dir: str | Path, nprocs: int) -> list[FailureRecord]:
+    """Exit records of ranks that did not end well (any status but 0, 75 and 130), oldest
+    first."""
+    from ..errors import EXIT_PREEMPTED, EXIT_STOPPED
+
+    found = []
+    for rank in range(nprocs):
+        record = exit_record(run_dir, rank)
+        if record and record["status"] not in (0, EXIT_PREEMPTED, EXIT_STOPPED):
+            when = _path(run_dir, rank, "exit").stat().st_mtime
+            found.append(FailureRecord(rank, record["status"], record.get("message"), when))
+    return sorted(found, key=lambda r: r.when)
 
 
 def failure_times(run_dir: str | Path, nprocs: int) -> dict[int, float]:
@@ -102,6 +205,13 @@ def process_alive(pid: int) -> bool:
     except (OSError, IndexError):
         return True  # no /proc: trust kill(0)
     return state not in ("Z", "X")
+
+
+@dataclass(frozen=True)
+class StalledRank:
+    rank: int
+    pid: int
+    silent_s: float  # seconds since its last heartbeat
 
 
 @dataclass(frozen=True)
@@ -177,6 +287,20 @@ class RankWatchdog:
                 if any(t < when for t in failed.values()):
                     return None  # an error came first: that rank's message explains it
                 return DeadRank(rank, self.pids[rank], when)
+        return None
+
+    def stalled(self, timeout_s: float) -> StalledRank | None:
+        """A live rank, still without an exit record, whose heartbeat (its pid file's time,
+        runner/worker.py) is older than ``timeout_s``."""
+        now = time.time()
+        for rank, pid in list(self.pids.items()):
+            try:
+                silent = now - _path(self.run_dir, rank, "pid").stat().st_mtime
+            except OSError:
+                continue
+            if silent > timeout_s and exit_status(self.run_dir, rank) is None \
+                    and process_alive(pid):
+                return StalledRank(rank, pid, silent)
         return None
 
     def rank_of_pid(self, pid: int) -> int | None:

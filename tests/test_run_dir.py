@@ -1,0 +1,107 @@
+"""A run dir belongs to one run and one job (runner/launch/run_dir.py), and a job whose
+launcher is gone stops: through the real adpsgd-run, mpiexec and ranks."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from runner.checkpoint import complete_checkpoints
+
+from conftest import BIN, read_run, run_cli
+
+pytestmark = [pytest.mark.mpi, pytest.mark.slow]
+
+JOB = ["recipe=digit_images", "algo=ssgd", "launcher.nprocs=2", "trainer.progress=false"]
+
+
+def fingerprint(run_dir: Path) -> dict[str, str]:
+    """Every file of a run dir and its content's hash."""
+    return {str(p.relative_to(run_dir)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(run_dir.rglob("*")) if p.is_file()}
+
+
+def start(tmp_path: Path, run_dir: Path, overrides: list[str]) -> subprocess.Popen:
+    return subprocess.Popen([str(BIN / "adpsgd-run"), *JOB, *overrides,
+                             f"hydra.run.dir={run_dir}"], cwd=tmp_path, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
+
+
+def wait_for(condition, what: str, timeout_s: float = 180) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+
+
+def workers(run_dir: Path) -> list[str]:
+    """The rank processes (not mpiexec, whose command line holds theirs)."""
+    return subprocess.run(["pgrep", "-f", f"^\\S*python\\S* -m runner.worker {run_dir}"],
+                          capture_output=True, text=True).stdout.split()
+
+
+def test_a_fresh_start_in_another_runs_dir_is_refused_and_touches_nothing(tmp_path):
+    run_dir = tmp_path / "run"
+    run_cli([*JOB, "trainer.epochs=1", f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+    before = fingerprint(run_dir)
+    proc = run_cli([*JOB, "trainer.epochs=2", f"hydra.run.dir={run_dir}"], cwd=tmp_path,
+                   check=False)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert lines == [f"adpsgd-run: error: hydra.run.dir: {run_dir} holds another run's "
+                     "checkpoints (newest: samples-0000001438); a fresh start there would mix "
+                     "the two runs. Fix: continue that run with resume=auto, or choose another "
+                     "hydra.run.dir"], proc.stderr
+    assert fingerprint(run_dir) == before  # .hydra/ included: nothing of the old run changed
+    # The same command with resume=auto continues it.
+    run_cli([*JOB, "trainer.epochs=2", "resume=auto", f"hydra.run.dir={run_dir}"],
+            cwd=tmp_path)
+    metrics, summary = read_run(run_dir)
+    assert summary["status"] == "completed" and metrics[-1]["epoch"] >= 2
+
+
+def test_a_killed_launcher_stops_its_ranks_and_the_dir_has_one_job(tmp_path):
+    """kill -9 of adpsgd-run: its ranks notice, checkpoint and stop within seconds; while
+    they still run, a second job in the same dir is refused with one line naming the first;
+    afterwards resume=auto continues."""
+    run_dir = tmp_path / "run"
+    first = start(tmp_path, run_dir, ["trainer.epochs=300", "trainer.checkpoint_every=50"])
+    try:
+        wait_for(lambda: (run_dir / "metrics.jsonl").exists(), "the first job never evaluated")
+        assert len(workers(run_dir)) == 2
+        second = run_cli([*JOB, "trainer.epochs=300", "resume=auto",
+                          f"hydra.run.dir={run_dir}"], cwd=tmp_path, check=False, timeout=60)
+        lines = second.stderr.strip().splitlines()
+        assert second.returncode == 2 and len(lines) == 1, second.stderr
+        assert lines[0].startswith(f"adpsgd-run: error: hydra.run.dir: {run_dir} is in use by "
+                                   f"the job of adpsgd-run pid {first.pid} on ")
+        assert "Fix: wait for that job to end" in lines[0]
+        os.kill(first.pid, signal.SIGKILL)  # the launcher alone
+        killed = time.monotonic()
+        wait_for(lambda: not workers(run_dir), "the orphaned ranks kept running", 60)
+        stopped_s = time.monotonic() - killed
+    finally:
+        for pid in workers(run_dir):
+            os.kill(int(pid), signal.SIGKILL)
+        first.kill()
+    print(f"ranks stopped {stopped_s:.1f} s after their launcher was killed")
+    assert stopped_s < 30
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "stopped"
+    newest = complete_checkpoints(run_dir)[-1]
+    assert summary["checkpoint"] == str(newest.path) and newest.reason == "stopped"
+    log = (run_dir / "logs" / "rank0.log").read_text()
+    assert f"adpsgd-run (pid {first.pid}), which started this job, is gone" in log
+    # Nothing holds the dir any more: the run continues.
+    run_cli([*JOB, f"trainer.epochs={int(newest.epoch) + 2}", "resume=auto",
+             f"hydra.run.dir={run_dir}"], cwd=tmp_path, timeout=300)
+    _, summary = read_run(run_dir)
+    assert summary["status"] == "completed" and summary["resumed_from"] == str(newest.path)
