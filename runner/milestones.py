@@ -58,6 +58,12 @@ class Milestones:
             return self.points[self.passed - 1]
         return None
 
+    def another_due(self, kind: str, samples: int) -> bool:
+        """Whether a later milestone of ``kind`` is also reached at ``samples`` (an
+        asynchronous count that became exact can pass several at once: evaluating the same
+        model twice would only repeat a row)."""
+        return any(m.kind == kind and m.samples <= samples for m in self.points[self.passed:])
+
     @property
     def done(self) -> bool:
         return self.passed == len(self.points)

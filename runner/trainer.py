@@ -475,6 +475,11 @@ class Trainer(Checkpointing):
 
     def evaluate(self, final: bool = False) -> None:
         self._meet()
+        if not final and self.milestones.another_due(EVALUATE, self.samples):
+            # The exact count (the same on every rank now) passed the next evaluation too:
+            # score the model once, there, rather than twice in a row.
+            self._leave()
+            return
         with self.timers.time("eval"):
             results: dict[str, dict[str, float]] = {}
             mean = lambda t: self.comm.allreduce_(t, op="mean")  # noqa: E731
