@@ -84,7 +84,7 @@ def preempt(world_mpi, run_dir, overrides):
         stopped, summary, _ = train(world_mpi, f"{run_dir}/run", overrides, signal_rank1)
     finally:
         restore()
-    assert stopped.preempted, "rank did not stop"
+    assert stopped.stop_status == "preempted", "rank did not stop"
     steps = world_mpi.allgather(stopped.step)
     assert len(set(steps)) == 1 and steps[0] < 92, f"stopped at steps {steps}"
     if rank == 0:
@@ -92,7 +92,7 @@ def preempt(world_mpi, run_dir, overrides):
     [checkpoint] = [c for c in complete_checkpoints(f"{run_dir}/run") if c.step == steps[0]]
     assert checkpoint.reason == "preempted" or checkpoint.samples % 1437 == 0, checkpoint
     resumed, summary, params = train(world_mpi, f"{run_dir}/run", [*overrides, "resume=auto"])
-    assert not resumed.preempted and resumed.resumed_from.path == checkpoint.path
+    assert resumed.stop_status is None and resumed.resumed_from.path == checkpoint.path
     if rank == 0:
         assert summary["status"] == "completed"
     difference = largest_difference(reference, params)
