@@ -58,6 +58,11 @@ class Milestones:
             return self.points[self.passed - 1]
         return None
 
+    def rearm(self) -> None:
+        """Count the last milestone acted on as not reached yet (the exact count, agreed
+        there, had not reached it)."""
+        self.passed -= 1
+
     def another_due(self, kind: str, samples: int) -> bool:
         """Whether a later milestone of ``kind`` is also reached at ``samples`` (an
         asynchronous count that became exact can pass several at once: evaluating the same

@@ -233,10 +233,16 @@ class Trainer(Checkpointing):
         while (milestone := self.milestones.due(self.samples)) is not None:
             if milestone.kind != STOP_CHECK:  # the collective ones: every rank waits there
                 self.algo.milestone_reached(milestone.samples)
-            if milestone.kind == EVALUATE:
-                if milestone.final:  # nothing may change the model after it is scored
-                    self._finish_algorithm()
-                self.evaluate(final=milestone.final)
+            if milestone.kind == EVALUATE and milestone.final:
+                self._meet()
+                if self.samples < milestone.samples:  # an estimate ran ahead: train on
+                    self.milestones.rearm()
+                    self._leave()
+                    return
+                self._finish_algorithm()  # nothing may change the model after it is scored
+                self.evaluate(final=True, met=True)
+            elif milestone.kind == EVALUATE:
+                self.evaluate()
             elif milestone.kind == CHECKPOINT:
                 self.save_checkpoint("scheduled")
             elif reason := self.stop.check():
@@ -473,8 +479,11 @@ class Trainer(Checkpointing):
             local += float((flat.detach() - mean).double().pow(2).sum())
         return float(self.comm.allreduce_numbers([local])[0]) / self.world.size
 
-    def evaluate(self, final: bool = False) -> None:
-        self._meet()
+    def evaluate(self, final: bool = False, met: bool = False) -> None:
+        """Score the model(s) on the held-out set (collective); ``met``: the ranks have met
+        at this milestone already (see :meth:`_meet`)."""
+        if not met:
+            self._meet()
         if not final and self.milestones.another_due(EVALUATE, self.samples):
             # The exact count (the same on every rank now) passed the next evaluation too:
             # score the model once, there, rather than twice in a row.

@@ -75,3 +75,19 @@ def test_resume_averaged_counts_the_earlier_sessions_time(tmp_path):
     print(f"samples/s: first session {first['samples_per_s']:.0f}, after the averaged resume "
           f"{resumed['samples_per_s']:.0f} (ratio {ratio:.2f})")
     assert 0.4 < ratio < 2.0, ratio
+
+
+def test_asynchronous_runs_end_at_their_budget_and_evaluate_near_epoch_ends(tmp_path):
+    """AD-PSGD's estimate of the global count extrapolates every learner's last reported
+    progress at its rate (runner/comm/progress.py), and the final evaluation waits until the
+    exact count has reached the budget: runs end at or just past it (before: 3.17-3.35 epochs
+    for 3 on these 4 ranks, and the first evaluation at 1.13-1.24)."""
+    for seed in range(2):
+        run_dir = tmp_path / f"run{seed}"
+        run_cli(["recipe=digit_images", "algo=adpsgd", "launcher.nprocs=4", "trainer.epochs=3",
+                 f"seed={seed}", "trainer.progress=false", f"hydra.run.dir={run_dir}"],
+                cwd=tmp_path, timeout=300)
+        metrics, _ = read_run(run_dir)
+        epochs = [m["epoch"] for m in metrics if m["split"] == "eval"]
+        print(f"seed {seed}: evaluations at epochs {epochs}")
+        assert 3 <= epochs[-1] < 3.15, epochs

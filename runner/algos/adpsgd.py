@@ -250,11 +250,12 @@ class ADPSGD(Algorithm):
         # Exact per-learner counts, over the world's control communicator (the gossip
         # thread's communicator stays its own). Leaders appear in world-rank order, which is
         # their order among participants.
-        mine = int(self.averager.counts[self.averager.rank]) if self.averager else None
+        table = self.averager.progress if self.averager else None
+        mine = int(table.counts[table.rank]) if table else None
         counts = [c for c in self.comm.allgather_objects(mine) if c is not None]
-        if self.averager:
+        if table:
             with self.lock:
-                self.averager.counts[:] = counts
+                table.set_exact(counts)
 
     def pause(self):
         if self.averager:
@@ -285,7 +286,7 @@ class ADPSGD(Algorithm):
                      "staleness": torch.tensor(self.staleness, dtype=torch.int64)}
             if self.averager:
                 a = self.averager
-                state["gossip"] = {"counts": torch.from_numpy(a.counts.copy()),
+                state["gossip"] = {"counts": torch.from_numpy(a.progress.counts.copy()),
                                    "exchanges": a.exchanges, "version": a.version,
                                    "partners": dict(a.partners)}
         return state
@@ -298,7 +299,7 @@ class ADPSGD(Algorithm):
             self.staleness = state["staleness"].tolist()
             if self.averager:
                 a, gossip = self.averager, state["gossip"]
-                a.counts[:] = gossip["counts"].numpy()
+                a.progress.set_exact(gossip["counts"].tolist())
                 a.exchanges, a.version = gossip["exchanges"], gossip["version"]
                 a.partners = dict(gossip["partners"])
                 self._snapshot_version = self._shared_version = a.version

@@ -15,8 +15,9 @@ oversubscribed machine) and a timeout whose message names this rank, its peer an
 operation. Waits always go from an active to a passive, and passives never wait for anyone, so
 no cycle of waits (deadlock) can form.
 
-Progress counters ride along: each message carries the sender's table of samples seen per
-participant, merged by maximum, which gives every rank an estimate of global progress.
+Progress rides along: each message carries the sender's table of samples seen per participant
+(with when and how fast, runner/comm/progress.py), merged row by row, which gives every rank an
+estimate of global progress.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from .progress import ProgressTable
 from .world import mpi
 
 REQUEST, REPLY, MODEL_REQUEST, MODEL_REPLY = 21, 22, 23, 24
@@ -57,7 +59,7 @@ class PairwiseAverager:
         # MPI sends host memory: GPU models are staged through page-locked host copies.
         self.snapshots = [_host_like(b) for b in buffers]
         self.received = [_host_like(b) for b in buffers]
-        self.counts = np.zeros(self.size, dtype=np.int64)  # samples seen per participant
+        self.progress = ProgressTable(self.size, self.rank)  # everyone's samples seen
         self.exchanges = 0
         self.partners: dict[int, int] = {}
         self.version = 0  # increments with every merge: gradient staleness is measured in it
@@ -85,14 +87,15 @@ class PairwiseAverager:
     # ---- called by the training thread ------------------------------------------------------
     def tick(self, local_samples: int) -> None:
         """One local step done: publish progress; a rate-limited active may average once."""
-        with self.lock:  # the gossip thread merges counts under the same lock
-            self.counts[self.rank] = max(self.counts[self.rank], local_samples)
+        with self.lock:  # the gossip thread merges progress under the same lock
+            self.progress.tick(local_samples)
         if self.rate_limited:
             self._ticks.release()
         self.raise_if_failed()
 
     def global_samples(self) -> int:
-        return int(self.counts.sum())
+        with self.lock:
+            return self.progress.estimate()
 
     def quiesce(self, barrier: Callable[[], None]) -> None:
         """Stop initiating, let every in-flight exchange end everywhere (collective).
@@ -111,6 +114,8 @@ class PairwiseAverager:
         self.raise_if_failed()
 
     def resume(self) -> None:
+        with self.lock:
+            self.progress.pause_clock()
         with self._state:
             self._initiate_allowed = True
             self._state.notify_all()
@@ -189,7 +194,7 @@ class PairwiseAverager:
         try:
             peer = status.Get_source()
             started = time.perf_counter()
-            header = np.empty_like(self.counts)
+            header = np.empty(3 * self.size)
             self.comm.Recv(header, source=peer, tag=REQUEST)
             requests = [self.comm.Isend(self._snapshot(), dest=peer, tag=REPLY)]
             requests += [self.comm.Irecv(_np(r), source=peer, tag=MODEL_REQUEST)
@@ -202,20 +207,20 @@ class PairwiseAverager:
             self._set_busy(False)
 
     def _snapshot(self) -> np.ndarray:
-        """Copy x into the snapshot buffers; return the progress counts of that moment."""
+        """Copy x into the snapshot buffers; return the progress table of that moment."""
         with self.lock:
             for snapshot, x in zip(self.snapshots, self.buffers):
                 snapshot.copy_(x)
-            return self.counts.copy()
+            return self.progress.pack()
 
-    def _merge(self, their_counts: np.ndarray, peer: int, started: float) -> None:
+    def _merge(self, their_progress: np.ndarray, peer: int, started: float) -> None:
         with self.lock:
             for x, mine, theirs in zip(self.buffers, self.snapshots, self.received):
                 # x <- x + ((mine + theirs)/2 - mine): computed as (theirs - mine)/2 on both
                 # ends with the roles swapped, so the pair's sum is unchanged.
                 x.add_(theirs.sub_(mine).to(x.device), alpha=0.5)
             self.version += 1
-            np.maximum(self.counts, their_counts, out=self.counts)
+            self.progress.merge(their_progress)
             self.exchanges += 1
             self.partners[peer] = self.partners.get(peer, 0) + 1
         if self.record_intervals:

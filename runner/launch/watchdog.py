@@ -290,9 +290,11 @@ class RankWatchdog:
         return None
 
     def stalled(self, timeout_s: float) -> StalledRank | None:
-        """A live rank, still without an exit record, whose heartbeat (its pid file's time,
-        runner/worker.py) is older than ``timeout_s``."""
+        """The live rank, still without an exit record, whose heartbeat (its pid file's time,
+        runner/worker.py) is older than ``timeout_s``; of several, the one silent longest
+        (the others may only wait for it)."""
         now = time.time()
+        stalled = []
         for rank, pid in list(self.pids.items()):
             try:
                 silent = now - _path(self.run_dir, rank, "pid").stat().st_mtime
@@ -300,8 +302,8 @@ class RankWatchdog:
                 continue
             if silent > timeout_s and exit_status(self.run_dir, rank) is None \
                     and process_alive(pid):
-                return StalledRank(rank, pid, silent)
-        return None
+                stalled.append(StalledRank(rank, pid, silent))
+        return max(stalled, key=lambda s: s.silent_s, default=None)
 
     def rank_of_pid(self, pid: int) -> int | None:
         self.refresh()

@@ -17,8 +17,8 @@ def checks(world_mpi, run_dir, overrides):
     scored = {}
     evaluate = trainer.evaluate
 
-    def recording_evaluate(final=False):
-        evaluate(final=final)
+    def recording_evaluate(final=False, **met):
+        evaluate(final=final, **met)
         if final:  # what rank 0's split of the final evaluation scored
             scored.update({name: p.detach().clone()
                            for name, p in trainer.model.named_parameters()})
