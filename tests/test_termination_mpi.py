@@ -1,7 +1,8 @@
 """Deadlock freedom on real ranks: 4 ranks with random per-step delays, rank 3 ten times
 slower and frequent evaluations (each one quiesces the gossip) end every time, 5 times in a
 row per variant (the conservation, straggler, final-model and resume tests run the same
-asynchronous core under delays and a straggler too). A hang fails the tests through the timeout instead of blocking CI."""
+asynchronous core under delays and a straggler too). A hang fails the tests through the
+timeout instead of blocking CI."""
 
 import pytest
 

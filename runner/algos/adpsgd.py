@@ -27,9 +27,10 @@ How it runs. Each learner's model x is shared by two threads:
 Progress and the learning-rate schedule follow an estimate of global samples (every learner's
 count, with when it was counted and its rate, rides on every exchange and is extrapolated to
 now, runner/comm/progress.py; it is made exact at each evaluation, and the run ends only once
-the exact count reached the budget): fast learners take more steps than slow ones. A learner that reaches a milestone (evaluation, checkpoint) first announces it to every
-other learner (runner/comm/milestone_signal.py), so that none lags behind while the others
-wait. Evaluation and the end quiesce the gossip (no new exchange, a barrier, in-flight ones
+the exact count reached the budget): fast learners take more steps than slow ones. A learner
+that reaches a milestone (evaluation, checkpoint) first announces it to every other learner
+(runner/comm/milestone_signal.py), so that none lags behind while the others wait.
+Evaluation and the end quiesce the gossip (no new exchange, a barrier, in-flight ones
 completed): no learner exits while a peer waits on it. Momentum stays local (§0.3).
 
 Checkpoints are taken with the gossip quiesced (``pause()``: no exchange in flight anywhere),
