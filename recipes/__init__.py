@@ -1,9 +1,10 @@
-"""Recipes: data, model and metric for one task. They know nothing of algorithms."""
+"""Recipes: data, model and metric for one task. They know nothing of algorithms. Importing
+this package registers them."""
 
-from runner.registry import Registry
-
+from . import digit_images  # noqa: F401 - they register
 from .base import Recipe
-
-RECIPES: Registry[Recipe] = Registry("recipe", "recipes.all")
+from .imagenet import recipe as imagenet_recipe  # noqa: F401
+from .registry import RECIPES
+from .speech import recipe as speech_recipe  # noqa: F401
 
 __all__ = ["RECIPES", "Recipe"]

@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 import torch
 from torch.utils.data import Dataset, default_collate
 
-from runner.config import Section
+from runner.schema import Section
 
 
 @dataclass

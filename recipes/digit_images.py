@@ -16,12 +16,12 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from runner.config import require
 from runner.errors import UserError
+from runner.schema import require
 
-from . import RECIPES
 from .base import Recipe, RecipeConfig
 from .classification import classification_metrics, classification_sums
+from .registry import RECIPES
 
 
 @dataclass

@@ -193,7 +193,7 @@ def prepare_cases(root: Path, cases: dict[str, list[str]]) -> dict[str, Path]:
 
     from recipes import RECIPES
 
-    from .cli import compose_all, validate_job
+    from .compose import compose_all, validate_job
     from .worker import RUN_CONFIG
 
     run_dirs, prepared = {}, set()
@@ -218,7 +218,7 @@ def completed(run_dir: Path) -> bool:
 
 def read_run(run_dir: Path) -> dict[str, Any]:
     """``{"run_dir", "summary", "metrics"}`` of a finished run dir."""
-    from .reporting import read_metrics
+    from .run_log import read_metrics
 
     return {"run_dir": str(run_dir), "summary": json.loads((run_dir / "summary.json").read_text()),
             "metrics": read_metrics(run_dir)}

@@ -9,7 +9,7 @@ to every rank. A signal only sets a flag: the rank finishes its step, and the ra
 to agree on *when* to stop, since the checkpoint is collective and ranks (asynchronous ones
 especially) are at different steps when the signal lands, and it may reach only some of them.
 
-The agreement rides on preemption-check milestones (runner/milestones.py), which every rank
+The agreement rides on preemption-check milestones (runner/run_milestones.py), which every rank
 meets in the same order: at check j each rank starts a non-blocking MAX-allreduce of its flag
 and reads the result of check j-1, which has long completed unless a peer is more than a
 check behind (that wait is bounded by ``comm.timeout_s``). A rank that sees a set flag stops

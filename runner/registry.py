@@ -1,15 +1,19 @@
-"""Name -> class registries for algorithms, recipes and launchers.
+"""Name -> class registries (algorithms, recipes, topologies, launchers).
 
-Each registered class carries a ``Config`` dataclass (its schema: unknown keys and wrong types
-are errors) so that the CLI can validate ``algo.*``/``recipe.*``/``launcher.*`` before any rank
-starts.
+Each kind has its registry in a leaf module of its package (``runner/algos/registry.py``...):
+a class registers itself with the decorator where it is defined, and the package's
+``__init__`` imports every such module, so importing the package fills its registry. Each
+registered class carries a ``Config`` dataclass (its schema: unknown keys and wrong types are
+errors) so that the commands can validate ``algo.*``/``recipe.*``/``launcher.*`` before any
+rank starts.
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
+
+from .errors import UserError
 
 T = TypeVar("T")
 
@@ -17,11 +21,9 @@ T = TypeVar("T")
 class Registry(Generic[T]):
     """A registry of classes by name, filled by importing the modules of ``package``."""
 
-    def __init__(self, kind: str, package: str):
+    def __init__(self, kind: str):
         self.kind = kind
-        self.package = package
         self._entries: dict[str, type[T]] = {}
-        self._loaded = False
 
     def register(self, name: str) -> Callable[[type[T]], type[T]]:
         def decorator(cls: type[T]) -> type[T]:
@@ -33,28 +35,17 @@ class Registry(Generic[T]):
 
         return decorator
 
-    def _load(self) -> None:
-        if not self._loaded:
-            # Importing the package imports its modules, whose decorators fill the registry.
-            importlib.import_module(self.package)
-            self._loaded = True
-
     def names(self) -> list[str]:
-        self._load()
         return sorted(self._entries)
 
     def get(self, name: str) -> type[T]:
-        self._load()
         try:
             return self._entries[name]
         except KeyError:
-            from .errors import UserError
-
             raise UserError(
                 f"unknown {self.kind} {name!r}",
                 f"choose one of: {', '.join(self.names())}",
             ) from None
 
     def __contains__(self, name: Any) -> bool:
-        self._load()
         return name in self._entries

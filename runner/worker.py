@@ -153,7 +153,8 @@ def _run_rank(run_dir: Path, in_process: bool) -> int:
     from .comm.deadline import DEADLINES
     from .comm.pairwise import ExchangeTimeout
     from .comm.world import detect_world, mpi
-    from .trainer import Trainer, resolve_device
+    from .compute_path import resolve_device
+    from .trainer import Trainer
 
     MPI = mpi()
     world_mpi = MPI.COMM_WORLD
@@ -232,7 +233,7 @@ def _run_rank(run_dir: Path, in_process: bool) -> int:
     except BaseException as ex:  # noqa: BLE001 - every failure must end the job, never hang it
         log_error_to_file("unhandled exception:\n%s", traceback.format_exc())
         if (full := disk_full(ex, run_dir)) is not None:
-            last = getattr(trainer, "last_checkpoint", None)
+            last = trainer.checkpointer.last if trainer else None
             message, status = f"adpsgd-run: error: {full.with_checkpoint(last)}", 2
         else:
             message = (f"adpsgd-run: rank {rank} failed: {type(ex).__name__}: {one_line(ex)} "

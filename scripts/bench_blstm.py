@@ -8,7 +8,7 @@ frames/s (100 frames = 1 s of audio), on synthetic features.
 The model is the recipe's own (conf/recipe/swb2000.yaml: 6 bidirectional LSTM layers of 512
 cells per direction, a 256-unit bottleneck, frame stacking by 2, 120 inputs = 40 log-mel plus
 deltas, a CTC head over characters), in the flat parameter buffers every algorithm
-communicates, trained with the recipe's CTC loss through runner/accel.py's compute path
+communicates, trained with the recipe's CTC loss through runner/compute_path.py's compute path
 (bf16 autocast with --amp, device copies from pinned memory) and SGD with Nesterov momentum.
 Utterances have random lengths between half and all of --frames (padding as real batches
 have it) and random character targets; feature extraction and communication are left out, so
@@ -37,7 +37,7 @@ MD_HEADER = ("| date | device | layers x cells | batch x frames | amp | frames/s
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    from runner.accel import AMP_CHOICES
+    from runner.compute_path import AMP_CHOICES
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     bench.add_common_arguments(p, NAME, trains=False)
@@ -66,7 +66,7 @@ def recipe_config(args: argparse.Namespace):
     """recipe=swb2000 as adpsgd-run composes it, with the model size overrides."""
     from hydra import compose, initialize_config_module
 
-    from runner.config import validate
+    from runner.compose import validate
 
     overrides = ["recipe=swb2000"]
     if args.num_layers:
@@ -91,8 +91,8 @@ def synthetic_batch(recipe, batch_size: int, frames: int, generator: torch.Gener
 
 def benchmark(args: argparse.Namespace) -> dict:
     from recipes import RECIPES
-    from runner.accel import ComputePath, amp_dtype
     from runner.comm.buffers import flatten_parameters
+    from runner.compute_path import ComputePath, amp_dtype
     from runner.optim import parameter_groups
 
     record = bench.Record(NAME, "scripts/bench_blstm.py", args.argv, args.quick)

@@ -47,7 +47,7 @@ def newest_checkpoint_loads(run_dir: Path) -> str | None:
     """The newest complete checkpoint if every rank's file loads, else None."""
     import torch
 
-    from runner.checkpoint import complete_checkpoints, load_rank_state
+    from runner.checkpoint_files import complete_checkpoints, load_rank_state
 
     found = complete_checkpoints(run_dir)
     if not found:

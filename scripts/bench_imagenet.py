@@ -6,7 +6,7 @@
 
 It times the trainer's own compute path, not a stand-in: the recipe's model (flattened into
 the flat parameter buffers that every algorithm communicates), the recipe's device-side
-normalisation and loss, runner/accel.py's channels-last, bf16 autocast and torch.compile
+normalisation and loss, runner/compute_path.py's channels-last, bf16 autocast and torch.compile
 options, and SGD with momentum and weight decay. The batch is a fixed uint8 tensor in pinned
 host memory, copied to the device every step as the loader's batches are, so JPEG decoding
 and communication are left out: the number is what one GPU can train, the ceiling that the
@@ -31,9 +31,9 @@ from omegaconf import OmegaConf
 from recipes.imagenet.data import ImageBatch
 from recipes.imagenet.model import RESNETS, build_resnet
 from recipes.imagenet.recipe import ImageNet, ImageNetConfig
-from runner.accel import AMP_CHOICES, ComputePath, amp_dtype
 from runner.benchmark import cpu_model
 from runner.comm.buffers import flatten_parameters
+from runner.compute_path import AMP_CHOICES, ComputePath, amp_dtype
 from runner.optim import parameter_groups
 
 FULL = {"arch": "resnet50", "image_size": 224, "batch_size": 256, "warmup": 10, "steps": 40}

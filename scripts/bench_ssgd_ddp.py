@@ -63,12 +63,12 @@ def train_ddp(cfg, world_mpi, model_out: Path | None = None) -> dict:
     from torch.nn.parallel import DistributedDataParallel
 
     from recipes import RECIPES
-    from runner.accel import ComputePath
+    from runner.compute_path import ComputePath, resolve_device
     from runner.data import BatchFetcher, ShardedBatches
     from runner.errors import UserError
+    from runner.lr_schedule import LRSchedule
     from runner.optim import parameter_groups
-    from runner.schedule import LRSchedule
-    from runner.trainer import resolve_device, seed_everything
+    from runner.trainer import seed_everything
 
     rank, size = world_mpi.Get_rank(), world_mpi.Get_size()
     tcfg, o = cfg.trainer, cfg.optim
@@ -137,7 +137,7 @@ def rank_job(spec_path: Path) -> None:
     """Warm-up of each, then the timed runs in alternating order; rank 0 writes the DDP
     numbers next to the spec (SSGD's are in its run dirs' summaries)."""
     from runner.comm.communicator import init_torch_distributed
-    from runner.trainer import resolve_device
+    from runner.compute_path import resolve_device
     from runner.worker import load_run_config, run_rank
 
     spec = json.loads(spec_path.read_text())

@@ -77,7 +77,7 @@ def test_every_bad_override_is_caught_by_the_command_line_check(capsys, args, ca
     """The whole table through the check that main() runs first, in this process (a
     subprocess per row would spend minutes importing torch; the rows above show that the
     installed command behaves the same)."""
-    from runner.cli import check_command_line
+    from runner.commands.run import check_command_line
 
     with pytest.raises(SystemExit) as exit_info:
         check_command_line(args)
@@ -227,15 +227,14 @@ PRESETS = sorted(p.stem for p in (REPO / "conf" / "experiment").glob("*.yaml"))
 
 @pytest.mark.parametrize("preset", PRESETS)
 def test_every_experiment_preset_composes_and_validates(preset):
-    from runner.cli import compose_all
-    from runner.config import validate
+    from runner.compose import compose_all, validate
 
     cfg = validate(compose_all([f"experiment={preset}"], False, "config")[0])
     assert cfg.launcher.nprocs >= 1 and cfg.recipe.name and cfg.algo.name
 
 
 def test_seed_paper_presets_carry_the_papers_numbers():
-    from runner.cli import compose_all
+    from runner.compose import compose_all
 
     hadpsgd, ssgd = (compose_all([f"experiment={name}"], False, "config")[0]
                      for name in ("swb2000_hadpsgd_64gpu", "swb2000_ssgd_64gpu"))

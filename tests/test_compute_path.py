@@ -10,8 +10,8 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from runner.accel import ComputePath, amp_dtype, to_channels_last
 from runner.comm.buffers import flatten_gradients, flatten_parameters
+from runner.compute_path import ComputePath, amp_dtype, to_channels_last
 from runner.data import BatchFetcher, ShardedBatches
 from runner.errors import UserError
 from runner.optim import flat_param_groups, parameter_groups

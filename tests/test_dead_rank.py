@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from runner.checkpoint import complete_checkpoints, load_rank_state
+from runner.checkpoint_files import complete_checkpoints, load_rank_state
 from runner.errors import EXIT_PREEMPTED
 
 from conftest import BIN, REPO, read_run, run_cli

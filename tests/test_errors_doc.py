@@ -220,7 +220,7 @@ def test_every_documented_mistake_prints_its_documented_line(row, tmp_path, requ
     expected = paths.fill(row.line)
     monkeypatch.chdir(tmp_path)  # the default run dir (runs/...) goes here
     if row.found == "command line":
-        from runner.cli import check_command_line
+        from runner.commands.run import check_command_line
 
         with pytest.raises(SystemExit) as exit_info:
             check_command_line(args)

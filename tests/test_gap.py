@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from runner import gap
+from runner.commands import gap
 
 from conftest import REPO
 
@@ -78,11 +78,12 @@ def test_help(capsys):
 
 
 def test_module_runs_as_a_command():
-    ok = subprocess.run([sys.executable, "-m", "runner.gap", "--topology", "ring", "--n", "8",
-                         "--json"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    ok = subprocess.run([sys.executable, "-m", "runner.commands.gap", "--topology", "ring",
+                         "--n", "8", "--json"], cwd=REPO, capture_output=True, text=True,
+                        timeout=60)
     assert ok.returncode == 0, ok.stderr
     assert json.loads(ok.stdout)[0]["rho"] == pytest.approx(0.647603, abs=1e-6)
-    bad = subprocess.run([sys.executable, "-m", "runner.gap", "--topology", "exponential",
+    bad = subprocess.run([sys.executable, "-m", "runner.commands.gap", "--topology", "exponential",
                           "--n", "6"], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and bad.stdout == ""
     assert bad.stderr.count("\n") == 1 and "Traceback" not in bad.stderr

@@ -12,8 +12,8 @@ import pytest
 from test_bench_imagenet import load_bench
 
 from recipes.imagenet.synthetic import write_fake_imagenet
-from recipes.imagenet.tools import main as imagenet_tool
-from runner.cli import check_command_line
+from runner.commands.imagenet import main as imagenet_tool
+from runner.commands.run import check_command_line
 
 from conftest import REPO
 

@@ -159,7 +159,7 @@ def bad_commands(tree: Path, tmp_path: Path) -> list[tuple[list[str], str, str]]
 
 
 def test_data_and_option_mistakes_end_with_one_line_before_ranks_start(tree, tmp_path, capsys):
-    from runner.cli import check_command_line
+    from runner.commands.run import check_command_line
 
     for args, cause, fix in bad_commands(tree, tmp_path):
         with pytest.raises(SystemExit) as exit_info:
@@ -170,7 +170,7 @@ def test_data_and_option_mistakes_end_with_one_line_before_ranks_start(tree, tmp
 @pytest.mark.parametrize("preset,algo", [("imagenet_ssgd", "ssgd"),
                                          ("imagenet_adpsgd", "adpsgd")])
 def test_presets_hold_the_seeds_imagenet_settings(tree, preset, algo):
-    from runner.cli import compose_all, validate_job
+    from runner.compose import compose_all, validate_job
 
     [cfg] = compose_all([f"experiment={preset}", f"recipe.data.root={tree}"], False, "config")
     run = validate_job(cfg)

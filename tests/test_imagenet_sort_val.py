@@ -8,7 +8,7 @@ import pytest
 
 from recipes.imagenet.sort_val import GROUND_TRUTH, IMAGE_NAME, META
 from recipes.imagenet.synthetic import class_image, write_fake_imagenet
-from recipes.imagenet.tools import main
+from runner.commands.imagenet import main
 
 from conftest import BIN
 

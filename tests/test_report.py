@@ -11,7 +11,7 @@ import subprocess
 import pytest
 from PIL import Image
 
-from runner.report import main as report_main
+from runner.commands.report import main as report_main
 
 from conftest import BIN, run_cli
 

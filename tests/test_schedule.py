@@ -1,7 +1,7 @@
 import math
 
 from runner.config import OptimConfig
-from runner.schedule import LRSchedule
+from runner.lr_schedule import LRSchedule
 
 
 def test_goyal_warmup_from_base_rate_to_scaled_rate():

@@ -56,7 +56,7 @@ def test_dry_run_writes_a_readable_script_for_a_2_node_4_gpu_hadpsgd_job(tmp_pat
 
 
 def test_mpiexec_inside_the_allocation_instead_of_srun(tmp_path):
-    from runner.cli import compose_all, validate_job
+    from runner.compose import compose_all, validate_job
     from runner.launch.slurm import SlurmConfig, find_mpiexec, render_script
 
     [composed] = compose_all(["recipe=digit_images", "algo=ssgd", *SLURM,
@@ -96,7 +96,7 @@ BAD_LAUNCHER_KEYS = [
 
 @pytest.mark.parametrize("args,cause,fix", BAD_LAUNCHER_KEYS)
 def test_bad_launcher_keys_end_with_one_clear_line(capsys, args, cause, fix):
-    from runner.cli import check_command_line
+    from runner.commands.run import check_command_line
 
     with pytest.raises(SystemExit) as exit_info:
         check_command_line(["recipe=digit_images", *SLURM, *args])
@@ -209,7 +209,7 @@ def test_every_command_in_the_slurm_doc_matches_the_code(capsys):
     """docs/slurm.md's commands: adpsgd-run ones pass the full pre-launch check (as dry runs,
     so that no sbatch is needed here); the others are the local cluster script's subcommands
     and SLURM's own commands (tests/test_slurm_cluster.py runs those for real)."""
-    from runner.cli import check_command_line
+    from runner.commands.run import check_command_line
 
     local_dir = re.search(r"^DIR=\$\{SLURM_LOCAL_DIR:-(\S+)\}$",
                           (REPO / "scripts" / "slurm_local.sh").read_text(), flags=re.M)[1]
@@ -230,7 +230,7 @@ def test_every_command_in_the_slurm_doc_matches_the_code(capsys):
 
 
 def test_the_script_shown_in_the_slurm_doc_is_what_the_launcher_writes():
-    from runner.cli import compose_all, validate_job
+    from runner.compose import compose_all, validate_job
     from runner.launch.slurm import render_script
 
     shown = next(block for block in doc_blocks("text") if block.startswith("#!/bin/bash"))

@@ -12,8 +12,8 @@ import pytest
 import soundfile as sf
 
 from recipes.speech.kaldi_data import write_data_dir
-from recipes.speech.score_cli import main as score_main
-from runner.prepare import main as prepare_main
+from runner.commands.prepare import main as prepare_main
+from runner.commands.score import main as score_main
 
 from conftest import read_run, run_cli
 

@@ -84,7 +84,7 @@ def test_cross_entropy_on_alignments_learns_the_frame_classes_on_2_ranks(tmp_pat
 def recipe_for(tmp_path, **alignment_overrides):
     from hydra import compose, initialize_config_module
 
-    from runner.config import validate
+    from runner.compose import validate
 
     train, train_ali = corpus(tmp_path, "train", 2, seed=0, text_ark=True)
     heldout, eval_ali = corpus(tmp_path, "eval", 2, seed=1, text_ark=False)
@@ -122,7 +122,7 @@ def test_alignments_of_another_frame_rate_are_refused(tmp_path):
      "recipe.data.train_alignments: head=ce needs train alignments, got '/no/ali.scp'"),
 ])
 def test_the_ce_head_needs_the_number_of_pdfs_and_existing_alignments(capsys, args, key):
-    from runner.cli import check_command_line
+    from runner.commands.run import check_command_line
 
     with pytest.raises(SystemExit):
         check_command_line(["recipe=swb300", "recipe.model.head=ce", *args])

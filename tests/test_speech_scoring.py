@@ -11,7 +11,6 @@ import sys
 import jiwer
 import pytest
 
-from recipes.speech import score_cli
 from recipes.speech.scoring import (
     HESITATIONS,
     NORMALIZATION_RULES,
@@ -23,6 +22,7 @@ from recipes.speech.scoring import (
     score_texts,
     subset_of,
 )
+from runner.commands import score as score_cli
 from runner.errors import UserError
 
 from conftest import REPO
@@ -273,7 +273,7 @@ def test_cli_errors_are_one_line(tmp_path, capsys, case):
 
 def test_cli_as_module(tmp_path):
     ref, hyp = _write(tmp_path, "ref", REFS), _write(tmp_path, "hyp", HYPS)
-    run = [sys.executable, "-m", "recipes.speech.score_cli"]
+    run = [sys.executable, "-m", "runner.commands.score"]
     proc = subprocess.run([*run, str(ref), str(hyp)], cwd=REPO, capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr

@@ -19,12 +19,12 @@ from typing import Any, Optional
 import torch
 import torch.nn.functional as F
 
-from runner.config import require
 from runner.errors import UserError
+from runner.schema import require
 
-from .. import RECIPES
 from ..base import Recipe, RecipeConfig
 from ..classification import classification_metrics, classification_sums
+from ..registry import RECIPES
 from .data import (
     IMAGE_SUFFIXES,
     BadImage,

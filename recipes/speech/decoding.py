@@ -19,7 +19,7 @@ from typing import Optional
 
 import torch
 
-from runner.config import require
+from runner.schema import require
 
 from .model import CharTokenizer, greedy_decode
 

@@ -21,11 +21,11 @@ import torch
 from torch.nn.utils.rnn import pad_sequence
 from torch.utils.data import Dataset
 
-from runner.config import require
 from runner.errors import UserError
+from runner.schema import require
 
-from .. import RECIPES
 from ..base import Recipe, RecipeConfig
+from ..registry import RECIPES
 from .decoding import DecodeConfig
 from .heads import HEADS
 from .model import BLSTMAcousticModel

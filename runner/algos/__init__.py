@@ -1,8 +1,8 @@
-"""Training algorithms, one module each, registered by name (``algo=NAME``)."""
+"""Training algorithms, one module each, registered by name (``algo=NAME``): importing this
+package registers them all."""
 
-from ..registry import Registry
+from . import adpsgd, dasgd, dpsgd, hadpsgd, local_sgd, ssgd  # noqa: F401 - they register
 from .base import AlgoConfig, Algorithm, TrainContext
-
-ALGORITHMS: Registry[Algorithm] = Registry("algorithm", "runner.algos.all")
+from .registry import ALGORITHMS
 
 __all__ = ["ALGORITHMS", "Algorithm", "AlgoConfig", "TrainContext"]

@@ -57,21 +57,22 @@ from ..comm.communicator import Communicator
 from ..comm.milestone_signal import MilestoneSignal
 from ..comm.pairwise import PairwiseAverager
 from ..comm.world import mpi
-from ..config import require
 from ..errors import ConfigError
 from ..optim import flat_param_groups
+from ..schema import require
 from ..topology import TOPOLOGIES
 from ..topology.pairing import is_active, passive_peers, peer_schedule
-from . import ALGORITHMS
 from .base import AlgoConfig, Algorithm
+from .registry import ALGORITHMS
 
 
 @dataclass
 class ADPSGDConfig(AlgoConfig):
     name: str = "adpsgd"
-    pattern: str = "fixed"  # fixed: cycle through the topology's passive neighbours; random
-    delay_by_one: bool = False  # the delay-by-one scheme of algorithms.md §5.4
-    timeout_s: float = 300.0  # an exchange with no answer for this long is an error
+    # fixed: cycle through the topology's passive neighbours, nearest first; random: draw one
+    pattern: str = "fixed"
+    delay_by_one: bool = False  # the delay-by-one scheme of algorithms.md §5.4 (lockstep)
+    timeout_s: float = 300.0  # an exchange with no answer for this long ends the job
 
     def check(self, prefix, cfg):
         require(self.pattern in ("fixed", "random"), f"{prefix}.pattern",

@@ -31,7 +31,7 @@ import torch
 from omegaconf import DictConfig
 
 from ..comm import Communicator, World
-from ..config import Section
+from ..schema import Section
 from ..timers import Timers
 
 

@@ -34,16 +34,16 @@ from dataclasses import dataclass
 import torch
 
 from ..comm.communicator import Handle
-from ..config import require
-from . import ALGORITHMS
+from ..schema import require
 from .base import AlgoConfig, Algorithm
+from .registry import ALGORITHMS
 
 
 @dataclass
 class DaSGDConfig(AlgoConfig):
     name: str = "dasgd"
     tau: int = 4  # local steps between launches of an averaging
-    delay: int = 1  # local steps between a launch and its merge; 0 blocks (local SGD)
+    delay: int = 1  # local steps between a launch and its merge (<= tau); 0 blocks (local SGD)
 
     def check(self, prefix, cfg):
         require(self.tau >= 1, f"{prefix}.tau", f"must be >= 1, got {self.tau}",

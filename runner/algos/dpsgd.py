@@ -28,17 +28,19 @@ from dataclasses import dataclass
 
 import torch
 
-from ..config import require
 from ..errors import ConfigError
+from ..schema import require
 from ..topology import TOPOLOGIES
-from . import ALGORITHMS
 from .base import AlgoConfig, Algorithm
+from .registry import ALGORITHMS
 
 
 @dataclass
 class DPSGDConfig(AlgoConfig):
     name: str = "dpsgd"
-    ordering: str = "dpsgd"  # dpsgd | step_then_average
+    # dpsgd: average while the gradient is computed (the paper's order); step_then_average:
+    # optimizer step, then average (W = J gives SSGD)
+    ordering: str = "dpsgd"
 
     def check(self, prefix, cfg):
         require(self.ordering in ("dpsgd", "step_then_average"), f"{prefix}.ordering",

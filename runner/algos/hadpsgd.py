@@ -17,10 +17,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..comm.communicator import Communicator
-from ..config import require
 from ..errors import ConfigError
-from . import ALGORITHMS
+from ..schema import require
 from .adpsgd import ADPSGD, ADPSGDConfig
+from .registry import ALGORITHMS
 
 
 @dataclass

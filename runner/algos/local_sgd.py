@@ -23,9 +23,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..config import require
-from . import ALGORITHMS
+from ..schema import require
 from .base import AlgoConfig
+from .registry import ALGORITHMS
 from .ssgd import SSGD
 
 
@@ -33,7 +33,9 @@ from .ssgd import SSGD
 class LocalSGDConfig(AlgoConfig):
     name: str = "local_sgd"
     period: int = 8  # H: local steps between averagings
-    switch_epoch: float = 0.0  # synchronous SGD before this epoch (post-local SGD)
+    # synchronous SGD before this epoch (post-local SGD, e.g. the first lr decay); 0: local
+    # SGD from the start
+    switch_epoch: float = 0.0
 
     def check(self, prefix, cfg):
         require(self.period >= 1, f"{prefix}.period", f"must be >= 1, got {self.period}",

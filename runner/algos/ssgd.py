@@ -21,8 +21,8 @@ after_backward), so the model and optimizer state are all there is.
 from __future__ import annotations
 
 from ..comm.buffers import GradientBuckets
-from . import ALGORITHMS
 from .base import Algorithm
+from .registry import ALGORITHMS
 
 
 @ALGORITHMS.register("ssgd")

@@ -13,6 +13,7 @@ collective or point-to-point exchange sends whole buffers.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable, Sequence
 
 import torch
@@ -168,3 +169,21 @@ class GradientBuckets:
         for h in self._hooks:
             h.remove()
         self._hooks.clear()
+
+
+def broadcast_model(model: torch.nn.Module, buffers: list[torch.Tensor], comm) -> None:
+    """Every rank takes the root's weights (the flat ``buffers``) and floating buffers
+    (``comm``: a runner.comm Communicator)."""
+    for flat in buffers:
+        comm.broadcast_(flat, root=0)
+    for buf in model.buffers():
+        if buf.is_floating_point() and buf.is_contiguous():
+            comm.broadcast_(buf, root=0)
+
+
+def parameter_digest(buffers: list[torch.Tensor]) -> str:
+    """SHA-256 of the exact bytes of a model's flat parameter buffers."""
+    digest = hashlib.sha256()
+    for flat in buffers:
+        digest.update(flat.detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()

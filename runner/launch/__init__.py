@@ -1,9 +1,8 @@
 """Launchers start the ranks of one run: ``launcher=local`` (mpiexec here) or ``launcher=slurm``
-(an sbatch job)."""
+(an sbatch job). Importing this package registers them."""
 
-from ..registry import Registry
+from . import local, slurm  # noqa: F401 - they register
 from .base import Launcher, LauncherConfig
-
-LAUNCHERS: Registry[Launcher] = Registry("launcher", "runner.launch.all")
+from .registry import LAUNCHERS
 
 __all__ = ["LAUNCHERS", "Launcher", "LauncherConfig"]

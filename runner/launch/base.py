@@ -9,13 +9,13 @@ from typing import Any, ClassVar, Optional
 
 from omegaconf import DictConfig
 
-from ..config import Section, require
+from ..schema import Section, require
 
 
 @dataclass
 class LauncherConfig(Section):
     name: str = ""
-    nprocs: int = 2  # total ranks
+    nprocs: int = 1  # total ranks
     procs_per_node: Optional[int] = None  # ranks per node (emulated when launched locally)
 
     def check(self, prefix: str, cfg: DictConfig) -> None:

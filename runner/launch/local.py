@@ -34,11 +34,11 @@ from functools import cache
 from pathlib import Path
 from typing import IO, Optional
 
-from ..checkpoint import complete_checkpoints, remove_partial_checkpoints
-from ..config import require
+from ..checkpoint_files import complete_checkpoints, remove_partial_checkpoints
 from ..errors import EXIT_PEER_LOST, EXIT_PREEMPTED, EXIT_STOPPED, ConfigError
-from . import LAUNCHERS
+from ..schema import require
 from .base import Launcher, LauncherConfig
+from .registry import LAUNCHERS
 from .watchdog import (
     HEARTBEAT_S,
     LAUNCHER_PID,
@@ -63,8 +63,10 @@ BANNER_LINES = re.compile(r"^(=|YOUR APPLICATION TERMINATED|This typically refer
 @dataclass
 class LocalConfig(LauncherConfig):
     name: str = "local"
-    mpiexec: Optional[str] = None  # default: the mpiexec installed next to this Python
-    mpiexec_args: list[str] = field(default_factory=list)
+    nprocs: int = 4  # total ranks; 1 runs in-process without mpiexec (for debugging)
+    procs_per_node: Optional[int] = 2  # ranks per emulated node (hadpsgd's super learners)
+    mpiexec: Optional[str] = None  # path or name; null: the mpiexec installed next to Python
+    mpiexec_args: list[str] = field(default_factory=list)  # placed before the program
     # A rank whose heartbeat stopped this long ago (a stopped process, a hung node) ends the
     # job; 0: never.
     stall_timeout_s: float = 60.0

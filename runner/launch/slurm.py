@@ -31,11 +31,11 @@ from typing import Optional
 
 from omegaconf import DictConfig
 
-from ..config import require
 from ..errors import EXIT_PREEMPTED, UserError, one_line
-from . import LAUNCHERS
+from ..schema import require
 from .base import Launcher, LauncherConfig
 from .local import find_mpiexec
+from .registry import LAUNCHERS
 
 JOB_SCRIPT = "job.sbatch"
 RANK_LAUNCHERS = ("srun", "mpiexec")
@@ -68,20 +68,21 @@ def sbatch_option(line: str) -> str:
 @dataclass
 class SlurmConfig(LauncherConfig):
     name: str = "slurm"
-    nodes: int = 1
+    nodes: int = 1  # --nodes
+    procs_per_node: Optional[int] = 2  # --ntasks-per-node (e.g. one rank per GPU)
     # nprocs (ranks in all) is nodes x procs_per_node; conf/launcher/slurm.yaml derives it.
-    gpus_per_node: int = 0
-    cpus_per_task: int = 1
+    gpus_per_node: int = 0  # --gpus-per-node (0: no GPU request)
+    cpus_per_task: int = 1  # --cpus-per-task; also each rank's OMP_NUM_THREADS
     time: str = "01:00:00"  # SLURM's formats: MM, HH:MM:SS, D-HH:MM...
-    partition: Optional[str] = None
-    account: Optional[str] = None
-    qos: Optional[str] = None
+    partition: Optional[str] = None  # --partition (null: the cluster's default)
+    account: Optional[str] = None  # --account
+    qos: Optional[str] = None  # --qos
     job_name: Optional[str] = None  # default: adpsgd-<recipe>-<algo>
     extra_sbatch: list[str] = field(default_factory=list)  # more #SBATCH options ("--mem=64G")
     setup: list[str] = field(default_factory=list)  # shell lines before the ranks (module load)
     rank_launcher: str = "srun"  # srun | mpiexec (inside the allocation)
     srun_mpi: str = "pmi2"  # srun --mpi=...: the PMI the MPI library speaks
-    srun_args: list[str] = field(default_factory=list)
+    srun_args: list[str] = field(default_factory=list)  # e.g. ["--cpu-bind=cores"]
     mpiexec: Optional[str] = None  # with rank_launcher=mpiexec; default: the venv's
     mpiexec_args: list[str] = field(default_factory=list)
     python: Optional[str] = None  # Python on the nodes; default: this one (shared filesystem)

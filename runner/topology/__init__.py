@@ -3,15 +3,14 @@
 ``TOPOLOGIES.get(name)(cfg, seed=run_seed)`` gives a :class:`Topology`; its docstring lists the
 API (``check_size``, ``mixing_matrix``, ``in_weights``, ``out_peers``, ``expected_mixing``,
 ``expected_gram``, ``pairwise_edges``). :mod:`runner.topology.spectral` computes spectral gaps
-and ``rho`` (algorithms.md §9).
+and ``rho`` (algorithms.md §9). Importing this package registers every topology.
 """
 
 from typing import Any
 
-from ..registry import Registry
+from . import graphs, random_ring, torus  # noqa: F401 - they register
 from .base import Topology
-
-TOPOLOGIES: Registry[Topology] = Registry("topology", "runner.topology.all")
+from .registry import TOPOLOGIES
 
 
 def build(cfg: Any, seed: int = 0) -> Topology:

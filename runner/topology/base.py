@@ -9,13 +9,20 @@ so learner ``j`` becomes ``sum_i W[i, j] x_i``. Column ``j`` of ``W`` holds the 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import fields
+from dataclasses import dataclass, fields
 from typing import Any, ClassVar
 
 import numpy as np
 
-from ..config import TopologyConfig, require
 from ..errors import ConfigError
+from ..schema import Section, require
+
+
+@dataclass
+class TopologyConfig(Section):
+    """The schema every topology's extends: its name (and, per topology, its parameters)."""
+
+    name: str = "ring"
 
 
 def coerce_config(schema: type[TopologyConfig], cfg: Any) -> TopologyConfig:
@@ -68,7 +75,7 @@ class Topology:
     Public API (other modules call exactly this):
 
     * ``Topology(cfg=None, seed=0)``: ``cfg`` is this class's ``Config`` (a
-      :class:`runner.config.TopologyConfig` with ``name`` plus the topology's parameters), a
+      :class:`TopologyConfig` with ``name`` plus the topology's parameters), a
       mapping or DictConfig of the same keys, or ``None`` for the defaults. ``seed`` is the run
       seed; only random patterns use it.
     * ``check_size(n)``: raise :class:`runner.errors.ConfigError` (key ``topology.name`` or a

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from . import TOPOLOGIES
 from .base import Topology, circulant_weights, size_error
+from .registry import TOPOLOGIES
 
 
 class Circulant(Topology):

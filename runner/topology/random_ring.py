@@ -8,10 +8,10 @@ from typing import Any, Optional
 import numpy as np
 from omegaconf import DictConfig
 
-from ..config import require
-from . import TOPOLOGIES
+from ..schema import require
 from .base import Topology
 from .graphs import Ring
+from .registry import TOPOLOGIES
 
 
 @dataclass

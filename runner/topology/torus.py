@@ -8,9 +8,9 @@ from typing import Optional
 
 from omegaconf import DictConfig
 
-from ..config import require
-from . import TOPOLOGIES
+from ..schema import require
 from .base import Topology, size_error, summed_weights
+from .registry import TOPOLOGIES
 
 
 @dataclass

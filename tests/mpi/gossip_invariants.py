@@ -6,10 +6,11 @@ import torch
 from hydra import compose, initialize_config_module
 from omegaconf import open_dict
 
+from runner.comm.buffers import parameter_digest
 from runner.comm.communicator import Communicator
 from runner.comm.world import detect_world
-from runner.config import validate
-from runner.trainer import Trainer, parameter_digest
+from runner.compose import validate
+from runner.trainer import Trainer
 
 from harness import run_cases_on_ranks
 
@@ -52,12 +53,12 @@ def checks(world_mpi, run_dir, overrides):
             compute_gradient(step)
 
         algo.before_backward = check_node_replicas
-    before_mean, before_xi = mean_model(trainer), trainer.consensus_distance()
+    before_mean, before_xi = mean_model(trainer), trainer.evaluator.consensus_distance()
     trainer.run()
     if node_steps:  # ...and the model changed while the nodes gossiped
         assert len(set(node_steps)) > 1, "the node's model never changed"
     node.close()
-    after_mean, after_xi = mean_model(trainer), trainer.consensus_distance()
+    after_mean, after_xi = mean_model(trainer), trainer.evaluator.consensus_distance()
     comm.close()
     for a, b in zip(before_mean, after_mean):
         drift = (a - b).abs().max().item()

@@ -62,7 +62,7 @@ def compose_config(overrides: list[str]):
     digit images unless the overrides pick another recipe)."""
     from hydra import compose, initialize_config_module
 
-    from runner.config import validate
+    from runner.compose import validate
 
     with initialize_config_module(config_module="runner.conf", version_base=None):
         return validate(compose("config", overrides=[

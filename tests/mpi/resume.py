@@ -15,7 +15,7 @@ import signal
 
 import torch
 
-from runner.checkpoint import complete_checkpoints, load_rank_state
+from runner.checkpoint_files import complete_checkpoints, load_rank_state
 from runner.comm.communicator import Communicator
 from runner.preemption import install_stop_handlers
 

@@ -1,7 +1,7 @@
 """adpsgd-report: pictures and a table of several runs, side by side.
 
 Usage: ``adpsgd-report RUN_DIR [RUN_DIR ...] --out DIR [--rank0]``. Reads each run dir's
-``metrics.jsonl`` and ``summary.json`` (the interface of runner/reporting.py) and writes to DIR:
+``metrics.jsonl`` and ``summary.json`` (the interface of runner/run_log.py) and writes to DIR:
 
 * ``curves_wall.png``: held-out loss and the recipe's metric (WER, top-1, ...) against wall
   seconds, one line per run: what a user waits for;
@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import OneLineParser, UsageError, UserError, one_line
-from .reporting import read_metrics
+from ..errors import OneLineParser, UsageError, UserError, one_line
+from ..run_log import read_metrics
 
 PROG = "adpsgd-report"
 # Keys of summary["final"] that are not the recipe's metric.

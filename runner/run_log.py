@@ -82,13 +82,122 @@ class RunLog:
         for tag, value in metrics.items():
             self.writer.add_scalar(tag, value)
 
+    def record_evaluation(self, results: dict[str, dict[str, float]], consensus: float,
+                          per_rank: list[dict[str, Any]], where: dict[str, Any],
+                          examples: list[tuple[str, str, str]]) -> list[dict[str, Any]]:
+        """One evaluation: a metrics.jsonl row per split (``where``: epoch, step, samples,
+        wall_s, lr), its TensorBoard scalars, each rank's times and algorithm numbers, and
+        the decoded examples; returns the rows (the run's history)."""
+        step = where["step"]
+        rows = []
+        for split, metrics in results.items():
+            row = {"epoch": where["epoch"], "step": step, "samples": where["samples"],
+                   "wall_s": where["wall_s"], "split": split, **metrics,
+                   "consensus_distance": consensus, "lr": where["lr"]}
+            rows.append(row)
+            self.evaluation(row)
+            self.scalars({f"{split}/{k}": v for k, v in metrics.items()}, step)
+        self.scalars({"consensus/distance": consensus}, step)
+        for rank, report in enumerate(per_rank):
+            self.scalars({f"time/{name}_s/rank{rank}": value
+                          for name, value in report["time"].items()}, step)
+            self.scalars({f"algo/{name}/rank{rank}": value
+                          for name, value in report["algo"].items()}, step)
+        if examples:  # a markdown table: reference against hypothesis
+            table = [f"| {utt} | {ref} | {hyp} |" for utt, ref, hyp in examples]
+            self.text("eval/examples", "\n".join(
+                ["| utterance | reference | hypothesis |", "|---|---|---|", *table]), step)
+        return rows
+
     def summary(self, payload: dict[str, Any]) -> None:
         write_json_atomic(self.run_dir / "summary.json",
                           {k: _finite(v) for k, v in payload.items()})
 
+    def finish(self, summary: dict[str, Any], cfg: Any, nprocs: int) -> None:
+        """summary.json, and (a completed run) the hparams entry with its final metrics."""
+        if summary["status"] == "completed":
+            params = {"algo": cfg.algo.name, "recipe": cfg.recipe.name, "nprocs": nprocs,
+                      "batch_size": cfg.trainer.batch_size, "lr": cfg.optim.lr,
+                      "epochs": cfg.trainer.epochs, "seed": cfg.seed}
+            self.hparams(params, {k: v for k, v in summary["final"].items()
+                                  if isinstance(v, (int, float))})
+        self.summary(summary)
+        self.close()
+
     def close(self) -> None:
         self.writer.flush()
         self.writer.close()
+
+
+TIMES = ("compute", "comm", "idle", "data", "eval", "checkpoint", "comm_busy", "milestone_wait")
+
+
+class ProgressBar:
+    """Rank 0's console bar over the run's sample budget (tqdm), or nothing."""
+
+    def __init__(self, stream: Any, total: int, done: int, label: str):
+        self.bar = None
+        if stream is not None:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, initial=min(done, total), file=stream,
+                            unit="sample", unit_scale=True, dynamic_ncols=True, desc=label)
+
+    def update(self, done: int, **postfix: str) -> None:
+        if self.bar is not None:
+            self.bar.update(min(done, self.bar.total) - self.bar.n)
+            if postfix:
+                self.bar.set_postfix(**postfix)
+
+    def close(self) -> None:
+        """End the bar's line (before an error line, or the bar would overwrite its start)."""
+        if self.bar is not None:
+            self.bar.close()
+
+
+def build_summary(status: str, cfg: Any, world: Any, run: dict[str, Any],
+                  history: list[dict[str, Any]], per_rank: list[dict[str, Any]],
+                  digests: list[tuple[int, str]], recipe: Any,
+                  recipe_reports: list[Any]) -> dict[str, Any]:
+    """summary.json's content. ``run``: steps, samples (every rank's), train_s, wall_s,
+    checkpoint, resumed_from; ``per_rank``: each rank's report (time split, algorithm numbers,
+    steps, skipped batches, milestones met); ``digests``: (node, SHA-256 of its parameters)
+    per rank; ``recipe_reports``: what the recipe's ranks report for its own entries. The final
+    metrics are those of the last evaluation (so far, for a run stopped early)."""
+    run = {"algo": cfg.algo.name, "recipe": cfg.recipe.name, "nprocs": world.size,
+           "procs_per_node": world.local_size, "epochs": cfg.trainer.epochs, **run}
+    evals = [r for r in history if r["split"] == "eval"]
+    final = {k: v for k, v in (evals[-1] if evals else {}).items()
+             if k not in ("epoch", "step", "samples", "wall_s", "split")}
+    times = [report["time"] for report in per_rank]
+    means = {name: float(sum(t.get(name, 0.0) for t in times) / len(times)) for name in TIMES}
+    algo_stats = [report["algo"] for report in per_rank]
+    summary = {
+        "status": status, **run,
+        "samples_per_s": run["samples"] / max(run["train_s"], 1e-9),
+        "final": final,
+        recipe.primary_metric: final.get(recipe.primary_metric),
+        "consensus_distance": final.get("consensus_distance"),
+        # Bitwise comparison of every rank's final parameters.
+        "replicas_identical": len({d for _, d in digests}) == 1,
+        # The same inside every (real or emulated) node: hadpsgd's super learners.
+        "node_replicas_identical": len(set(digests)) == world.num_nodes,
+        **{f"{name}_s": means[name] for name in TIMES},
+        "per_rank": times,
+        "steps_per_rank": [report["steps"] for report in per_rank],
+        # Waiting at evaluations and checkpoints for the other ranks (part of idle_s).
+        "milestones": per_rank[0]["milestones"],
+        # Steps whose update was dropped for a non-finite loss (skip_batch).
+        "skipped_batches": [report["skipped_batches"] for report in per_rank],
+        # Algorithm-specific numbers per rank (exchanges, staleness...).
+        "algo_stats": {name: [stats.get(name) for stats in algo_stats]
+                       for name in sorted({k for st in algo_stats for k in st})},
+    }
+    rank0 = [r for r in history if r["split"] == "eval_rank0"]
+    if rank0:
+        summary["final_rank0"] = rank0[-1]
+    summary.update(recipe.summary_entries(recipe_reports))
+    return summary
 
 
 def session_summary(run_dir: str | Path) -> dict[str, Any] | None:
@@ -106,7 +215,7 @@ def write_failure_summary(run_dir: str | Path, algo: str, recipe: str, nprocs: i
     or a second Ctrl-C stopped it at once): ``status``, the exit status and the checkpoint to
     resume from, so that a script scanning run dirs sees every run's outcome. A summary the
     ranks wrote in this session is kept (then they got far enough to say more)."""
-    from .checkpoint import complete_checkpoints
+    from .checkpoint_files import complete_checkpoints
 
     if session_summary(run_dir) is not None:
         return

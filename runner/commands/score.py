@@ -17,9 +17,8 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
+from recipes.speech.scoring import read_kaldi_text, score_sets, score_texts
 from runner.errors import UserError, one_line
-
-from .scoring import read_kaldi_text, score_sets, score_texts
 
 PROG = "adpsgd-score"
 

@@ -14,9 +14,14 @@ import argparse
 import sys
 from pathlib import Path
 
+from recipes.imagenet.sort_val import (
+    GROUND_TRUTH,
+    META,
+    read_ground_truth,
+    read_id_to_wnid,
+    sort_validation,
+)
 from runner.errors import UserError
-
-from .sort_val import GROUND_TRUTH, META, read_ground_truth, read_id_to_wnid, sort_validation
 
 
 def parser() -> argparse.ArgumentParser:
@@ -66,7 +71,7 @@ def sort_val(args: argparse.Namespace) -> str:
 
 
 def fake(args: argparse.Namespace) -> str:
-    from .synthetic import write_fake_imagenet
+    from recipes.imagenet.synthetic import write_fake_imagenet
 
     if min(args.classes, args.train_per_class, args.val_per_class) < 1 or args.size < 8:
         raise UserError("fake needs at least 1 class and 1 image per class, of size >= 8",

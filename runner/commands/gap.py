@@ -19,10 +19,10 @@ import json
 import sys
 from collections.abc import Sequence
 
-from .errors import OneLineParser, UsageError, UserError, one_line
-from .topology import TOPOLOGIES
-from .topology.pairing import pairwise_rho
-from .topology.spectral import summarize
+from ..errors import OneLineParser, UsageError, UserError, one_line
+from ..topology import TOPOLOGIES
+from ..topology.pairing import pairwise_rho
+from ..topology.spectral import summarize
 
 PROG = "adpsgd-gap"
 COLUMNS = ("topology", "n", "spectral_gap", "rho")

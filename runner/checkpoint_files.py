@@ -19,7 +19,7 @@ checkpoints are never touched until a newer one is complete (only then are old o
 command line can check that a checkpoint fits the job before any rank starts) and the SHA-256
 and size of every rank's file. Loading a rank file checks them: a file changed after it was
 written (a flipped byte, a same-size overwrite, a truncation) is named and refused, and a
-resume falls back to the newest intact checkpoint (runner/checkpointing.py).
+resume falls back to the newest intact checkpoint (runner/checkpointer.py).
 """
 
 from __future__ import annotations

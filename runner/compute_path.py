@@ -30,7 +30,20 @@ from typing import Any
 import torch
 from torch import nn
 
+from .errors import UserError
+
 AMP_CHOICES = ("none", "bf16", "auto")
+
+
+def resolve_device(name: str, local_rank: int) -> torch.device:
+    """``trainer.device`` for the rank with this local rank (GPUs shared round-robin)."""
+    if name == "cpu" or (name == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise UserError("trainer.device=cuda but no GPU is visible", "use trainer.device=auto")
+    index = local_rank % torch.cuda.device_count()
+    torch.cuda.set_device(index)
+    return torch.device("cuda", index)
 
 
 def amp_dtype(amp: str, device: torch.device, dtype: torch.dtype) -> torch.dtype | None:

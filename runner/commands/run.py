@@ -9,10 +9,8 @@ the validated config to ``.hydra/run.yaml`` and hands over to the launcher.
 
 from __future__ import annotations
 
-import difflib
 import gc
 import os
-import re
 import sys
 import tempfile
 from functools import partial
@@ -22,12 +20,9 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from . import config  # noqa: F401 - registers the resolvers conf/ uses
-from .config import leaf_keys, section_given_a_value
-from .errors import EXIT_PREEMPTED, EXIT_STOPPED, ConfigError, UserError, one_line
+from ..compose import CONFIG_MODULE, CONFIG_NAME, compose_all, sweep_jobs, validate_job
+from ..errors import EXIT_PREEMPTED, EXIT_STOPPED, ConfigError, UserError
 
-CONFIG_MODULE = "runner.conf"
-CONFIG_NAME = "config"
 # Flags after which Hydra only prints something (no run): skip the preflight.
 INFO_FLAGS = {"--help", "-h", "--hydra-help", "--info", "-i", "--version", "--cfg", "-c",
               "--shell-completion", "-sc"}
@@ -57,113 +52,11 @@ def split_argv(argv: list[str]) -> tuple[list[str], bool, str, bool]:
     return overrides, multirun, config_name, info
 
 
-def _dotted_keys(node, prefix: str = "") -> list[str]:
-    keys = []
-    for key, value in node.items():
-        dotted = f"{prefix}{key}"
-        keys.append(dotted)
-        if isinstance(value, DictConfig):
-            keys.extend(_dotted_keys(value, dotted + "."))
-    return keys
-
-
-def hydra_error(ex: Exception, base: DictConfig | None) -> UserError:
-    """Turn Hydra's multi-line composition errors into one actionable line."""
-    text = str(ex)
-    missing = re.search(r"Could not find '([^/']+)/([^']+)'", text)
-    if missing:
-        group, option = missing.groups()
-        options = re.findall(r"^\t(\S+)$", text, flags=re.M)
-        if not options:
-            return UserError(f"unknown {group} {option!r}", f"add conf/{group}/{option}.yaml")
-        # Suggest the closest spelling, else the group's default.
-        default = base.get(group, {}).get("name") if base is not None else None
-        suggestion = (difflib.get_close_matches(option, options, n=1)
-                      or [default if default in options else options[0]])[0]
-        return UserError(f"unknown {group} {option!r} (available: {', '.join(options)})",
-                         f"{group}={suggestion}")
-    override = re.search(r"Could not override '([^']+)'", text)
-    if override:
-        key = override.group(1)
-        known = _dotted_keys(base) if base is not None else []
-        # Suggest from the key's own section first, comparing the last names (algo.period is
-        # no misspelt algo.name: their shared "algo." would make them look alike).
-        parent, _, leaf = key.rpartition(".")
-        siblings = [k.rpartition(".")[2] for k in known if k.rpartition(".")[0] == parent]
-        close = ([f"{parent}.{c}" if parent else c
-                  for c in difflib.get_close_matches(leaf, siblings, n=1)] if siblings
-                 else difflib.get_close_matches(key, known, n=1))
-        if close:
-            fix = f"did you mean {close[0]}?"
-        elif siblings:
-            fix = f"the keys of {parent or 'the config'} are {', '.join(siblings)}"
-        else:
-            fix = f"check the spelling, or add it with +{key}=VALUE"
-        return UserError(f"unknown key {key!r}", fix)
-    merging = re.search(r"Error merging override ([^=\s]+)=", text)
-    section = OmegaConf.select(base, merging.group(1)) if merging and base is not None else None
-    if isinstance(section, DictConfig):  # faults=[1]: a list cannot replace a section
-        return section_given_a_value(merging.group(1), leaf_keys(section))
-    return UserError(one_line(text).replace(
-        "Set the environment variable HYDRA_FULL_ERROR=1 for a complete stack trace.", "").strip()
-        or type(ex).__name__, "check the command line")
-
-
-def sweep_jobs(overrides: list[str], multirun: bool) -> list[list[str]]:
-    """The overrides of every job of the command line (every sweep combination with -m)."""
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    try:
-        parsed = OverridesParser.create().parse_overrides(overrides)
-    except Exception as ex:  # noqa: BLE001 - Hydra raises several parse error types
-        raise hydra_error(ex, None) from None
-    return [list(job) for job in BasicSweeper.split_arguments(parsed, None)[0]] if multirun \
-        else [list(overrides)]
-
-
-def compose_all(overrides: list[str], multirun: bool, config_name: str) -> list[DictConfig]:
-    """Compose every job of the command line (every sweep combination with -m)."""
-    from hydra import compose, initialize_config_module
-
-    jobs = sweep_jobs(overrides, multirun)
-    configs = []
-    with initialize_config_module(config_module=CONFIG_MODULE, version_base=None):
-        for job in jobs:
-            try:
-                configs.append(compose(config_name=config_name, overrides=list(job)))
-            except Exception as ex:  # noqa: BLE001
-                raise hydra_error(ex, _chosen_groups(compose, config_name, job)) from None
-    return configs
-
-
-def _chosen_groups(compose, config_name: str, overrides) -> DictConfig:
-    """The config with only the command line's group choices (``recipe=imagenet``...): the
-    keys a mistyped key is compared with, so that suggestions come from the chosen recipe."""
-    choices = [str(o) for o in overrides
-               if "=" in str(o) and not str(o).startswith(("+", "~"))
-               and "." not in str(o).split("=", 1)[0]]
-    try:
-        return compose(config_name=config_name, overrides=choices)
-    except Exception:  # noqa: BLE001 - a bad group choice: fall back to the defaults
-        return compose(config_name=config_name)
-
-
-def validate_job(cfg: DictConfig) -> DictConfig:
-    from recipes import RECIPES
-
-    from .config import validate
-
-    typed = validate(cfg)
-    RECIPES.get(typed.recipe.name)(typed.recipe).check_data()
-    return typed
-
-
 def check_resume(typed: DictConfig, run_dir: Path | None) -> str | None:
     """Raise ConfigError when ``resume`` names no usable checkpoint or one that does not fit
     this job (before any rank starts); return what the job will do. Without a run dir (the
     preflight) only an explicit checkpoint path can be checked."""
-    from .checkpoint import check_compatible, resolve_resume
+    from ..checkpoint_files import check_compatible, resolve_resume
 
     if typed.resume is None or (run_dir is None and typed.resume == "auto"):
         return None
@@ -197,7 +90,7 @@ def check_output_dir(overrides: list[str], multirun: bool) -> None:
 def check_keys_used(typed: DictConfig, job: list[str]) -> None:
     """A ``topology=`` (or ``topology.KEY=``) on the command line that the chosen algorithm
     would silently drop is an error."""
-    from .algos import ALGORITHMS
+    from ..algos import ALGORITHMS
 
     given = [o for o in job if o.lstrip("+~").split("=", 1)[0].split(".", 1)[0] == "topology"]
     if not given:
@@ -221,16 +114,16 @@ def preflight(argv: list[str]) -> None:
         check_resume(typed, None)
     single = single_run_dir(argv)
     if single and single[1] is None and single[0].is_dir():  # main() checks again, locked
-        from .launch.run_dir import check_fresh_start
+        from ..launch.run_dir import check_fresh_start
 
         check_fresh_start(single[0])
 
 
 @hydra.main(version_base=None, config_path=f"pkg://{CONFIG_MODULE}", config_name=CONFIG_NAME)
 def run_job(cfg: DictConfig) -> None:
-    from .launch import LAUNCHERS
-    from .reporting import results_table, write_failure_summary
-    from .worker import RUN_CONFIG
+    from ..launch import LAUNCHERS
+    from ..run_log import results_table, write_failure_summary
+    from ..worker import RUN_CONFIG
 
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     try:
@@ -282,8 +175,8 @@ def run_job(cfg: DictConfig) -> None:
 def report_user_stop(typed: DictConfig, run_dir: Path) -> None:
     """The one line after Ctrl-C: whether the ranks checkpointed (summary status ``stopped``
     written by them) or were stopped at once, and how to continue."""
-    from .checkpoint import complete_checkpoints, remove_partial_checkpoints
-    from .reporting import session_summary, write_failure_summary
+    from ..checkpoint_files import complete_checkpoints, remove_partial_checkpoints
+    from ..run_log import session_summary, write_failure_summary
 
     summary = session_summary(run_dir) or {}
     graceful = summary.get("status") == "stopped"
@@ -308,7 +201,7 @@ def report_user_stop(typed: DictConfig, run_dir: Path) -> None:
 def claim_run_dir(run_dir: Path, resume: str | None) -> None:
     """Lock ``run_dir`` for this job and refuse a fresh start in another run's dir
     (runner/launch/run_dir.py)."""
-    from .launch import run_dir as ownership
+    from ..launch import run_dir as ownership
 
     ownership.claim(run_dir, check=partial(ownership.check_fresh_start, run_dir)
                     if resume is None else None)

@@ -15,7 +15,7 @@ import sys
 import time
 from collections.abc import Sequence
 
-from .errors import OneLineParser, UsageError, UserError, one_line
+from ..errors import OneLineParser, UsageError, UserError, one_line
 
 PROG = "adpsgd-prepare"
 
@@ -35,7 +35,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the chosen stages; return the exit status (0, or 2 after a one-line error)."""
     from recipes import RECIPES
 
-    from .cli import compose_all, validate_job
+    from ..compose import compose_all, validate_job
 
     try:
         args = build_parser().parse_args(argv)

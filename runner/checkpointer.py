@@ -1,0 +1,218 @@
+"""A run's checkpoints: writing them (collectively) and finding the one to resume from.
+
+The trainer (runner/trainer.py) decides when (checkpoint milestones, runner/run_milestones.py,
+and graceful stops) and hands :meth:`Checkpointer.save` what a rank saves; runner/
+checkpoint_files.py owns the files. A rank's file holds everything that decides its future:
+
+* the model (decentralized replicas differ) and the optimizer state (momentum buffers);
+* the algorithm's state (runner/algos/*: counters, gossip progress, a completed in-flight
+  exchange or reduction), taken after ``algo.pause()``;
+* the RNG states (Python, NumPy, torch, CUDA, the straggler delays): dropout, augmentation and
+  any random choice continue as if nothing happened;
+* the data position (this rank's epoch and next batch: the shard order is a function of
+  (seed, epoch)), the sample counters (the learning rate is a function of them), the step,
+  the milestones passed, the running loss, the time spent;
+* on rank 0, the evaluation history (metrics.jsonl is rewritten from it on resume, and
+  TensorBoard events after the checkpoint's step are purged), so a resumed run continues the
+  same files.
+
+Lockstep algorithms therefore resume bit for bit. ``resume_averaged=true`` instead starts every
+rank from the mean of the checkpoint's models at its global sample count (fresh optimizer and
+algorithm state): the way to continue with another number of ranks.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import Any, TextIO
+
+import numpy as np
+import torch
+from omegaconf import OmegaConf
+
+from .checkpoint_files import MARKER as CHECKPOINT_MARKER
+from .checkpoint_files import (
+    Checkpoint,
+    DamagedCheckpoint,
+    averaged_model_state,
+    check_compatible,
+    checkpoint_path,
+    complete_before,
+    complete_checkpoints,
+    fsync_dir,
+    load_rank_state,
+    mark_complete,
+    prune,
+    read_checkpoint,
+    resolve_resume,
+    save_rank_state,
+)
+from .comm import Communicator, World
+from .errors import UserError, one_line
+from .timers import Timers
+
+log = logging.getLogger("adpsgd")
+
+
+def capture_rng(delays: random.Random) -> dict[str, Any]:
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    state = {"python": random.getstate(), "delays": delays.getstate(),
+             "numpy": (name, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached),
+             "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng(state: dict[str, Any], delays: random.Random) -> None:
+    random.setstate(state["python"])
+    delays.setstate(state["delays"])
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+class Checkpointer:
+    """Saves and finds checkpoints for one rank of a run (every method is collective unless it
+    says otherwise). ``warn``: where rank 0 says that it falls back from a damaged
+    checkpoint."""
+
+    def __init__(self, cfg: Any, run_dir: Path, world: World, comm: Communicator,
+                 timers: Timers, warn: TextIO | None):
+        self.cfg, self.run_dir, self.world, self.comm = cfg, run_dir, world, comm
+        self.timers, self.warn = timers, warn
+        self.last: Path | None = None  # the newest checkpoint written or resumed from
+
+    # ---- resume ------------------------------------------------------------------------
+    def resolve(self) -> tuple[Checkpoint | None, dict[str, Any] | None]:
+        """The checkpoint ``resume`` selects, chosen by rank 0 for everyone (``auto`` must
+        mean the same directory on every rank), after checking it fits this job and that
+        every rank's file is intact (each rank checks its own against the marker's checksum);
+        with this rank's state read from it (None for ``resume_averaged``). ``resume=auto``
+        falls back to the newest intact checkpoint, saying so; an explicit checkpoint that is
+        damaged is an error naming the file."""
+        if not self.cfg.resume:
+            return None, None
+        found = self._agree(lambda: resolve_resume(self.cfg.resume, self.run_dir))
+        while found is not None:
+            if self.cfg.resume_averaged:  # rank 0 reads (and checks) every file to average
+                return self._resumed(found), None
+            problem, state = None, None
+            try:
+                state = load_rank_state(found, self.world.rank)
+            except DamagedCheckpoint as ex:
+                problem = (ex.cause, ex.fix, f"{ex.path} is damaged ({ex.problem})")
+            damaged = [p for p in self.comm.allgather_objects(problem) if p]
+            if not damaged:
+                return self._resumed(found), state
+            if self.cfg.resume != "auto":
+                error = UserError(*damaged[0][:2])
+                error.quiet = not self.world.is_main  # rank 0 says it for everyone
+                raise error
+            damaged_path = found.path
+            found = self._agree(partial(complete_before, found))  # checked in the next round
+            if self.world.is_main and self.warn is not None:
+                then = (f"trying {found.path}, the complete checkpoint before it" if found
+                        else "no complete checkpoint is left before it: starting fresh")
+                print(f"adpsgd-run: warning: resume=auto: {damaged[0][2]}; {then}",
+                      file=self.warn, flush=True)
+            log.warning("checkpoint %s is damaged: %s", damaged_path, damaged[0][0])
+        log.info("resume=%s: no complete checkpoint in %s, starting fresh", self.cfg.resume,
+                 self.run_dir)
+        return None, None
+
+    def _agree(self, choose: Callable[[], Checkpoint | None]) -> Checkpoint | None:
+        """Rank 0 runs ``choose()`` and checks that the checkpoint fits this job; every rank
+        gets the result (or the same one-line error)."""
+        found, error = None, None
+        if self.world.is_main:
+            try:
+                found = choose()
+                if found is not None:
+                    check_compatible(found, OmegaConf.to_container(self.cfg),
+                                     self.cfg.resume_averaged)
+            except UserError as ex:
+                error = (ex.cause, ex.fix)
+        found, error = self.comm.bcast_object((found, error))
+        if error:
+            raise UserError(*error)
+        return found
+
+    def _resumed(self, checkpoint: Checkpoint) -> Checkpoint:
+        """Checkpoints past the one resumed from belong to the abandoned continuation: rank 0
+        drops their markers so that ``resume=auto`` never picks one of them later."""
+        self.last = checkpoint.path
+        if self.world.is_main:
+            for later in complete_checkpoints(self.run_dir):
+                if later.samples > checkpoint.samples:
+                    (later.path / CHECKPOINT_MARKER).unlink()
+                    fsync_dir(later.path)
+                    log.warning("%s is past the checkpoint resumed from; no longer used",
+                                later.path)
+        return checkpoint
+
+    def averaged_model(self, checkpoint: Checkpoint) -> dict[str, Any] | None:
+        """Rank 0 only: the mean of the checkpoint's models (``resume_averaged``)."""
+        return averaged_model_state(checkpoint) if self.world.is_main else None
+
+    def averaged_resume(self, checkpoint: Checkpoint) -> dict[str, Any]:
+        """What a ``resume_averaged`` run keeps of the checkpoint's rank 0: its evaluation
+        history (rank 0), and the time its samples took (every rank), which samples/s must
+        count (rank 0's clock, with its evaluation and checkpoint seconds)."""
+        first = load_rank_state(checkpoint, 0) if self.world.is_main else None
+        kept = self.comm.bcast_object(first and {
+            "elapsed_s": first["trainer"]["elapsed_s"],
+            "timers": {k: first["trainer"]["timers"].get(k, 0.0)
+                       for k in ("eval", "checkpoint")}})
+        kept["history"] = first.get("history", []) if first else []
+        return kept
+
+    # ---- save --------------------------------------------------------------------------
+    def save(self, samples: int, step: int, epoch: float, reason: str,
+             rank_state: Callable[[], dict[str, Any]]) -> Path:
+        """Write every rank's ``rank_state()``, then (rank 0, once every rank's checksum
+        arrived) the marker, and prune old checkpoints. A complete checkpoint at this sample
+        count already holds this very state (a stop right at a scheduled checkpoint): it is
+        kept, not rewritten."""
+        directory = checkpoint_path(self.run_dir, samples)
+        exists = self.comm.bcast_object(
+            read_checkpoint(directory) is not None if self.world.is_main else None)
+        if not exists:
+            with self.timers.time("checkpoint"):
+                written = save_rank_state(directory, self.world.rank, rank_state(),
+                                          self.cfg.faults.checkpoint_write_delay_s)
+                # Once rank 0 has every rank's checksum, every rank's file is durable.
+                files = self.comm.gather_objects(written)
+                if self.world.is_main:
+                    mark_complete(directory, step, samples, epoch, self.world.size, reason,
+                                  OmegaConf.to_container(self.cfg), files)
+                    prune(self.run_dir, self.cfg.trainer.keep_checkpoints)
+            log.info("checkpoint (%s) at step %d: %s", reason, step, directory)
+        self.last = directory
+        return directory
+
+
+    def save_final(self, model: torch.nn.Module, step: int) -> Path:
+        """The scored final model of a completed run (rank 0): checkpoints/final_rank0.pt."""
+        path = self.run_dir / "checkpoints" / "final_rank0.pt"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save({"model": model.state_dict(), "step": step,
+                    "config": OmegaConf.to_container(self.cfg)}, path)
+        return path
+
+
+def load_model(model: torch.nn.Module, state: dict[str, Any], checkpoint: Checkpoint) -> None:
+    """Load a checkpoint's model state, as one line when it does not fit."""
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as ex:
+        raise UserError(f"checkpoint {checkpoint.path} does not fit this model "
+                        f"({one_line(ex)[:200]})", "resume with the recipe options of the "
+                        "run that wrote it, or start a new run dir (hydra.run.dir=NEW_DIR)"
+                        ) from None

@@ -1,0 +1,13 @@
+"""The topology registry: ``TOPOLOGIES.register(NAME)`` on a class where it is defined; the
+package's ``__init__`` imports every module that registers one."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..registry import Registry
+
+if TYPE_CHECKING:
+    from .base import Topology
+
+TOPOLOGIES: Registry[Topology] = Registry("topology")

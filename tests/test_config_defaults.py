@@ -1,0 +1,101 @@
+"""Each default is written once: in its schema (runner/config.py and every registered
+algorithm's, recipe's, topology's and launcher's Config dataclass). A YAML file of conf/ may
+only set what differs from what it extends: its schema, the recipe it builds on, or, for an
+experiment preset, the configs its group choices compose."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from hydra import compose, initialize_config_module
+from omegaconf import OmegaConf
+
+from runner.compose import CONFIG_MODULE, registries
+from runner.config import RunConfig
+
+from conftest import REPO
+
+CONF = REPO / "conf"
+GROUPS = ("algo", "topology", "launcher")
+
+
+def flat(node, prefix: str = "") -> dict:
+    out = {}
+    for key, value in node.items():
+        if isinstance(value, dict):
+            out.update(flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def schema(cls, **values) -> dict:
+    return OmegaConf.to_container(OmegaConf.structured(cls(**values)), resolve=False,
+                                  throw_on_missing=False)
+
+
+def composed(overrides: list[str]) -> dict:
+    with initialize_config_module(config_module=CONFIG_MODULE, version_base=None):
+        cfg = compose("config", overrides=overrides)
+    return flat(OmegaConf.to_container(cfg, resolve=False))
+
+
+def run_defaults() -> dict:
+    top = schema(RunConfig)
+    return flat({k: v for k, v in top.items() if v != "???"})
+
+
+def baseline(path: Path, data: dict) -> dict:
+    """What the keys of ``path`` would be without it."""
+    group, name = path.parent.name, path.stem
+    defaults = [d for d in data.get("defaults", []) if d != "_self_"]
+    if path == CONF / "config.yaml":
+        return run_defaults()
+    if group in GROUPS:
+        return flat(schema(registries()[group].get(name).Config, name=name))
+    if group == "recipe":
+        parents = [d for d in defaults if isinstance(d, str) and not d.startswith("/")]
+        if parents:  # builds on another recipe
+            return composed([f"recipe={parents[0]}"])
+        return {**run_defaults(), **flat(schema(registries()["recipe"].get(name).Config,
+                                                name=name), "recipe.")}
+    if group == "experiment":  # on top of what its group choices compose
+        choices = [f"{k.split('/')[-1]}={v}" for d in defaults if isinstance(d, dict)
+                   for k, v in d.items()]
+        return composed(choices)
+    raise AssertionError(f"no rule for {path}")
+
+
+YAMLS = sorted(CONF.rglob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", YAMLS, ids=[str(p.relative_to(CONF)) for p in YAMLS])
+def test_a_yaml_file_sets_only_what_differs(path):
+    data = yaml.safe_load(path.read_text()) or {}
+    body = {k: v for k, v in data.items() if k not in ("defaults", "hydra")}
+    base = baseline(path, data)
+    restated = {key: value for key, value in flat(body).items()
+                if key in base and base[key] == value}
+    assert not restated, f"{path.relative_to(REPO)} restates defaults: {restated}"
+
+
+def test_every_group_file_extends_its_schema():
+    for group in (*GROUPS, "recipe"):
+        for path in sorted((CONF / group).glob("*.yaml")):
+            defaults = (yaml.safe_load(path.read_text()) or {}).get("defaults", [])
+            extends = [d for d in defaults if isinstance(d, str)
+                       and d.startswith(f"/schema/{group}/{path.stem}@")]
+            parent = [d for d in defaults if isinstance(d, str) and not d.startswith("/")
+                      and d != "_self_"]
+            assert extends or parent, f"{path.relative_to(REPO)} extends no schema"
+            assert path.stem in registries()[group], f"{path.stem} is no registered {group}"
+
+
+def test_the_schemas_are_what_composes():
+    """With no YAML values, the composed config is the schemas' defaults: the local launcher's
+    default job of 4 ranks in nodes of 2 lives in LocalConfig, not in a YAML file."""
+    cfg = composed([])
+    assert cfg["launcher.nprocs"] == 4 and cfg["launcher.procs_per_node"] == 2
+    assert cfg["trainer.keep_checkpoints"] == run_defaults()["trainer.keep_checkpoints"]

@@ -1,0 +1,116 @@
+"""Imports point one way: no circle among the modules of runner/ and recipes/, counting every
+import statement (inside functions too, and ``importlib.import_module("...")`` with a literal
+name) and counting a package's ``__init__`` as a module of its own."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from conftest import REPO
+
+PACKAGES = ("runner", "recipes")
+
+
+def modules() -> dict[str, tuple[Path, bool]]:
+    """Module name -> (file, is a package's __init__)."""
+    found = {}
+    for package in PACKAGES:
+        for path in (REPO / package).rglob("*.py"):
+            parts = list(path.relative_to(REPO).with_suffix("").parts)
+            is_init = parts[-1] == "__init__"
+            found[".".join(parts[:-1] if is_init else parts)] = (path, is_init)
+    return found
+
+
+def imported_names(module: str, is_init: bool, tree: ast.AST) -> set[str]:
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = module.split(".") if is_init else module.split(".")[:-1]
+                base = base[:len(base) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            names.add(target)
+            names.update(f"{target}.{alias.name}" for alias in node.names)
+        elif (isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "import_module"
+              and node.args and isinstance(node.args[0], ast.Constant)):
+            names.add(str(node.args[0].value))
+    return names
+
+
+def import_graph() -> dict[str, set[str]]:
+    known = modules()
+    graph = {}
+    for module, (path, is_init) in known.items():
+        targets = set()
+        for name in imported_names(module, is_init, ast.parse(path.read_text())):
+            while name and name not in known:  # a name inside a module: that module
+                name = name.rpartition(".")[0]
+            if name and name != module:
+                targets.add(name)
+        graph[module] = targets
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_circle():
+    graph = import_graph()
+    assert len(graph) > 50 and "runner.trainer" in graph
+    assert circles(graph) == []
+
+
+def test_the_walker_finds_a_circle():
+    """The check itself: a deferred import back into a package is a circle."""
+    graph = {"a": {"a.b"}, "a.b": {"c"}, "c": set()}
+    assert circles(graph) == []
+    graph["c"] = {"a"}  # e.g. ``def f(): from a import x`` inside c
+    assert circles(graph) == [["a", "a.b", "c"]]
+
+
+def test_schemas_and_registries_are_leaves():
+    """runner/schema.py and each registry module import nothing of the project's parts."""
+    graph = import_graph()
+    assert graph["runner.schema"] <= {"runner.errors"}
+    for registry in ("runner.algos.registry", "runner.topology.registry",
+                     "runner.launch.registry", "recipes.registry"):
+        assert graph[registry] <= {"runner.registry", registry.rpartition(".")[0] + ".base"}
+    # Only the commands, and the composition they share, validate against the registries.
+    users = sorted(m for m, targets in graph.items()
+                   if {"runner.algos", "recipes", "runner.launch"} <= targets)
+    assert users and all(m == "runner.compose" or m.startswith("runner.commands.")
+                         for m in users), users
