@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import importlib.resources
 import re
 from typing import Any
 
@@ -36,6 +37,23 @@ CONFIG_NAME = "config"
 if not OmegaConf.has_resolver("multiply"):
     OmegaConf.register_new_resolver(
         "multiply", lambda a, b: 0 if a is None or b is None else int(a) * int(b))
+
+
+def user_config_groups() -> str:
+    """The groups a user chooses from, one line each (``--help``): conf/'s folders. Hydra's own
+    list would show the ``schema/`` groups behind them too, which are no choice."""
+    root = importlib.resources.files(CONFIG_MODULE)
+    lines = []
+    for group in sorted(entry.name for entry in root.iterdir()
+                        if entry.is_dir() and not entry.name.startswith("_")):
+        options = sorted(f.name.removesuffix(".yaml") for f in root.joinpath(group).iterdir()
+                         if f.name.endswith(".yaml"))
+        lines.append(f"{group}: {', '.join(options)}")
+    return "\n".join(lines)
+
+
+if not OmegaConf.has_resolver("adpsgd_config_groups"):  # conf/config.yaml's help template
+    OmegaConf.register_new_resolver("adpsgd_config_groups", user_config_groups)
 
 
 def registries() -> dict[str, Registry]:
