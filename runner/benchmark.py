@@ -28,6 +28,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -163,6 +164,55 @@ def run_benchmark(prog: str, body: Callable[[], object]) -> int:
         print(f"{prog}: error: {ex}", file=sys.stderr)
         return 2
     return 0
+
+
+@dataclass
+class TimedSteps:
+    """What :func:`time_training_steps` measured."""
+    seconds: float  # the timed steps, the device synchronised before and after
+    warmup_s: float
+    final_loss: float
+    peak_memory_gib: float | None  # CUDA only: the most the timed steps held
+
+
+def time_training_steps(model: Any, recipe: Any, path: Any, optimizer: Any, host_batch: Any,
+                        warmup: int, steps: int) -> TimedSteps:
+    """The benchmarks' training step, as the trainer takes it on one rank: the host batch to
+    the device (``path``: runner.compute_path.ComputePath), forward under autocast, backward,
+    optimizer step. ``warmup`` untimed steps first (compilation, cuDNN autotuning, allocator),
+    then ``steps`` timed ones; CUDA launches are asynchronous, so the device is synchronised
+    at both ends of each interval."""
+    import torch
+
+    cuda = path.device.type == "cuda"
+
+    def step() -> torch.Tensor:
+        batch = path.batch(recipe, host_batch)
+        with path.autocast():
+            loss = recipe.loss(model, batch)
+        optimizer.zero_grad(set_to_none=False)
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    def sync() -> None:
+        if cuda:
+            torch.cuda.synchronize(path.device)
+
+    started = time.perf_counter()
+    for _ in range(warmup):
+        step()
+    sync()
+    warmup_s = time.perf_counter() - started
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(path.device)
+    started = time.perf_counter()
+    for _ in range(steps):
+        loss = step()
+    sync()
+    seconds = time.perf_counter() - started
+    peak = torch.cuda.max_memory_allocated(path.device) / 2**30 if cuda else None
+    return TimedSteps(seconds, warmup_s, float(loss.detach()), peak)
 
 
 def median(values: Sequence[float]) -> float:

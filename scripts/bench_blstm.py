@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 
 import torch
 
@@ -116,33 +115,15 @@ def benchmark(args: argparse.Namespace) -> dict:
         host = tuple(t.pin_memory() if isinstance(t, torch.Tensor) else t for t in host)
     frames = int(host[1].sum())
 
-    def step() -> torch.Tensor:
-        batch = path.batch(recipe, host)
-        with path.autocast():
-            loss = recipe.loss(model, batch)
-        optimizer.zero_grad(set_to_none=False)
-        loss.backward()
-        optimizer.step()
-        return loss
-
-    def sync() -> None:
-        if use_cuda:
-            torch.cuda.synchronize()
-
-    for _ in range(args.warmup):
-        step()
-    sync()
-    started = time.perf_counter()
-    for _ in range(args.steps):
-        loss = step()
-    sync()
-    elapsed = time.perf_counter() - started
+    timed = bench.time_training_steps(model, recipe, path, optimizer, host, args.warmup,
+                                      args.steps)
+    elapsed = timed.seconds
     m = cfg.recipe.model
     return record.finish({
         "frames_per_s": frames * args.steps / elapsed,
         "audio_seconds_per_s": frames * args.steps / elapsed / 100,
         "ms_per_step": 1000 * elapsed / args.steps,
-        "final_loss": float(loss.detach()),
+        "final_loss": timed.final_loss,
         "parameters": sum(p.numel() for p in model.parameters()),
         "num_layers": m.num_layers, "hidden_size": m.hidden_size, "bottleneck": m.bottleneck,
         "subsample": m.subsample, "input_dim": recipe.input_dim(),
@@ -152,7 +133,7 @@ def benchmark(args: argparse.Namespace) -> dict:
         "compile": args.compile, "device": device.type,
         "device_name": torch.cuda.get_device_name(device) if use_cuda else bench.cpu_model(),
         "cpu_threads": torch.get_num_threads(),
-        "peak_memory_gib": torch.cuda.max_memory_allocated(device) / 2**30 if use_cuda else None,
+        "peak_memory_gib": timed.peak_memory_gib,
     })
 
 

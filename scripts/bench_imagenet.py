@@ -22,7 +22,6 @@ import json
 import platform
 import shlex
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -31,7 +30,7 @@ from omegaconf import OmegaConf
 from recipes.imagenet.data import ImageBatch
 from recipes.imagenet.model import RESNETS, build_resnet
 from recipes.imagenet.recipe import ImageNet, ImageNetConfig
-from runner.benchmark import cpu_model
+from runner.benchmark import cpu_model, time_training_steps
 from runner.comm.buffers import flatten_parameters
 from runner.compute_path import AMP_CHOICES, ComputePath, amp_dtype
 from runner.optim import parameter_groups
@@ -90,36 +89,14 @@ def benchmark(args: argparse.Namespace) -> dict:
         images, labels = images.pin_memory(), labels.pin_memory()
     host_batch = ImageBatch(images, labels, ())
 
-    def step() -> torch.Tensor:
-        batch = path.batch(recipe, host_batch)
-        with path.autocast():
-            loss = recipe.loss(model, batch)
-        optimizer.zero_grad(set_to_none=False)
-        loss.backward()
-        optimizer.step()
-        return loss
-
-    def sync() -> None:
-        if use_cuda:
-            torch.cuda.synchronize()
-
-    started = time.perf_counter()
-    for _ in range(args.warmup):
-        step()
-    sync()
-    warmup_s = time.perf_counter() - started
-    if use_cuda:
-        torch.cuda.reset_peak_memory_stats()
-    started = time.perf_counter()
-    for _ in range(args.steps):
-        loss = step()
-    sync()
-    elapsed = time.perf_counter() - started
+    timed = time_training_steps(model, recipe, path, optimizer, host_batch, args.warmup,
+                                args.steps)
+    elapsed = timed.seconds
     result = {
         "images_per_s": args.batch_size * args.steps / elapsed,
         "ms_per_step": 1000 * elapsed / args.steps,
-        "warmup_s": warmup_s,
-        "final_loss": float(loss.detach()),
+        "warmup_s": timed.warmup_s,
+        "final_loss": timed.final_loss,
         "arch": args.arch, "image_size": args.image_size, "batch_size": args.batch_size,
         "steps": args.steps, "warmup": args.warmup, "classes": args.classes,
         "amp": str(path.amp).replace("torch.", "") if path.amp else "none",
@@ -129,7 +106,7 @@ def benchmark(args: argparse.Namespace) -> dict:
         "device": device.type,
         "device_name": torch.cuda.get_device_name(device) if use_cuda else cpu_model(),
         "cpu_threads": torch.get_num_threads(),
-        "peak_memory_gib": torch.cuda.max_memory_allocated(device) / 2**30 if use_cuda else None,
+        "peak_memory_gib": timed.peak_memory_gib,
         "torch": torch.__version__,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "host": platform.node(),

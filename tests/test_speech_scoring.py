@@ -269,6 +269,8 @@ def test_cli_errors_are_one_line(tmp_path, capsys, case):
     assert status == 2 and out == ""
     assert len(err.splitlines()) == 1 and err.startswith("adpsgd-score: error: ")
     assert needle in err
+    if case == "usage":
+        assert err.rstrip().endswith("Fix: see adpsgd-score --help"), err
 
 
 def test_cli_as_module(tmp_path):

@@ -34,6 +34,8 @@ import soundfile as sf
 
 from runner.errors import UserError, one_line
 
+from .kaldi_table import read_table
+
 PREPARE_FIX = ("prepare it with Kaldi (local/swbd1_data_prep.sh, then utils/fix_data_dir.sh) "
                "or export one with lhotse")
 FIX_DATA_DIR = "then run Kaldi's utils/fix_data_dir.sh on the directory"
@@ -265,37 +267,9 @@ def _paths_in_command(entry: str) -> list[str]:
             if "$" not in t and not t.startswith("-") and t.lower().endswith(AUDIO_SUFFIXES)]
 
 
-def _read_table(path: Path, min_fields: int, max_fields: int | None, expected: str
-                ) -> tuple[dict[str, str], dict[str, int]]:
-    """Rows of a Kaldi table: first field -> the rest of the line (stripped), and the line
-    number of each first field."""
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except UnicodeDecodeError as exc:
-        raise UserError(f"{path} is not UTF-8 text ({exc.reason} at byte {exc.start})",
-                        "convert it to UTF-8 (e.g. with iconv)") from None
-    rows: dict[str, str] = {}
-    where: dict[str, int] = {}
-    for number, line in enumerate(lines, 1):
-        fields = line.split()
-        if not fields:
-            continue  # Kaldi never writes blank lines; a trailing one is harmless
-        if len(fields) < min_fields or (max_fields is not None and len(fields) > max_fields):
-            shown = line if len(line) <= 80 else line[:77] + "..."
-            raise UserError(f"{path}:{number}: malformed line {shown!r}, expected '{expected}'",
-                            f"correct or remove that line, {FIX_DATA_DIR}")
-        key = fields[0]
-        if key in rows:
-            raise UserError(f"{path}:{number}: duplicate id {key!r} (first on line "
-                            f"{where[key]})", f"keep one line per id, {FIX_DATA_DIR}")
-        rest = line.strip().split(maxsplit=1)
-        rows[key] = rest[1].strip() if len(rest) > 1 else ""
-        where[key] = number
-    return rows, where
-
-
 def _read_segments(path: Path) -> dict[str, Segment]:
-    rows, where = _read_table(path, 4, 4, "<utterance-id> <recording-id> <start-s> <end-s>")
+    rows = read_table(path, "<utterance-id> <recording-id> <start-s> <end-s>", FIX_DATA_DIR, 4, 4)
+    where = rows.line
     segments: dict[str, Segment] = {}
     for utt, rest in rows.items():
         rec, start, end = rest.split()
@@ -342,13 +316,16 @@ def load_data_dir(path: str | os.PathLike, role: str = "data") -> KaldiDataDir:
                             _role_fix(role, f"{PREPARE_FIX}; a Kaldi data dir needs wav.scp "
                                             f"and text"))
     # wav.scp keeps the whole rest of the line: commands contain spaces.
-    wav_scp, _ = _read_table(root / "wav.scp", 2, None, "<recording-id> <path or command |>")
-    rows, text_lines = _read_table(root / "text", 1, None, "<utterance-id> <transcript>")
+    wav_scp = dict(read_table(root / "wav.scp", "<recording-id> <path or command |>",
+                              FIX_DATA_DIR, min_fields=2))
+    rows = read_table(root / "text", "<utterance-id> <transcript>", FIX_DATA_DIR)
+    text_lines = rows.line
     text = {utt: " ".join(rows[utt].split()) for utt in sorted(rows)}
     segments = _read_segments(root / "segments") if (root / "segments").is_file() else None
     has_utt2spk = (root / "utt2spk").is_file()
     if has_utt2spk:
-        utt2spk, _ = _read_table(root / "utt2spk", 2, 2, "<utterance-id> <speaker-id>")
+        utt2spk = dict(read_table(root / "utt2spk", "<utterance-id> <speaker-id>",
+                                  FIX_DATA_DIR, 2, 2))
     else:
         # Kaldi's convention when speakers are unknown: every utterance is its own speaker.
         utt2spk = {}

@@ -29,6 +29,8 @@ from typing import NamedTuple
 
 from runner.errors import UserError
 
+from .kaldi_table import read_table
+
 # What NIST's Hub5 GLM maps to %HESITATION, i.e. what the Hub5'00 reference treats as
 # optionally deletable; Kaldi's swbd score_sclite.sh strips exactly these from hypotheses.
 # "oh" is a scored word, not a hesitation, and so are the backchannels "uh-huh", "um-hum"
@@ -255,27 +257,5 @@ def read_kaldi_text(path: str | Path) -> dict[str, str]:
     path = Path(path)
     if path.is_dir():
         path = path / "text"
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except FileNotFoundError:
-        raise UserError(f"{path}: no such file", "give the path of a Kaldi text file "
-                        "('<utterance-id> <words...>' per line)") from None
-    except UnicodeDecodeError as exc:
-        raise UserError(f"{path} is not UTF-8 text ({exc.reason} at byte {exc.start})",
-                        "convert it to UTF-8 (e.g. with iconv)") from None
-    except OSError as exc:
-        raise UserError(f"{path}: cannot read it ({exc.strerror or exc})",
-                        "check the path and its permissions") from None
-    texts: dict[str, str] = {}
-    first_line: dict[str, int] = {}
-    for number, line in enumerate(lines, 1):
-        parts = line.split(maxsplit=1)
-        if not parts:
-            continue  # Kaldi never writes blank lines; a trailing one is harmless
-        utt = parts[0]
-        if utt in texts:
-            raise UserError(f"{path}:{number}: duplicate utterance id {utt!r} (first on line "
-                            f"{first_line[utt]})", "keep one line per utterance")
-        texts[utt] = parts[1].strip() if len(parts) > 1 else ""
-        first_line[utt] = number
-    return texts
+    return dict(read_table(path, "<utterance-id> <words...>", "then score again",
+                           id_kind="utterance id", what="Kaldi text file"))

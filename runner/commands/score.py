@@ -15,26 +15,16 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
 
 from recipes.speech.scoring import read_kaldi_text, score_sets, score_texts
-from runner.errors import UserError, one_line
+from runner.errors import OneLineParser, UsageError, UserError, one_line
 
 PROG = "adpsgd-score"
 
 
-class _UsageError(Exception):
-    """A command-line mistake, reported as one line like every other error."""
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:  # argparse would print usage + message
-        raise _UsageError(f"{message} (see {PROG} --help)")
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The command-line interface of adpsgd-score."""
-    parser = _Parser(prog=PROG, description="Word error rate of a hypothesis Kaldi text file "
+    parser = OneLineParser(prog=PROG, description="Word error rate of a hypothesis Kaldi text file "
                      "against a reference one, with Switchboard/Hub5'00 normalisation and "
                      "per-subset results (swb: sw* ids, ch: en* ids).")
     parser.add_argument("ref", metavar="REF", help="reference Kaldi text file")
@@ -73,7 +63,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         out, note = _score(args)
-    except (_UsageError, UserError) as ex:
+    except UsageError as ex:
+        print(f"{PROG}: error: {one_line(ex)}. Fix: see {PROG} --help", file=sys.stderr)
+        return 2
+    except UserError as ex:
         print(f"{PROG}: error: {one_line(ex)}", file=sys.stderr)
         return 2
     except SystemExit as ex:  # --help
