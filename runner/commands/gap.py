@@ -31,7 +31,8 @@ PAIRWISE_COLUMNS = (*COLUMNS, "rho_round")
 
 def summarize_pairwise(topology, n: int) -> dict:
     """AD-PSGD's numbers for ``n`` participants on ``topology`` (see the module docstring)."""
-    rho = pairwise_rho(topology, n)
+    # Rounding can put a disconnected graph's rho a hair above 1 (a gap of -0.000000).
+    rho = min(max(pairwise_rho(topology, n), 0.0), 1.0)
     return {"topology": topology.name, "n": int(n), "spectral_gap": 1.0 - rho, "rho": rho,
             "rho_round": rho ** (n / 2)}
 
@@ -49,7 +50,8 @@ def positive_int(text: str) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(
         prog=PROG,
-        description="Spectral gap and rho of a mixing topology (algorithms.md section 9).",
+        description="Spectral gap and rho of a mixing topology (docs/algorithms.md, "
+                    "Topologies and spectral gap).",
         epilog="Fixed W: spectral_gap = 1 - SLEM(W), rho = SLEM(W^T W) (= SLEM^2 when "
                "symmetric). Time-varying W_k: spectral_gap = 1 - SLEM(E[W]), rho = largest "
                "|eigenvalue| of (I-J) E[W^T W] (I-J). Example: adpsgd-gap --topology ring "

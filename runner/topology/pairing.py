@@ -1,4 +1,4 @@
-"""Who averages with whom in AD-PSGD's pairwise gossip (algorithms.md §3(b'), §5.3).
+"""Who averages with whom in AD-PSGD's pairwise gossip (docs/algorithms.md, Peer patterns).
 
 Participants (ranks for adpsgd, super learners for hadpsgd) have one of two roles, and this
 module holds the project's one convention for them: **even participants are active** (they
@@ -13,7 +13,7 @@ clockwise first (+1, -1, +3, -3, ...): ``pattern=fixed`` cycles through that lis
 per averaging, and ``pattern=random`` draws from it uniformly.
 
 One averaging of a uniformly random active-passive edge has ``E[W] = I - Lap/(2|E|)``, so
-:func:`pairwise_rho` is AD-PSGD's per-event ``rho`` for the graph (algorithms.md §9.4).
+:func:`pairwise_rho` is AD-PSGD's per-event ``rho`` for the graph (docs/algorithms.md).
 """
 
 from __future__ import annotations
@@ -60,7 +60,28 @@ def passive_peers(topology: Topology, n: int) -> dict[int, list[int]]:
                               f"of {n} no passive neighbour (AD-PSGD pairs even with odd "
                               "participants)", "topology=ring or topology=bipartite_exponential")
         listed.sort(key=lambda p, a=active: _ring_order(a, p, n))
+    groups = _components(n, [(a, p) for a, listed in peers.items() for p in listed])
+    if groups > 1:  # e.g. a torus with rows of even length: its vertical edges join equals
+        raise ConfigError("topology", f"{topology.name}'s edges between actives (even) and "
+                          f"passives (odd) split the {n} participants into {groups} groups "
+                          "that never average with each other", "topology=ring or "
+                          "topology=bipartite_exponential")
     return peers
+
+
+def _components(n: int, edges: list[tuple[int, int]]) -> int:
+    """How many connected groups ``edges`` make of ``n`` vertices."""
+    root = list(range(n))
+
+    def find(v: int) -> int:
+        while root[v] != v:
+            root[v] = root[root[v]]
+            v = root[v]
+        return v
+
+    for i, j in edges:
+        root[find(i)] = find(j)
+    return len({find(v) for v in range(n)})
 
 
 def peer_schedule(pattern: str, peers: list[int], seed: int, active: int
