@@ -52,7 +52,7 @@ class Evaluator:
         return results
 
     def consensus_distance(self) -> float:
-        """Xi = (1/n) sum_i ||x_i - xbar||^2 over all parameters (algorithms.md §0.2)."""
+        """Xi = (1/n) sum_i ||x_i - xbar||^2 over all parameters (docs/algorithms.md)."""
         local = 0.0
         for flat in self.param_buffers:
             mean = self.comm.allreduce_(flat.detach().clone(), op="mean")

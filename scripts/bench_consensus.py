@@ -4,8 +4,9 @@ from the mixing matrices of runner/topology (no ranks).
     python scripts/bench_consensus.py --json consensus.json --markdown consensus.md --plot c.png
     python scripts/bench_consensus.py --n 8 16 --quick
 
-Theory (algorithms.md §9): for the fixed ring W, ``rho = SLEM(W)^2``; for the randomized ring
-W_k = P_k^T W P_k (a fresh permutation every step), ``rho = SLEM(E[W^T W]) = 1/3 - 2/(3(n-1))``.
+Theory (docs/algorithms.md, Topologies and spectral gap): for the fixed ring W,
+``rho = SLEM(W)^2``; for the randomized ring W_k = P_k^T W P_k (a fresh permutation every
+step), ``rho = SLEM(E[W^T W]) = 1/3 - 2/(3(n-1))``.
 Both bound the per-step contraction of the consensus distance
 ``Xi = (1/n) sum_i ||x_i - xbar||^2`` under pure gossip ``X <- X W_k``: exactly
 (asymptotically) for the fixed ring, in expectation for the random one.

@@ -1,4 +1,4 @@
-"""adpsgd-gap: the table and JSON hold algorithms.md §9.2/§9.3 values; errors are one line."""
+"""adpsgd-gap: the table and JSON hold docs/algorithms.md's values; errors are one line."""
 
 import json
 import subprocess
@@ -11,7 +11,7 @@ from runner.commands import gap
 from conftest import REPO
 
 SIZES = [8, 16, 64, 128]
-EXPECTED = {  # n: (spectral_gap, rho), algorithms.md §9.2 (gap) and §9.3 (rho)
+EXPECTED = {  # n: (spectral_gap, rho), docs/algorithms.md (Topologies and spectral gap)
     "ring": {8: (0.195262, 0.647603), 16: (0.050747, 0.901081), 64: (0.003210, 0.993590),
              128: (0.000803, 0.998395)},
     # time-varying: gap = 1 - SLEM(E[W]) = 1 - rho here, since E[W] = E[W^T W] for n >= 3
@@ -98,7 +98,7 @@ def test_several_topologies_in_one_table(capsys):
 
 
 def test_adpsgd_pairwise_rho_of_the_papers_peer_sets(capsys):
-    """--algo adpsgd: one averaging on a random active-passive edge (algorithms.md §9.4)."""
+    """--algo adpsgd: one averaging on a random active-passive edge (docs/algorithms.md)."""
     status, out, _ = run_main(capsys, "--topology", "ring", "bipartite_exponential",
                               "complete", "--n", "64", "128", "--algo", "adpsgd", "--json")
     assert status == 0

@@ -1,4 +1,4 @@
-"""Invariants of the decentralized algorithms on real ranks (algorithms.md §2-§7): with
+"""Invariants of the decentralized algorithms on real ranks (docs/algorithms.md): with
 learning rate 0, gossip or averaging keeps the mean model and drives the consensus distance to
 ~0; DaSGD's merge keeps the mean while training. All cases run in one MPI job (starting ranks
 costs more than a case)."""

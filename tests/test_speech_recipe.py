@@ -26,8 +26,8 @@ def test_greedy_decoding_merges_repeats_and_removes_blanks():
 
 
 def test_the_papers_shape_has_43_million_parameters_with_their_output_layer():
-    # algorithms.md §4: 6 BLSTM layers x 512 per direction, 256 bottleneck, 260 inputs and
-    # 32,000 outputs give 43.1M parameters.
+    # docs/algorithms.md (H-ADPSGD): 6 BLSTM layers x 512 per direction, 256 bottleneck, 260
+    # inputs and 32,000 outputs give 43.1M parameters.
     assert parameter_count(BLSTMAcousticModel(260, 32000)) == 43_154_944
 
 

@@ -1,6 +1,6 @@
 """BLSTM acoustic model with a CTC head over characters, and greedy CTC decoding.
 
-Shape of the IBM Switchboard models (algorithms.md §4, a reconstruction): ``num_layers``
+Shape of the IBM Switchboard models (docs/algorithms.md, H-ADPSGD; a reconstruction): ``num_layers``
 bidirectional LSTM layers of ``hidden_size`` cells per direction, a linear bottleneck, then the
 output layer. The papers' output is a 32,000-way softmax over context-dependent HMM states
 trained on Kaldi alignments; here the output is CTC over characters, so that word error rate is

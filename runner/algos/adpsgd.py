@@ -1,4 +1,4 @@
-"""AD-PSGD: asynchronous decentralized parallel SGD (algorithms.md §3, §5.3).
+"""AD-PSGD: asynchronous decentralized parallel SGD (docs/algorithms.md, AD-PSGD).
 
 Logical update (one gradient of one learner i; one averaging of a pair i, j)::
 
@@ -31,14 +31,15 @@ the exact count reached the budget): fast learners take more steps than slow one
 that reaches a milestone (evaluation, checkpoint) first announces it to every other learner
 (runner/comm/milestone_signal.py), so that none lags behind while the others wait.
 Evaluation and the end quiesce the gossip (no new exchange, a barrier, in-flight ones
-completed): no learner exits while a peer waits on it. Momentum stays local (§0.3).
+completed): no learner exits while a peer waits on it. Momentum stays local (docs/algorithms.md).
 
 Checkpoints are taken with the gossip quiesced (``pause()``: no exchange in flight anywhere),
 under the model lock: each learner stores x, its optimizer state, the progress counters, the
 exchange count (the peer schedule is a function of seed, learner and exchange count) and its
 staleness record.
 
-``delay_by_one=true`` selects the delay-by-one scheme instead (§5.4, delay_by_one.py).
+``delay_by_one=true`` selects the delay-by-one scheme instead (delay_by_one.py;
+docs/algorithms.md, Delay-by-one).
 Subclassed by hadpsgd.py, where each learner is a node of ranks (a super learner): every rank
 of a node applies the same averaged gradient to its own copy of x, and the leader's x, which
 alone gossips, is broadcast to the node only at steps after an averaging changed it.
@@ -71,7 +72,7 @@ class ADPSGDConfig(AlgoConfig):
     name: str = "adpsgd"
     # fixed: cycle through the topology's passive neighbours, nearest first; random: draw one
     pattern: str = "fixed"
-    delay_by_one: bool = False  # the delay-by-one scheme of algorithms.md §5.4 (lockstep)
+    delay_by_one: bool = False  # docs/algorithms.md (Delay-by-one), lockstep
     timeout_s: float = 300.0  # an exchange with no answer for this long ends the job
 
     def check(self, prefix, cfg):

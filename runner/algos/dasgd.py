@@ -1,4 +1,4 @@
-"""DaSGD: local SGD with delayed averaging (algorithms.md §6).
+"""DaSGD: local SGD with delayed averaging (docs/algorithms.md, DaSGD).
 
 Every rank takes local SGD steps; every ``tau`` steps it snapshots its model and starts a
 non-blocking allreduce of the snapshot, keeps training, and ``delay`` steps later merges the
@@ -16,14 +16,15 @@ on the communication thread while the next ``delay`` forward/backward passes pro
 waits at the merge only when the reduction took longer than that. All ranks launch and merge at
 the same step numbers (the trainer's steps are lockstep), so at most one reduction is in flight
 when ``delay <= tau``. With ``delay = 0, tau = 1`` and plain SGD this is SSGD exactly. Momentum
-buffers stay local (§0.3). At the end the reduction in flight is merged before the rank stops.
+buffers stay local (docs/algorithms.md). At the end the reduction in flight is merged before
+the rank stops.
 
 Checkpoints: a reduction in flight is completed (every rank launched it at the same step) and
 stored unmerged, with its snapshot s and launch step; the resumed run merges it at t0 + delay,
 exactly as the uninterrupted run does.
 
-Warning: the merge rule's match with the paper's equations is a reconstruction ([U] in
-algorithms.md); it is the rule this runner implements and tests.
+Warning: the merge rule's match with the paper's equations is a reconstruction (see
+docs/algorithms.md, DaSGD); it is the rule this runner implements and tests.
 """
 
 from __future__ import annotations

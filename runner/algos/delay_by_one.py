@@ -1,5 +1,5 @@
-"""Delay-by-one AD-PSGD (algorithms.md §5.4, the runner's reconstruction; ``algo=adpsgd
-algo.delay_by_one=true``).
+"""Delay-by-one AD-PSGD (docs/algorithms.md, Delay-by-one: the runner's reconstruction;
+``algo=adpsgd algo.delay_by_one=true``).
 
 Every step k each learner i exchanges its model with one scheduled peer p(k) (a perfect
 matching known to both ends: alternating ring matchings for ``pattern=fixed``, a random

@@ -1,4 +1,4 @@
-"""D-PSGD: synchronous decentralized parallel SGD (algorithms.md §2).
+"""D-PSGD: synchronous decentralized parallel SGD (docs/algorithms.md, D-PSGD).
 
 Update on rank i at step k with the mixing matrix W_k of ``topology`` (X <- X W)::
 
@@ -12,7 +12,8 @@ With the paper's ordering the exchange of x^k runs on the communication thread w
 gradient is computed, and a rank waits only for its neighbours' models of the same step. With
 ``step_then_average`` the exchange follows the optimizer step (no overlap); on the complete
 graph (W = J) with plain SGD it is exactly SSGD. Momentum and weight decay stay local
-(algorithms.md §0.3). Each flat parameter buffer travels as one message per neighbour.
+(docs/algorithms.md, Notation and conventions). Each flat parameter buffer travels as one
+message per neighbour.
 
 Invariants: W doubly stochastic keeps the mean of the models' averaging part; with learning
 rate 0 the consensus distance shrinks by at least SLEM(W)^2 per step.

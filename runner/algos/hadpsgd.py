@@ -1,15 +1,18 @@
-"""H-ADPSGD: hierarchical AD-PSGD (algorithms.md §4).
+"""H-ADPSGD: hierarchical AD-PSGD (docs/algorithms.md, H-ADPSGD).
 
 The L ranks of a node (``launcher.procs_per_node``; real nodes under SLURM) form a super
 learner z_s; the S super learners run AD-PSGD among themselves::
 
     every step, inside node s:  G_s = (1/L) sum_l g_l(z_s)      (node allreduce)
-                                z_s <- z_s - gamma * G_s          (applied by the node leader)
+                                z_s <- z_s - gamma * G_s          (on every rank of the node)
     between nodes, asynchronous: active super learner s and passive r: z_s, z_r <- (z_s + z_r)/2
 
-The node leader (local rank 0) owns z_s and its gossip thread; before every step it broadcasts
-z_s to the node, so the replicas inside a node are identical. S = 1 is synchronous SGD over
-the node; L = 1 is AD-PSGD. S must be even (or 1): actives and passives are paired.
+Every rank of a node applies the same averaged gradient to its own copy of z_s, so the copies
+stay identical without sending the model. The node leader (local rank 0) runs the gossip
+thread on its copy; before each step it broadcasts whether an averaging changed z_s since the
+last step, and only then z_s itself (weight decay is taken at each copy, from the model it
+reads). S = 1 is synchronous SGD over the node; L = 1 is AD-PSGD. S must be even (or 1):
+actives and passives are paired.
 """
 
 from __future__ import annotations

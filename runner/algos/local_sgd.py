@@ -1,4 +1,4 @@
-"""Local SGD and post-local SGD (algorithms.md §7).
+"""Local SGD and post-local SGD (docs/algorithms.md, Local SGD and post-local SGD).
 
 Each rank takes local SGD steps and every ``period`` (H) steps all ranks average their models
 with a blocking allreduce::

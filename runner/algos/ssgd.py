@@ -1,6 +1,6 @@
 """SSGD: synchronous data-parallel SGD with bucketed, overlapped gradient allreduce.
 
-Update (algorithms.md §1), identical on every rank::
+Update (docs/algorithms.md, SSGD), identical on every rank::
 
     x_{k+1} = x_k - gamma_k * sum_i c_i g_i(x_k) / sum_i c_i
 

@@ -1,4 +1,5 @@
-"""Asynchronous pairwise model averaging between an active and a passive rank (AD-PSGD §3).
+"""Asynchronous pairwise model averaging between an active and a passive rank (AD-PSGD,
+docs/algorithms.md).
 
 One gossip thread per participant owns the averaging of a shared model ``x`` (flat buffers):
 

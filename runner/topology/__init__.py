@@ -3,7 +3,8 @@
 ``TOPOLOGIES.get(name)(cfg, seed=run_seed)`` gives a :class:`Topology`; its docstring lists the
 API (``check_size``, ``mixing_matrix``, ``in_weights``, ``out_peers``, ``expected_mixing``,
 ``expected_gram``, ``pairwise_edges``). :mod:`runner.topology.spectral` computes spectral gaps
-and ``rho`` (algorithms.md §9). Importing this package registers every topology.
+and ``rho`` (docs/algorithms.md, Topologies and spectral gap). Importing this package
+registers every topology.
 """
 
 from typing import Any

@@ -1,6 +1,6 @@
-"""The topology interface: who mixes with whom, and with which weights (algorithms.md §0.2, §9).
+"""The topology interface: who mixes with whom, and with which weights (docs/algorithms.md).
 
-Convention (algorithms.md §0.2): one averaging step is ``X <- X W`` with ``X = [x_0 .. x_{n-1}]``,
+Convention (docs/algorithms.md): one averaging step is ``X <- X W`` with ``X = [x_0 .. x_{n-1}]``,
 so learner ``j`` becomes ``sum_i W[i, j] x_i``. Column ``j`` of ``W`` holds the weights learner
 ``j`` mixes with (its *in-weights*); row ``i`` lists the learners that need ``x_i`` (its
 *out-peers*). Every ``W`` built here is doubly stochastic (``W >= 0``, rows and columns sum to 1).

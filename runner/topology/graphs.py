@@ -1,5 +1,5 @@
 """Fixed circulant topologies: ring, complete, exponential (directed and undirected), and the
-bipartite exponential graph of AD-PSGD (algorithms.md §3(b'), §5.1, §9).
+bipartite exponential graph of AD-PSGD (docs/algorithms.md, Topologies and spectral gap).
 
 Each is described by its in-neighbour offsets: learner ``i`` mixes ``x_i`` with
 ``x_{(i + o) mod n}`` for every offset ``o``, with the same weight ``1/(k+1)`` on itself and on
@@ -47,12 +47,12 @@ class RingConfig(Topology.Config):
 
 @TOPOLOGIES.register("ring")
 class Ring(Circulant):
-    """Ring: ``x_i <- (x_{i-1} + x_i + x_{i+1}) / 3`` (``W = (I + S + S^T)/3``, algorithms.md §5.1).
+    """Ring: ``x_i <- (x_{i-1} + x_i + x_{i+1}) / 3`` (``W = (I + S + S^T)/3``, docs/algorithms.md).
 
     Small rings use uniform weights over self plus *distinct* neighbours: ``n = 3`` is the
     complete graph (all 1/3); ``n = 2`` uses ``W = [[1/2, 1/2], [1/2, 1/2]]`` (the left and
     right neighbour are the same rank, which is sent one message and weighted 1/2, as
-    algorithms.md §2(c) allows); ``n = 1`` is ``W = [[1]]``.
+    docs/algorithms.md, D-PSGD); ``n = 1`` is ``W = [[1]]``.
     Eigenvalues ``1/3 + (2/3) cos(2 pi j/n)``; gap ``(2/3)(1 - cos(2 pi/n))`` for ``n >= 4``.
     """
 
@@ -140,7 +140,7 @@ class BipartiteExponentialConfig(Topology.Config):
 
 @TOPOLOGIES.register("bipartite_exponential")
 class BipartiteExponential(Circulant):
-    """AD-PSGD's bipartite exponential graph (algorithms.md §3(b')), ``n`` even.
+    """AD-PSGD's bipartite exponential graph (docs/algorithms.md, Peer patterns), ``n`` even.
 
     Ring offsets ``+-1`` and ``+-(2^m + 1)`` for ``m = 1, 2, ...`` while ``2^m + 1 <= n - 1``,
     i.e. 1, 3, 5, 9, 17, 33, 65: all odd, so every edge joins an even (active) and an odd

@@ -1,4 +1,4 @@
-"""Randomized ring: a fresh ring order every step (algorithms.md §5.2)."""
+"""Randomized ring: a fresh ring order every step (docs/algorithms.md, Randomized ring)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Spectral quantities of mixing matrices (algorithms.md §0.2, §9.5).
+"""Spectral quantities of mixing matrices (docs/algorithms.md, Topologies and spectral gap).
 
 Definitions (``J = (1/n) 1 1^T``, ``W`` doubly stochastic, ``X <- X W``):
 

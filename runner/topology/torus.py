@@ -1,4 +1,4 @@
-"""2-D torus ``p x q`` with weights 1/5 (algorithms.md §9.1, §9.2)."""
+"""2-D torus ``p x q`` with weights 1/5 (docs/algorithms.md)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """mpiexec -n N python dasgd_merge.py RUN_DIR CASES_JSON: train DaSGD with a real learning
-rate and check every merge x <- abar + (x - s) (algorithms.md §6 (e)): the mean model is the
+rate and check every merge x <- abar + (x - s) (docs/algorithms.md, DaSGD): the mean model is the
 same just before and just after it, and afterwards x_i - x_j equals the difference of the
 two ranks' progress since the snapshot."""
 

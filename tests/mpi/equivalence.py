@@ -1,6 +1,6 @@
 """mpiexec -n N python equivalence.py RUN_DIR CASES_JSON: train SSGD once, then the algorithm
 each case selects, from the same seed in float64; each must end with SSGD's parameters on every
-rank (algorithms.md: dpsgd on the complete graph, hadpsgd with one node, dasgd with delay 0 and
+rank (docs/algorithms.md: dpsgd on the complete graph, hadpsgd with one node, dasgd with delay 0 and
 tau 1, local SGD with period 1, each with plain SGD)."""
 
 from runner.comm.communicator import Communicator
