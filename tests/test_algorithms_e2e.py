@@ -62,21 +62,6 @@ def test_reaches_90_percent_on_4_ranks_and_reports_decentralized_metrics(tmp_pat
         assert {f"algo/{name}/rank{r}" for name in ASYNC_STATS for r in gossiping} <= tags
 
 
-STRAGGLER_ALGOS = ["ssgd", "dpsgd", "adpsgd", "hadpsgd", "dasgd", "local_sgd"]
-
-
-@pytest.fixture(scope="module")
-def straggler_lines(tmp_path_factory):
-    """One MPI job trains every algorithm with rank 3 made 4x slower."""
-    cases = {algo: [f"algo={algo}"] for algo in STRAGGLER_ALGOS}
-    return run_mpi_cases(4, "straggler.py", tmp_path_factory.mktemp("straggler"), cases)
-
-
-@pytest.mark.parametrize("algo", STRAGGLER_ALGOS)
-def test_straggler_injection_slows_the_chosen_rank_for_every_algorithm(straggler_lines, algo):
-    assert case_report(straggler_lines, algo, 4).count("straggler slowed") == 4
-
-
 IMMUNITY_CASES = {  # first override: the least ratio of the others' steps to the straggler's
     "adpsgd-fixed": ["min_ratio=3", "algo=adpsgd", "algo.pattern=fixed"],
     "adpsgd-random": ["min_ratio=3", "algo=adpsgd", "algo.pattern=random", "topology=complete"],
@@ -93,8 +78,9 @@ def immunity_lines(tmp_path_factory):
 
 @pytest.mark.parametrize("case", sorted(IMMUNITY_CASES))
 def test_asynchronous_learners_go_on_without_a_10x_straggler(immunity_lines, case):
-    """With rank 3 ten times slower, the other learners take several times its steps
-    (steps_per_rank in summary.json: counts, not times); lockstep SSGD takes equal steps."""
+    """With rank 3 ten times slower (its compute seconds per step show it), the other
+    learners take several times its steps (steps_per_rank in summary.json: counts, not
+    times); lockstep SSGD takes equal steps."""
     report = case_report(immunity_lines, case, 4)
     assert report.count("steps per rank") == 4, report
     print(f"{case}: {report.splitlines()[0]}")

@@ -70,7 +70,7 @@ def test_tensorboard_events_hold_the_expected_tags(foundation_run):
     assert "_hparams_/experiment" in events.PluginTagToContent("hparams")
 
 
-@pytest.mark.parametrize("nprocs", [2, 4])
+@pytest.mark.parametrize("nprocs", [4])  # 2 ranks show nothing more (suite time)
 def test_ssgd_on_n_ranks_equals_one_process_with_n_times_the_batch(tmp_path, nprocs):
     common = ["recipe=digit_images", "algo=ssgd", "trainer.epochs=2", "seed=5",
               "recipe.dropout=0", "trainer.progress=false", "trainer.dtype=float64"]

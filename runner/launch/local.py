@@ -395,15 +395,22 @@ class LocalLauncher(Launcher):
         return f"; mpiexec reports {who} (pid {output.bad_pid}) ended with {how}"
 
     def report_failure(self, run_dir: Path, status: int, mpiexec_said: str = "") -> None:
-        """Print the one line of each rank that failed with one (from its exit record: its
-        own print may have died with MPI_Abort), in the order they failed; with none, say so
-        and show rank 0's last log lines."""
-        lines = []
+        """Print the one line of the rank that failed first with one (from its exit record:
+        its own print may have died with MPI_Abort); ranks that failed after it with lines of
+        their own (e.g. every rank found the disk full) are named in one short line, their
+        lines stay in their logs. With none, say so and show rank 0's last log lines."""
+        lines, later = [], []
         for record in failure_records(run_dir, self.cfg.nprocs):
-            if record.message and record.message not in lines:
+            if record.message and not lines:
                 lines.append(record.message)
+            elif record.message and record.message not in lines:
+                later.append(record.rank)
         for line in lines:
             print(line, file=sys.stderr, flush=True)
+        if later:
+            which = ", ".join(f"logs/rank{rank}.log" for rank in later)
+            print(f"adpsgd-run: {len(later)} more rank(s) failed after it with lines of their "
+                  f"own: see {which}", file=sys.stderr, flush=True)
         if not lines:
             print(f"--- last lines of {run_dir}/logs/rank0.log ---\n{log_tail(run_dir, 0)}",
                   file=sys.stderr)

@@ -4,9 +4,14 @@ went on without it. The first override is ``min_ratio=R``: the slowest other lea
 over the straggler's must be at least R (asynchronous algorithms), or, with ``R = 1``, every
 rank's steps must be equal (lockstep algorithms, the control).
 
+Each case also checks that the injection itself works: rank 3's compute seconds per step are
+well above the others' (the trainer's shared loop injects the delay for every algorithm).
+
 Learners are ranks, except for hadpsgd, where the straggler's node partner is as slow as it
 by design (the node is synchronous) and the other node is what must go on.
 """
+
+import statistics
 
 from runner.comm.communicator import Communicator
 
@@ -22,7 +27,9 @@ def checks(world_mpi, run_dir, overrides):
     trainer, node = build_trainer(world_mpi, comm, run_dir, cfg)
     summary = comm.bcast_object(trainer.run())
     node.close()
+    per_step = comm.allgather_objects(trainer.timers.seconds["compute"] / trainer.step)
     comm.close()
+    assert per_step[3] > 3 * statistics.median(per_step[:3]), f"not slowed: {per_step}"
     steps = summary["steps_per_rank"]
     slow = steps[3]
     others = steps[:2] if cfg.algo.name == "hadpsgd" else steps[:3]
