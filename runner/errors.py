@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import errno
 import os
+import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
 
@@ -60,6 +62,20 @@ class OneLineParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         raise UsageError(message)
+
+
+def command_status(prog: str, body: Callable[[], int]) -> int:
+    """A command's exit status: ``body()``'s, or 2 after one line on stderr for a mistake
+    (a usage mistake points at ``--help``), or --help's own 0."""
+    try:
+        return body()
+    except UsageError as ex:
+        print(f"{prog}: error: {one_line(ex)}. Fix: see {prog} --help", file=sys.stderr)
+    except UserError as ex:
+        print(f"{prog}: error: {one_line(ex)}", file=sys.stderr)
+    except SystemExit as ex:  # --help
+        return ex.code if isinstance(ex.code, int) else 0
+    return 2
 
 
 # Errors of a write that found no room (a full disk, an exhausted quota).

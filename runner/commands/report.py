@@ -22,13 +22,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import OneLineParser, UsageError, UserError, one_line
+from ..errors import OneLineParser, UserError, command_status, one_line
 from ..run_log import read_metrics
 
 PROG = "adpsgd-report"
@@ -217,22 +216,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run adpsgd-report; returns the exit status (0, or 2 after a one-line error)."""
-    try:
+
+    def body() -> int:
         args = build_parser().parse_args(argv)
         paths = write_report(args.run_dirs, args.out, rank0=args.rank0)
-    except UsageError as ex:
-        print(f"{PROG}: error: {one_line(ex)}. Fix: see {PROG} --help", file=sys.stderr)
-        return 2
-    except UserError as ex:
-        print(f"{PROG}: error: {one_line(ex)}", file=sys.stderr)
-        return 2
-    except SystemExit as ex:  # --help
-        return ex.code if isinstance(ex.code, int) else 0
-    print(paths["table"].read_text(), end="")
-    for path in paths.values():
-        print(f"wrote {path}")
-    return 0
+        print(paths["table"].read_text(), end="")
+        for path in paths.values():
+            print(f"wrote {path}")
+        return 0
 
+    return command_status(PROG, body)
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -17,7 +17,7 @@ import sys
 from collections.abc import Sequence
 
 from recipes.speech.scoring import read_kaldi_text, score_sets, score_texts
-from runner.errors import OneLineParser, UsageError, UserError, one_line
+from runner.errors import OneLineParser, UserError, command_status
 
 PROG = "adpsgd-score"
 
@@ -60,22 +60,15 @@ def _score(args: argparse.Namespace) -> tuple[str, str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run adpsgd-score; returns the exit status (0, or 2 after a one-line error)."""
-    try:
-        args = build_parser().parse_args(argv)
-        out, note = _score(args)
-    except UsageError as ex:
-        print(f"{PROG}: error: {one_line(ex)}. Fix: see {PROG} --help", file=sys.stderr)
-        return 2
-    except UserError as ex:
-        print(f"{PROG}: error: {one_line(ex)}", file=sys.stderr)
-        return 2
-    except SystemExit as ex:  # --help
-        return ex.code if isinstance(ex.code, int) else 0
-    if note:
-        print(note, file=sys.stderr)
-    print(out)
-    return 0
 
+    def body() -> int:
+        out, note = _score(build_parser().parse_args(argv))
+        if note:
+            print(note, file=sys.stderr)
+        print(out)
+        return 0
+
+    return command_status(PROG, body)
 
 if __name__ == "__main__":
     raise SystemExit(main())
