@@ -28,6 +28,7 @@ from .config import FIXED_SECTIONS, RunConfig
 from .errors import ConfigError, UserError, one_line
 from .launch import LAUNCHERS
 from .registry import Registry
+from .sim.cluster import ClusterConfig
 from .topology import TOPOLOGIES
 
 CONFIG_MODULE = "runner.conf"
@@ -67,6 +68,7 @@ def register_schemas() -> None:
     and ``schema/<group>/<name>`` for each registered choice."""
     store = ConfigStore.instance()
     store.store(group="schema", name="run", node=RunConfig)
+    store.store(group="schema", name="cluster", node=ClusterConfig)  # conf/cluster/ extends it
     for group, registry in registries().items():
         for name in registry.names():  # a schema may serve several names (the speech recipes)
             store.store(group=f"schema/{group}", name=name,

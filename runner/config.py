@@ -14,6 +14,7 @@ from typing import Any, Optional
 from omegaconf import MISSING, DictConfig
 
 from .schema import Section, require
+from .sim.cluster import ClusterConfig
 
 # torch.compile backends for training that ship with torch (importing torch._dynamo to list
 # them all would cost the command line seconds).
@@ -187,6 +188,8 @@ class RunConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     comm: CommConfig = field(default_factory=CommConfig)
     faults: FaultsConfig = field(default_factory=FaultsConfig)
+    # The modelled machine of launcher=sim (conf/cluster/, runner/sim/cluster.py).
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
     recipe: Any = MISSING
     algo: Any = MISSING
     topology: Any = MISSING
@@ -198,4 +201,5 @@ FIXED_SECTIONS: dict[str, type] = {
     "optim": OptimConfig,
     "comm": CommConfig,
     "faults": FaultsConfig,
+    "cluster": ClusterConfig,
 }

@@ -89,7 +89,8 @@ class Trainer:
         self.ctx = TrainContext(cfg=cfg, world=world, comm=comm, node_comm=node_comm,
                                 device=device, timers=self.timers,
                                 param_buffers=self.param_buffers,
-                                steps_per_epoch=self.shards.steps_per_epoch)
+                                steps_per_epoch=self.shards.steps_per_epoch,
+                                run_dir=self.run_dir)
         self.algo = ALGORITHMS.get(cfg.algo.name).build(cfg.algo, self.ctx)
         self.algo.setup(self.model, self.optimizer)
         loading = dict(num_workers=tcfg.num_workers, persistent_workers=tcfg.persistent_workers,

@@ -99,7 +99,8 @@ def test_help_lists_groups_and_usage(tmp_path):
     assert "digit_images" in groups["recipe"] and "local" in groups["launcher"]
     assert "random_ring" in groups["topology"]
     # The ConfigStore's schema/ groups stand behind the YAML files; they are no user choice.
-    assert sorted(groups) == ["algo", "experiment", "launcher", "recipe", "topology"], groups
+    assert sorted(groups) == ["algo", "cluster", "experiment", "launcher", "recipe",
+                              "topology"], groups
     assert "adpsgd-run" in proc.stdout and "--cfg job" in proc.stdout
 
 

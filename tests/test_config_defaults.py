@@ -14,6 +14,7 @@ from omegaconf import OmegaConf
 
 from runner.compose import CONFIG_MODULE, registries
 from runner.config import RunConfig
+from runner.sim.cluster import ClusterConfig
 
 from conftest import REPO
 
@@ -55,6 +56,8 @@ def baseline(path: Path, data: dict) -> dict:
         return run_defaults()
     if group in GROUPS:
         return flat(schema(registries()[group].get(name).Config, name=name))
+    if group == "cluster":  # one schema for every machine
+        return flat(schema(ClusterConfig))
     if group == "recipe":
         parents = [d for d in defaults if isinstance(d, str) and not d.startswith("/")]
         if parents:  # builds on another recipe

@@ -74,6 +74,9 @@ class ADPSGDConfig(AlgoConfig):
     pattern: str = "fixed"
     delay_by_one: bool = False  # docs/algorithms.md (Delay-by-one), lockstep
     timeout_s: float = 300.0  # an exchange with no answer for this long ends the job
+    # write every operation on each learner's model to RUN_DIR/trace, which the simulator
+    # replays (launcher=sim launcher.replay=RUN_DIR/trace)
+    record_trace: bool = False
 
     def check(self, prefix, cfg):
         require(self.pattern in ("fixed", "random"), f"{prefix}.pattern",
@@ -168,6 +171,7 @@ class ADPSGD(Algorithm):
         leaders = world_mpi.Split(0 if self.is_leader else mpi().UNDEFINED, self.world.rank)
         self.averager = None
         self.signal = None
+        self.trace: list[list] | None = None  # operations on x (algo.record_trace)
         self.staleness: list[int] = []
         if self.is_leader and leaders.Get_size() > 1:
             index, count = leaders.Get_rank(), leaders.Get_size()
@@ -177,6 +181,9 @@ class ADPSGD(Algorithm):
                 next_peer=peer_schedule(self.cfg.pattern, peers, self.ctx.cfg.seed, index),
                 timeout_s=self.cfg.timeout_s)
             self.signal = MilestoneSignal(leaders, self.cfg.timeout_s)
+            if self.cfg.record_trace:
+                self.trace = self.averager.trace = []
+                self.trace_index = index
         if leaders != mpi().COMM_NULL:
             leaders.Free()
         self._snapshot_version = 0
@@ -194,6 +201,8 @@ class ADPSGD(Algorithm):
                 changed = changed or version != self._shared_version
                 for replica, x in zip(self.replica, self.x):
                     replica.copy_(x)
+                if self.trace is not None:
+                    self.trace.append(["read"])
                 self._shared_version = self._snapshot_version = version
         if self.group.size == 1:
             return
@@ -231,6 +240,8 @@ class ADPSGD(Algorithm):
             torch._foreach_add_(grads, params, alpha=weight_decay)
         with self.lock:
             self.optimizer_x.step()
+            if self.trace is not None:
+                self.trace.append(["apply", self.optimizer_x.param_groups[0]["lr"]])
             if self.averager:
                 self.staleness.append(self.averager.version - self._snapshot_version)
 
@@ -276,6 +287,10 @@ class ADPSGD(Algorithm):
         if self.averager:
             self.averager.stop(self.comm.barrier)
             self.signal.close()
+            if self.trace is not None:
+                from ..sim.trace import write_trace
+
+                write_trace(self.ctx.run_dir / "trace", self.trace_index, self.trace)
         else:
             self.comm.barrier()
         self._refresh_replica()

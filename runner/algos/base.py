@@ -25,6 +25,7 @@ so that the trainer and the CLI never special-case an algorithm by name.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
@@ -53,6 +54,7 @@ class TrainContext:
     # by the trainer before each step): exact weights for short last batches.
     step_counts: list[int] = field(default_factory=list)
     steps_per_epoch: int = 0  # lockstep steps in one pass over the training set
+    run_dir: Path = Path(".")
 
 
 class Algorithm:

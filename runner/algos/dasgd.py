@@ -40,6 +40,21 @@ from .base import AlgoConfig, Algorithm
 from .registry import ALGORITHMS
 
 
+def launch_due(t: int, tau: int) -> bool:
+    """Whether step ``t`` (from 0) launches an averaging: every ``tau`` steps."""
+    return (t + 1) % tau == 0
+
+
+def merge_due(t: int, launched_at: int, delay: int) -> bool:
+    """Whether the reduction launched at step ``launched_at`` merges after step ``t``."""
+    return t == launched_at + delay
+
+
+def merge_(x: torch.Tensor, snapshot: torch.Tensor, average: torch.Tensor) -> torch.Tensor:
+    """``x <- abar + (x - s)``: the average of the snapshots plus the local progress since."""
+    return x.sub_(snapshot).add_(average)
+
+
 @dataclass
 class DaSGDConfig(AlgoConfig):
     name: str = "dasgd"
@@ -90,16 +105,16 @@ class DaSGD(Algorithm):
         self.merge_wait_s += time.perf_counter() - started
         with torch.no_grad():
             for flat, snap, avg in zip(self.x, self.snapshot, self.average):
-                flat.sub_(snap).add_(avg)  # x <- abar + (x - s)
+                merge_(flat, snap, avg)
         self._handles = None
         self.merges += 1
 
     def after_step(self, step):
         t = step - 1  # the trainer counts steps from 1, the rule from 0
         self._synced = False
-        if self._handles is not None and t == self._launched_at + self.cfg.delay:
+        if self._handles is not None and merge_due(t, self._launched_at, self.cfg.delay):
             self._merge()
-        if (t + 1) % self.cfg.tau == 0:
+        if launch_due(t, self.cfg.tau):
             self._launch(t)
             if self.cfg.delay == 0:
                 self._merge()  # x == s here, so the merge is x <- abar

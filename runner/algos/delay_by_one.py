@@ -41,6 +41,11 @@ def matching_partner(pattern: str, rank: int, size: int, step: int, seed: int) -
     return int(order[position ^ 1])
 
 
+def mix_(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """``x <- (1 - w) x + w y`` with the model ``y`` received one step earlier."""
+    return x.mul_(1 - MIX).add_(y, alpha=MIX)
+
+
 class DelayByOne(Algorithm):
     def setup(self, model, optimizer):
         super().setup(model, optimizer)
@@ -72,8 +77,7 @@ class DelayByOne(Algorithm):
         handles, peer = self._previous
         with self.timers.time("comm"), torch.no_grad():
             for x, handle in zip(self.params, handles):
-                y = handle.wait()[peer]
-                x.mul_(1 - MIX).add_(y, alpha=MIX)
+                mix_(x, handle.wait()[peer])
         self._previous = None
 
     def finish(self):

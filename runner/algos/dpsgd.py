@@ -49,6 +49,16 @@ class DPSGDConfig(AlgoConfig):
                 f"{prefix}.ordering=dpsgd")
 
 
+def mix_(x: torch.Tensor, self_weight, received) -> torch.Tensor:
+    """The mixing step in place: ``x <- w_self x + sum_j w_j y_j`` for ``received`` pairs
+    ``(w_j, y_j)``. Weights are numbers (one rank) or columns ``[N, 1]`` (the simulator's
+    stacked learners, one row each): both engines call this."""
+    x.mul_(self_weight)
+    for weight, y in received:
+        x.add_(y * weight)
+    return x
+
+
 def _fits(topology, n: int) -> bool:
     try:
         topology.check_size(n)
@@ -86,9 +96,7 @@ class Gossip:
         for flat, handle in zip(self.buffers, handles):
             received = handle.wait()
             with torch.no_grad():
-                flat.mul_(weights[rank])
-                for peer, buf in received.items():
-                    flat.add_(buf, alpha=weights[peer])
+                mix_(flat, weights[rank], [(weights[peer], buf) for peer, buf in received.items()])
 
 
 @ALGORITHMS.register("dpsgd")

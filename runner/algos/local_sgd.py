@@ -28,6 +28,17 @@ from .base import AlgoConfig
 from .registry import ALGORITHMS
 from .ssgd import SSGD
 
+SYNCHRONOUS, LOCAL, AVERAGE = "synchronous", "local", "average"
+
+
+def step_kind(step: int, switch_step: int, period: int) -> str:
+    """What step ``step`` (counted from 1) does: SYNCHRONOUS (gradient allreduce, up to and
+    including ``switch_step``), AVERAGE (a local step, then the model average: every
+    ``period``-th step after the switch) or LOCAL."""
+    if step <= switch_step:
+        return SYNCHRONOUS
+    return AVERAGE if (step - switch_step) % period == 0 else LOCAL
+
 
 @dataclass
 class LocalSGDConfig(AlgoConfig):
@@ -88,7 +99,7 @@ class LocalSGD(SSGD):
                 self.buckets.remove()
                 self.local = True
             return
-        if (step - self.switch_step) % self.cfg.period:
+        if step_kind(step, self.switch_step, self.cfg.period) != AVERAGE:
             self._synced = False
             return
         with self.timers.time("comm"):

@@ -40,6 +40,13 @@ SWITCH_INTERVAL_S = 2e-4
 log = logging.getLogger("adpsgd")
 
 
+def merge_average_(x: torch.Tensor, mine: torch.Tensor, theirs: torch.Tensor) -> None:
+    """``x <- x + ((mine + theirs)/2 - mine)``, computed as ``(theirs - mine)/2`` on both ends
+    with the roles swapped, so the pair's sum is unchanged (``theirs`` is overwritten). The
+    one merge rule of AD-PSGD: real ranks call it per flat buffer, the simulator on rows."""
+    x.add_(theirs.sub_(mine).to(x.device), alpha=0.5)
+
+
 class ExchangeTimeout(RuntimeError):
     pass
 
@@ -66,6 +73,8 @@ class PairwiseAverager:
         self.version = 0  # increments with every merge: gradient staleness is measured in it
         self.intervals: list[tuple[float, float, int]] = []  # (start, end, peer), if recorded
         self.record_intervals = False
+        # Every snapshot and merge, for a replay (runner/sim/trace.py); None: not recorded.
+        self.trace: list[list] | None = None
         self.error: BaseException | None = None
         # Whether an active may start an exchange, and whether one is in flight here: read
         # and written together under one condition, so that quiesce() cannot slip between an
@@ -170,7 +179,8 @@ class PairwiseAverager:
         try:
             peer = self.next_peer(self.exchanges)
             started = time.perf_counter()
-            header = self._snapshot()
+            key = [self.rank, peer, self.partners.get(peer, 0)]
+            header = self._snapshot(key)
             reply = np.empty_like(header)
             self._wait([self.comm.Isend(header, dest=peer, tag=REQUEST),
                         self.comm.Irecv(reply, source=peer, tag=REPLY)], peer, "request")
@@ -179,7 +189,7 @@ class PairwiseAverager:
             requests += [self.comm.Irecv(_np(r), source=peer, tag=MODEL_REPLY)
                          for r in self.received]
             self._wait(requests, peer, "model exchange")
-            self._merge(reply, peer, started)
+            self._merge(reply, peer, started, key)
         finally:
             self._set_busy(False)
 
@@ -197,29 +207,34 @@ class PairwiseAverager:
             started = time.perf_counter()
             header = np.empty(3 * self.size)
             self.comm.Recv(header, source=peer, tag=REQUEST)
-            requests = [self.comm.Isend(self._snapshot(), dest=peer, tag=REPLY)]
+            key = [peer, self.rank, self.partners.get(peer, 0)]
+            requests = [self.comm.Isend(self._snapshot(key), dest=peer, tag=REPLY)]
             requests += [self.comm.Irecv(_np(r), source=peer, tag=MODEL_REQUEST)
                          for r in self.received]
             requests += [self.comm.Isend(_np(s), dest=peer, tag=MODEL_REPLY)
                          for s in self.snapshots]
             self._wait(requests, peer, "reply")
-            self._merge(header, peer, started)
+            self._merge(header, peer, started, key)
         finally:
             self._set_busy(False)
 
-    def _snapshot(self) -> np.ndarray:
-        """Copy x into the snapshot buffers; return the progress table of that moment."""
+    def _snapshot(self, key: list[int]) -> np.ndarray:
+        """Copy x into the snapshot buffers; return the progress table of that moment.
+        ``key``: (active, passive, how many averagings the pair did before this one)."""
         with self.lock:
+            if self.trace is not None:
+                self.trace.append(["snap", *key])
             for snapshot, x in zip(self.snapshots, self.buffers):
                 snapshot.copy_(x)
             return self.progress.pack()
 
-    def _merge(self, their_progress: np.ndarray, peer: int, started: float) -> None:
+    def _merge(self, their_progress: np.ndarray, peer: int, started: float,
+               key: list[int]) -> None:
         with self.lock:
+            if self.trace is not None:
+                self.trace.append(["merge", *key])
             for x, mine, theirs in zip(self.buffers, self.snapshots, self.received):
-                # x <- x + ((mine + theirs)/2 - mine): computed as (theirs - mine)/2 on both
-                # ends with the roles swapped, so the pair's sum is unchanged.
-                x.add_(theirs.sub_(mine).to(x.device), alpha=0.5)
+                merge_average_(x, mine, theirs)
             self.version += 1
             self.progress.merge(their_progress)
             self.exchanges += 1

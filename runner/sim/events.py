@@ -39,5 +39,12 @@ class EventQueue:
             self.now = max(self.now, until)
         return self.now
 
+    def run_while(self, condition: Callable[[], bool]) -> float:
+        """Process events in time order while ``condition()`` holds (and events remain)."""
+        while self._heap and condition():
+            self.now, _, callback = heapq.heappop(self._heap)
+            callback()
+        return self.now
+
     def __len__(self) -> int:
         return len(self._heap)

@@ -116,17 +116,17 @@ class Recorder:
                     total.add_(now - then)
                 self.states.add(digest(algo.x))
 
-        def recorded_snapshot():
+        def recorded_snapshot(*key):
             with self.lock:
-                counts = snapshot()
+                counts = snapshot(*key)
                 self.snapshots_existed.append(digest(averager.snapshots) in self.states)
                 return counts
 
-        def recorded_merge(their_counts, peer, started):
+        def recorded_merge(their_counts, peer, started, *key):
             with self.lock:
                 # _merge turns the received buffers into (received - sent) in place.
                 sent, got = digest(averager.snapshots), digest(averager.received)
-                merge(their_counts, peer, started)
+                merge(their_counts, peer, started, *key)
                 self.states.add(digest(algo.x))
                 self.exchanges.append((peer, sent, got))
 

@@ -1,0 +1,247 @@
+"""AD-PSGD and H-ADPSGD under the simulator: the asynchrony is what the modelled cluster's
+schedule makes it.
+
+Participants (learners; hadpsgd: super learners of ``procs_per_node`` ranks) never wait for
+each other. Each step a participant reads its model, its ranks compute (their times from the
+compute model; a super learner then averages its members' gradients with a node allreduce,
+so it waits for its slowest member) and it applies the update. After each of its steps an
+active participant starts one averaging with its next passive peer (runner/topology/pairing.py,
+the schedule real ranks follow); a passive serves one request at a time, in arrival order.
+Both ends snapshot their models when the averaging starts and merge when the bytes have
+crossed (latency plus size over bandwidth; between nodes every transfer shares its node's
+interface with the others in flight). Which passive an active meets, when, and how stale a
+gradient is follow from these times alone.
+
+The schedule emits each participant's operations (runner/sim/trace.py), which the trace
+executor applies to the stacked models. At a milestone (evaluation, checkpoint) participants
+finish their step and stop, averagings in flight complete, and everyone resumes together, as
+real ranks do. With ``launcher.replay=DIR`` the operations come from a real run's recorded
+trace instead, and the run ends with that run's model.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+import numpy as np
+
+from ..algos.adpsgd import ADPSGD
+from ..comm.buffers import parameter_digest
+from ..topology.pairing import is_active, passive_peers, peer_schedule
+from .events import EventQueue
+from .lockstep import DelayByOneDriver
+from .network import SharedChannel
+from .registry import SIM_DRIVERS
+from .trace import APPLY, MERGE, READ, SNAP, TraceExecutor, read_traces
+
+
+@SIM_DRIVERS.register("hadpsgd")
+@SIM_DRIVERS.register("adpsgd")
+class GossipDriver:
+    identical_replicas = False
+    asynchronous = True
+
+    @classmethod
+    def build(cls, sim: Any):
+        if sim.cfg.algo.get("delay_by_one"):
+            return DelayByOneDriver(sim)
+        return cls(sim)
+
+    def __init__(self, sim: Any):
+        self.sim = sim
+        self.n = n = sim.n
+        cfg = sim.cfg
+        size = sim.procs_per_node if cfg.algo.name == "hadpsgd" else 1
+        size = min(size, n)
+        self.model_count = count = -(-n // size)
+        self.members = [list(range(s * size, min(n, (s + 1) * size))) for s in range(count)]
+        self.node_of_rank = np.repeat(np.arange(count), size)[:n]
+        self.peers = passive_peers(ADPSGD.topology(cfg), count) if count > 1 else {}
+        self.next_peer = {a: peer_schedule(cfg.algo.pattern, listed, cfg.seed, a)
+                          for a, listed in self.peers.items()}
+        self.replay = cfg.launcher.get("replay")
+
+    def setup(self) -> None:
+        sim, count = self.sim, self.model_count
+        self.executor = TraceExecutor(sim, self.members)
+        self.ops: list[list[list]] = [[] for _ in range(count)]
+        self.queue = EventQueue()
+        nodes = int(sim.cluster.node_of(self.n - 1)) + 1
+        self.nic = [SharedChannel(self.queue, sim.cluster.link(0, sim.procs_per_node))
+                    if nodes > 1 else None for _ in range(nodes)]
+        self.steps = np.zeros(count, dtype=int)
+        self.version = np.zeros(count, dtype=int)  # merges into x: staleness is counted in it
+        self.read_version = np.zeros(count, dtype=int)
+        self.staleness: list[list[int]] = [[] for _ in range(count)]
+        self.exchanges = np.zeros(count, dtype=int)
+        self.pair_count: dict[tuple[int, int], int] = {}
+        self.ticks = np.zeros(count, dtype=int)
+        self.gossiping = np.zeros(count, dtype=bool)  # an active with an averaging under way
+        self.serving = np.zeros(count, dtype=bool)
+        self.waiting_requests: list[deque] = [deque() for _ in range(count)]
+        self.in_flight = 0
+        self.stopped = np.zeros(count, dtype=bool)  # finished its step at a milestone
+        self.computing = np.zeros(count, dtype=bool)
+        self.meeting = False
+        self.started = False
+        self.target = 0
+        self.busy_s = np.zeros(count)
+
+    # ---- the engine's interface ----------------------------------------------------------
+    def advance_to(self, target: int) -> None:
+        sim = self.sim
+        if self.replay:
+            self._replay()
+            return
+        self.target = target
+        self.meeting = False
+        now = self.queue.now
+        sim.clocks.wait_until(now, "idle")  # everyone restarts together after a milestone
+        self.stopped[:] = False
+        for s in range(self.model_count):
+            if not self.computing[s]:
+                self._start_step(s)
+        self.queue.run_while(lambda: not self._met())
+        self.executor.run(self.ops)
+
+    def _met(self) -> bool:
+        return (self.meeting and bool(self.stopped.all()) and self.in_flight == 0
+                and not any(self.waiting_requests))
+
+    def finish(self) -> None:
+        """Nothing is in flight after a milestone: the models are final."""
+
+    def steps_per_learner(self) -> list[int]:
+        return [int(self.steps[self.node_of_rank[r]]) for r in range(self.n)]
+
+    def digests(self) -> list[tuple[int, str]]:
+        return [(int(self.node_of_rank[r]),
+                 parameter_digest([self.sim.x[self.node_of_rank[r]]])) for r in range(self.n)]
+
+    def stats(self) -> list[dict[str, float]]:
+        out = []
+        for r in range(self.n):
+            s = int(self.node_of_rank[r])
+            stale = self.staleness[s] or [0]
+            out.append({"exchanges": float(self.exchanges[s] + self._served(s)),
+                        "staleness_mean": float(np.mean(stale)),
+                        "staleness_max": float(np.max(stale)),
+                        "gossip_busy_s": float(self.busy_s[s])})
+        return out
+
+    def _served(self, s: int) -> int:
+        if is_active(s):
+            return 0
+        return sum(c for (a, p), c in self.pair_count.items() if p == s)
+
+    # ---- the schedule ----------------------------------------------------------------------
+    def _start_step(self, s: int) -> None:
+        sim = self.sim
+        if self.meeting:
+            self.stopped[s] = True
+            return
+        now = self.queue.now
+        self.ops[s].append([READ])
+        self.read_version[s] = self.version[s]
+        lr = sim.schedule.lr_at(sim.samples)
+        sim.lr = lr
+        members = self.members[s]
+        k = int(self.steps[s])
+        steps = sim.steps_per_epoch
+        counts = [len(sim.data.indices(r, k // steps, k % steps)) for r in members]
+        seconds = np.array([sim.compute_model.step_s(r, k + 1, c, now)
+                            for r, c in zip(members, counts)])
+        slowest = float(seconds.max())
+        node_reduce = (sim.cluster.allreduce_s(members, sim.nbytes)
+                       if len(members) > 1 else 0.0)
+        clocks = sim.clocks
+        for r, c in zip(members, seconds):
+            clocks.t[r] = now + slowest + node_reduce
+            clocks.seconds["compute"][r] += c
+            clocks.seconds["idle"][r] += slowest - c
+            clocks.seconds["comm"][r] += node_reduce
+        self.computing[s] = True
+        self.queue.after(slowest + node_reduce, lambda: self._end_step(s, lr, sum(counts)))
+
+    def _end_step(self, s: int, lr: float, samples: int) -> None:
+        sim = self.sim
+        self.computing[s] = False
+        self.ops[s].append([APPLY, lr])
+        self.staleness[s].append(int(self.version[s] - self.read_version[s]))
+        self.steps[s] += 1
+        if s == 0:
+            sim.step = int(self.steps[0])
+        sim.samples += samples
+        if sim.samples >= self.target:
+            self.meeting = True
+        if s in self.next_peer:
+            self.ticks[s] += 1
+            self._try_gossip(s)
+        self._start_step(s)
+
+    def _try_gossip(self, a: int) -> None:
+        if self.gossiping[a] or self.ticks[a] == 0 or self.meeting:
+            return
+        self.ticks[a] -= 1
+        p = self.next_peer[a](int(self.exchanges[a]))
+        self.exchanges[a] += 1
+        self.gossiping[a] = True
+        self.in_flight += 1
+        if self.serving[p]:
+            self.waiting_requests[p].append(a)
+        else:
+            self._serve(p, a)
+
+    def _serve(self, p: int, a: int) -> None:
+        sim = self.sim
+        self.serving[p] = True
+        k = self.pair_count.get((a, p), 0)
+        self.pair_count[(a, p)] = k + 1
+        key = [a, p, k]
+        self.ops[a].append([SNAP, *key])
+        self.ops[p].append([SNAP, *key])
+        started = self.queue.now
+        ranks = (self.members[a][0], self.members[p][0])
+        nodes = [int(sim.cluster.node_of(r)) for r in ranks]
+        done = lambda: self._exchanged(a, p, key, started)  # noqa: E731
+        if nodes[0] == nodes[1] or self.nic[nodes[0]] is None:
+            self.queue.after(sim.cluster.transfer_s(ranks[0], ranks[1], sim.nbytes), done)
+            return
+        left = [2]
+
+        def one_side() -> None:
+            left[0] -= 1
+            if left[0] == 0:
+                done()
+
+        for node in nodes:
+            self.nic[node].send(sim.nbytes, one_side)
+
+    def _exchanged(self, a: int, p: int, key: list, started: float) -> None:
+        self.ops[a].append([MERGE, *key])
+        self.ops[p].append([MERGE, *key])
+        self.version[a] += 1
+        self.version[p] += 1
+        elapsed = self.queue.now - started
+        self.busy_s[a] += elapsed
+        self.busy_s[p] += elapsed
+        self.gossiping[a] = False
+        self.serving[p] = False
+        self.in_flight -= 1
+        if self.waiting_requests[p]:
+            self._serve(p, self.waiting_requests[p].popleft())
+        self._try_gossip(a)
+
+    # ---- replaying a real run's trace ----------------------------------------------------
+    def _replay(self) -> None:
+        sim = self.sim
+        if self.started:
+            return
+        self.started = True
+        ops = read_traces(self.replay, self.model_count)
+        self.steps = np.array([sum(1 for op in seq if op[0] == APPLY) for seq in ops])
+        self.version = np.array([sum(1 for op in seq if op[0] == MERGE) for seq in ops])
+        self.executor.run(ops)
+        sim.samples = max(self.executor.samples, sim.milestones.budget)
+        sim.step = int(self.steps[0])

@@ -1,0 +1,67 @@
+"""Every learner's virtual clock and where its seconds went (compute, comm, idle).
+
+A learner's time advances by what it does (compute, a transfer it cannot hide) and by waiting:
+for a slower peer (idle) or for bytes on the wire (comm). The split is the one real ranks
+report (runner/timers.py), in seconds of the modelled cluster.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+KINDS = ("compute", "comm", "idle")
+
+
+class Clocks:
+    def __init__(self, n: int, cluster):
+        self.n, self.cluster = n, cluster
+        self.t = np.zeros(n)
+        self.seconds = {kind: np.zeros(n) for kind in KINDS}
+
+    def advance(self, seconds: np.ndarray | float, kind: str) -> None:
+        """Every learner spends ``seconds`` (one per learner, or one for all) on ``kind``."""
+        seconds = np.broadcast_to(np.asarray(seconds, dtype=float), (self.n,))
+        self.t += seconds
+        self.seconds[kind] += seconds
+
+    def wait_until(self, target: np.ndarray | float, kind: str) -> None:
+        """Learners behind ``target`` wait for it, counting the wait as ``kind``."""
+        target = np.broadcast_to(np.asarray(target, dtype=float), (self.n,))
+        wait = np.maximum(0.0, target - self.t)
+        self.t += wait
+        self.seconds[kind] += wait
+
+    def receive(self, peers: Sequence[Sequence[int]], sent_at: np.ndarray,
+                nbytes: float) -> None:
+        """Learner ``i`` needs one message of ``nbytes`` from each of ``peers[i]``, sent at
+        ``sent_at[j]``. A sender's messages leave together and share its interface, so each
+        takes ``alpha + d_j M / B`` for ``d_j`` messages. Waiting for a sender that has not
+        sent yet is idle; waiting for the bytes is comm."""
+        out_degree = np.zeros(self.n, dtype=int)
+        for listed in peers:
+            for j in listed:
+                out_degree[j] += 1
+        latest_send = np.zeros(self.n)
+        arrival = np.zeros(self.n)
+        for i, listed in enumerate(peers):
+            latest_send[i], arrival[i] = self.t[i], self.t[i]
+            for j in listed:
+                at = sent_at[j] + self.cluster.transfer_s(j, i, nbytes * out_degree[j])
+                if at > arrival[i]:
+                    latest_send[i], arrival[i] = sent_at[j], at
+        self.wait_until(latest_send, "idle")
+        self.wait_until(arrival, "comm")
+
+    def now(self) -> float:
+        """The virtual time of the whole run so far: the last learner's clock."""
+        return float(self.t.max())
+
+    def state_dict(self) -> dict:
+        return {"t": self.t.copy(), **{k: v.copy() for k, v in self.seconds.items()}}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.t = np.asarray(state["t"], dtype=float).copy()
+        for kind in KINDS:
+            self.seconds[kind] = np.asarray(state[kind], dtype=float).copy()

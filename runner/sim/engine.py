@@ -1,0 +1,291 @@
+"""One simulated run: N learners in this process, in the virtual time of a modelled cluster.
+
+The run is built from the same parts as a real rank's (runner/trainer.py): the recipe's
+datasets, model and metric; the shards (runner/data.py: learner i reads exactly the batches
+rank i would); the learning-rate schedule and the milestones in global samples; the evaluator
+(averaged model and learner 0's own); the run log (TensorBoard, metrics.jsonl, summary.json)
+and ``checkpoints/final_rank0.pt``. What differs is who runs the algorithm: a driver over the
+stacked models (runner/sim/lockstep.py, runner/sim/asynchronous.py) calling the algorithm's own
+rule functions, and clocks in virtual seconds (runner/sim/clocks.py, runner/sim/cluster.py).
+``wall_s`` and the time split are seconds on the modelled cluster; ``host_s`` is what the
+simulation took here.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any, TextIO
+
+import numpy as np
+import torch
+from omegaconf import DictConfig
+
+from recipes import RECIPES
+
+from ..checkpointer import Checkpointer
+from ..comm.communicator import Communicator
+from ..comm.world import World, mpi
+from ..compute_path import ComputePath
+from ..data import ShardedBatches
+from ..errors import ConfigError, UserError
+from ..evaluation import Evaluator
+from ..lr_schedule import LRSchedule
+from ..nonfinite import nonfinite_error
+from ..run_log import ProgressBar, RunLog, build_summary
+from ..run_milestones import CHECKPOINT, EVALUATE, Milestones
+from ..trainer import seed_everything
+from . import asynchronous, lockstep  # noqa: F401 - they register their drivers
+from .clocks import Clocks
+from .cluster import ClusterModel, ComputeModel, resolved
+from .learners import StackedLearners, StackedSGD
+from .registry import SIM_DRIVERS
+
+log = logging.getLogger("adpsgd")
+
+
+class SimData:
+    """Learner i's batch at step k of its epoch e: the batch rank i of n would read."""
+
+    def __init__(self, dataset: Any, recipe: Any, compute: ComputePath, n: int,
+                 batch_size: int, seed: int):
+        self.dataset, self.recipe, self.compute = dataset, recipe, compute
+        self.shards = ShardedBatches(len(dataset), 0, n, batch_size, seed)
+        self.tensors = getattr(dataset, "tensors", None)  # TensorDataset: index directly
+        self._orders: OrderedDict[int, np.ndarray] = OrderedDict()
+
+    def _order(self, epoch: int) -> np.ndarray:
+        if epoch not in self._orders:
+            self._orders[epoch] = self.shards.order(epoch)
+            while len(self._orders) > 4:
+                self._orders.popitem(last=False)
+        return self._orders[epoch]
+
+    def indices(self, learner: int, epoch: int, k: int) -> np.ndarray:
+        shard = self._order(epoch)[learner::self.shards.size]
+        b = self.shards.batch_size
+        return shard[k * b:(k + 1) * b]
+
+    def batch(self, learner: int, epoch: int, k: int) -> tuple[Any, int]:
+        """(the batch on the model's device and dtype, its size); (None, 0) when empty."""
+        idx = self.indices(learner, epoch, k)
+        if len(idx) == 0:
+            return None, 0
+        if self.tensors is not None:
+            host = tuple(t[torch.from_numpy(idx)] for t in self.tensors)
+        else:
+            host = self.recipe.collate([self.dataset[int(i)] for i in idx])
+        return self.compute.batch(self.recipe, host), len(idx)
+
+
+def build_driver(sim: Any):
+    """The driver for ``sim.cfg.algo`` (a driver's ``build`` may pick a variant)."""
+    name = sim.cfg.algo.name
+    if name not in SIM_DRIVERS:
+        raise ConfigError("algo", f"launcher=sim has no model of algo={name}",
+                          f"use one of {', '.join(SIM_DRIVERS.names())} (or launcher=local)")
+    return SIM_DRIVERS.get(name).build(sim)
+
+
+class Simulation:
+    def __init__(self, cfg: DictConfig, run_dir: str | Path,
+                 progress_stream: TextIO | None = None):
+        self.cfg, self.run_dir = cfg, Path(run_dir)
+        self.progress_stream = progress_stream
+        self.host_start = time.perf_counter()
+        tcfg, o = cfg.trainer, cfg.optim
+        self.n = cfg.launcher.nprocs
+        self.procs_per_node = cfg.launcher.procs_per_node or cfg.cluster.gpus_per_node or 1
+        self.recipe = RECIPES.get(cfg.recipe.name)(cfg.recipe)
+        self.train_set, eval_set = self.recipe.datasets()
+        if len(eval_set) == 0:
+            raise UserError(f"recipe {cfg.recipe.name}: the held-out set has no samples",
+                            "point the recipe at a non-empty evaluation set")
+        self.dtype = getattr(torch, tcfg.dtype)
+        device = torch.device("cpu")
+        seed_everything(cfg.seed)  # the same initial model as every real rank
+        self.model = self.recipe.build_model().to(device=device, dtype=self.dtype)
+        self.compute = ComputePath.from_config(tcfg, device)
+        self.data = SimData(self.train_set, self.recipe, self.compute, self.n,
+                            tcfg.batch_size, cfg.seed)
+        self.steps_per_epoch = self.data.shards.steps_per_epoch
+        cluster_cfg = resolved(cfg.cluster)
+        self.cluster = ClusterModel(cluster_cfg, self.n, self.procs_per_node)
+        self.compute_model = ComputeModel(cluster_cfg.compute, cfg.recipe.name, self.n,
+                                          cfg.seed, list(cfg.faults.straggler.ranks),
+                                          cfg.faults.straggler.factor)
+        self.clocks = Clocks(self.n, self.cluster)
+        global_batch = self.n * tcfg.batch_size
+        self.schedule = LRSchedule(o, global_batch, len(self.train_set), tcfg.epochs)
+        self.milestones = Milestones(len(self.train_set), tcfg.epochs, global_batch,
+                                     tcfg.eval_every, tcfg.checkpoint_every, None)
+        self.samples = 0  # global samples consumed
+        self.step = 0  # lockstep steps (asynchronous: steps of learner 0)
+        self.losses: list[float] = []
+        self.lr = self.schedule.lr_at(0)
+        self.driver = build_driver(self)
+        self.models = self.driver.model_count  # rows of x: learners, or super learners
+        self.learners = StackedLearners(self.model, self.recipe.loss, self.models)
+        self.x = self.learners.x
+        self.nbytes = self.learners.nbytes
+        self.optimizer = StackedSGD(self.learners, self.model, o.momentum, o.nesterov,
+                                    o.weight_decay, o.no_decay_norm_bias)
+        self.driver.setup()
+        world = World.single()
+        self.comm = Communicator(mpi().COMM_SELF, "mpi", name="self")
+        from ..data import BatchFetcher
+
+        loading = dict(num_workers=0, persistent_workers=False, pin_memory=False)
+        self.evaluator = Evaluator(
+            self.recipe, self.model, list(self.model.parameters()), self.compute, self.comm,
+            BatchFetcher(eval_set, self.recipe.collate, **loading),
+            ShardedBatches(len(eval_set), 0, 1, tcfg.eval_batch_size, cfg.seed, shuffle=False),
+            self.run_dir, True)
+        self.checkpointer = Checkpointer(cfg, self.run_dir, world, self.comm, _NoTimers(),
+                                         progress_stream)
+        self.runlog = RunLog(self.run_dir)
+        self.history: list[dict[str, Any]] = []
+        self.host_eval_s = 0.0
+
+    # ---- what drivers call ---------------------------------------------------------------
+    def gradients(self, models: torch.Tensor, learners, batches: list, counts: list[int]
+                  ) -> torch.Tensor:
+        """Gradients ``[k, P]`` of learners ``learners`` at ``models`` (one row each); their
+        losses feed the logged training loss; a non-finite one ends the run as on a rank."""
+        learners = list(learners)
+        grads, losses = self.learners.gradients(models, learners, batches, counts)
+        scored = torch.tensor([c > 0 for c in counts], dtype=torch.bool)
+        if bool(scored.any()):
+            if not bool(torch.isfinite(losses[scored]).all()):
+                bad = [learners[j] for j in range(len(learners))
+                       if counts[j] and not bool(torch.isfinite(losses[j]))]
+                raise nonfinite_error("non-finite training loss", self.step, bad, None)
+            self.losses.append(float(losses[scored].mean()))
+        return grads
+
+    def apply_update(self, rows: torch.Tensor | None, grads: torch.Tensor, lr: torch.Tensor,
+                     decay_at: torch.Tensor | None = None) -> None:
+        clip = self.cfg.optim.clip_grad_norm
+        if clip:  # per learner, as torch.nn.utils.clip_grad_norm_ on each rank
+            norms = grads.norm(dim=1, keepdim=True)
+            grads = grads * torch.clamp(clip / (norms + 1e-6), max=1.0)
+        self.optimizer.step(self.x, rows, grads, lr, decay_at)
+
+    def compute_seconds(self, step: int, counts: list[int],
+                        learners: list[int] | None = None) -> np.ndarray:
+        learners = range(self.n) if learners is None else learners
+        return np.array([self.compute_model.step_s(i, step, counts[j], float(self.clocks.t[i]))
+                         for j, i in enumerate(learners)])
+
+    def batches(self, epoch: int, k: int, learners: list[int] | None = None
+                ) -> tuple[list, list[int]]:
+        learners = range(self.n) if learners is None else learners
+        pairs = [self.data.batch(i, epoch, k) for i in learners]
+        return [b for b, _ in pairs], [c for _, c in pairs]
+
+    # ---- the run -------------------------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        shown = self.cfg.trainer.progress
+        self.progress = ProgressBar(self.progress_stream if shown else None,
+                                    self.milestones.budget, 0,
+                                    f"{self.cfg.algo.name} x{self.n} (sim)")
+        final_scored = False
+        while not self.milestones.done:
+            target = self.milestones.points[self.milestones.passed].samples
+            self.driver.advance_to(target)
+            self.progress.update(self.samples)
+            self.log_training()
+            while (milestone := self.milestones.due(self.samples)) is not None:
+                if milestone.kind == EVALUATE:
+                    if milestone.final:
+                        self.driver.finish()
+                    if milestone.final or not self.milestones.another_due(EVALUATE,
+                                                                          self.samples):
+                        self.evaluate()
+                        final_scored = final_scored or milestone.final
+                elif milestone.kind == CHECKPOINT:
+                    pass  # the simulator keeps no checkpoints between milestones (yet)
+        if not final_scored:
+            self.driver.finish()
+        self.progress.close()
+        return self.finalize()
+
+    def log_training(self) -> None:
+        if not self.losses:
+            return
+        mean = float(np.mean(self.losses))
+        self.losses = []
+        self.runlog.scalars({"train/loss": mean, "train/lr": self.lr,
+                             "train/virtual_s": self.clocks.now()}, self.step)
+        self.progress.update(self.samples, loss=f"{mean:.4f}", lr=f"{self.lr:.4g}")
+
+    def _fill(self, row: torch.Tensor, buffers: dict[str, torch.Tensor]) -> None:
+        self.learners.load_row(self.model, row)
+        with torch.no_grad():
+            for name, b in self.model.named_buffers():
+                b.copy_(buffers[name].to(b.dtype) if b.is_floating_point()
+                        else buffers[name][0])
+
+    def evaluate(self) -> None:
+        started = time.perf_counter()
+        final = self.milestones.done
+        stacked = self.learners.buffers
+        mean_buffers = {k: (v.mean(0) if v.is_floating_point() else v) for k, v in
+                        stacked.items()}
+        self._fill(self.x.mean(0), mean_buffers)
+        results = self.evaluator.score(True, final)
+        if not self.driver.identical_replicas:
+            self._fill(self.x[0], {k: v[0] if v.is_floating_point() else v
+                                   for k, v in stacked.items()})
+            results["eval_rank0"] = self.evaluator.score(True, False)["eval"]
+        consensus = float((self.x - self.x.mean(0)).double().pow(2).sum()) / self.models
+        epoch = self.samples / len(self.train_set)
+        where = {"epoch": round(epoch, 4), "step": self.step, "samples": self.samples,
+                 "wall_s": round(self.clocks.now(), 3), "lr": self.lr}
+        reports = self.rank_reports()
+        shown = reports if self.n <= 16 else []  # per-learner TensorBoard cards stay readable
+        self.history += self.runlog.record_evaluation(results, consensus, shown, where,
+                                                      self.evaluator.examples)
+        log.info("eval at epoch %.2f (virtual %.1f s): %s", epoch, self.clocks.now(),
+                 {s: {k: round(v, 4) for k, v in m.items()} for s, m in results.items()})
+        self.host_eval_s += time.perf_counter() - started
+
+    def rank_reports(self) -> list[dict[str, Any]]:
+        stats = self.driver.stats()
+        steps = self.driver.steps_per_learner()
+        return [{"time": {**{k: float(v[i]) for k, v in self.clocks.seconds.items()},
+                          "data": 0.0, "eval": 0.0},
+                 "algo": stats[i], "steps": int(steps[i]), "skipped_batches": 0,
+                 "milestones": 0} for i in range(self.n)]
+
+    def finalize(self) -> dict[str, Any]:
+        self._fill(self.x[0], {k: v[0] for k, v in self.learners.buffers.items()})
+        self.checkpointer.save_final(self.model, self.step)
+        digests = self.driver.digests()
+        host_s = time.perf_counter() - self.host_start
+        run = {"steps": self.step, "samples": int(self.samples), "train_s": self.clocks.now(),
+               "wall_s": self.clocks.now(), "checkpoint": None, "resumed_from": None}
+        world = World(rank=0, size=self.n, local_rank=0, local_size=self.procs_per_node,
+                      node=0, num_nodes=-(-self.n // self.procs_per_node))
+        summary = build_summary("completed", self.cfg, world, run, self.history,
+                                self.rank_reports(), digests, self.recipe,
+                                [self.recipe.rank_report()])
+        summary.update({"launcher": "sim", "cluster": self.cfg.cluster.name,
+                        "virtual_s": self.clocks.now(), "host_s": host_s,
+                        "host_eval_s": self.host_eval_s,
+                        "learner_steps_per_host_s": float(
+                            sum(self.driver.steps_per_learner())) / max(host_s, 1e-9)})
+        self.runlog.finish(summary, self.cfg, self.n)
+        self.comm.close()
+        return summary
+
+
+class _NoTimers:
+    """The checkpointer's timers: the simulator accounts virtual time itself."""
+
+    def time(self, name: str):
+        import contextlib
+
+        return contextlib.nullcontext()

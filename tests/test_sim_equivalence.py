@@ -1,0 +1,57 @@
+"""launcher=sim runs the algorithms' own rules: at n=4 (float64, the same seed) every lockstep
+algorithm ends with the real ranks' model, and AD-PSGD/H-ADPSGD replaying a real run's
+recorded operations (algo.record_trace=true, launcher.replay) end with its model, to 1e-10."""
+
+import sys
+
+import pytest
+import torch
+
+from conftest import MPI_SCRIPTS, case_report, run_mpi_cases
+
+COMMON = ["launcher.nprocs=4", "launcher.procs_per_node=2", "trainer.epochs=1",
+          "trainer.dtype=float64", "trainer.batch_size=16", "optim.weight_decay=1e-4"]
+CASES = {
+    "ssgd": ["algo=ssgd"],
+    "dpsgd_ring": ["algo=dpsgd", "topology=ring"],
+    "dpsgd_random_ring": ["algo=dpsgd", "topology=random_ring"],
+    "dpsgd_exponential": ["algo=dpsgd", "topology=exponential"],
+    "local_sgd": ["algo=local_sgd", "algo.period=3"],
+    "dasgd": ["algo=dasgd"],
+    "delay_by_one": ["algo=adpsgd", "algo.delay_by_one=true"],
+    "adpsgd": ["algo=adpsgd", "algo.record_trace=true", "faults.delay_s=0.003"],
+    "hadpsgd": ["algo=hadpsgd", "algo.record_trace=true", "faults.delay_s=0.003"],
+}
+
+
+@pytest.fixture(scope="module")
+def real_runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("sim_eq")
+    lines = run_mpi_cases(4, "sim_equivalence.py", root,
+                          {name: [*COMMON, *o] for name, o in CASES.items()}, timeout=600)
+    return root, lines
+
+
+def simulate(overrides: list[str], run_dir) -> dict:
+    sys.path.insert(0, str(MPI_SCRIPTS))
+    from runner.sim.engine import Simulation
+
+    from harness import compose_config
+
+    Simulation(compose_config(overrides), run_dir).run()
+    return torch.load(run_dir / "checkpoints" / "final_rank0.pt", weights_only=False)["model"]
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_simulated_model_equals_the_real_one(real_runs, case, tmp_path):
+    root, lines = real_runs
+    case_report(lines, case, 4)
+    real = torch.load(root / case / "checkpoints" / "final_rank0.pt",
+                      weights_only=False)["model"]
+    overrides = [*COMMON, *CASES[case], "launcher=sim", "launcher.nprocs=4",
+                 "launcher.procs_per_node=2"]
+    if "algo.record_trace=true" in overrides:  # replay the real run's operations
+        overrides += [f"launcher.replay={root / case / 'trace'}"]
+    simulated = simulate(overrides, tmp_path / "sim")
+    worst = max(float((real[k] - simulated[k]).abs().max()) for k in real)
+    assert worst <= 1e-10, f"{case}: the simulated model differs by {worst:.3g}"

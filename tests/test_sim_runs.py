@@ -1,0 +1,74 @@
+"""launcher=sim from the command line: 64-learner AD-PSGD and H-ADPSGD runs leave the run dir
+real ranks leave (metrics.jsonl, summary.json with every learner's steps and time split,
+TensorBoard events, the final model), in modelled seconds; mistakes end with one line."""
+
+import json
+import subprocess
+
+import pytest
+
+from conftest import BIN, read_run, run_cli
+
+SIXTY_FOUR = ["recipe=digit_images", "launcher=sim", "launcher.nprocs=64", "trainer.epochs=3",
+              "trainer.batch_size=4", "optim.lr=0.05", "optim.scaling=none",
+              "cluster=v100_16x4_ethernet"]
+
+
+@pytest.mark.parametrize("algo", ["adpsgd", "hadpsgd"])
+def test_sixty_four_learners_train_in_one_process(algo, tmp_path):
+    run_dir = tmp_path / algo
+    extra = ["launcher.procs_per_node=4"] if algo == "hadpsgd" else []
+    proc = run_cli([*SIXTY_FOUR, f"algo={algo}", *extra, f"hydra.run.dir={run_dir}"],
+                   cwd=tmp_path, timeout=120)
+    assert "64 rank(s)" in proc.stdout
+    metrics, summary = read_run(run_dir)
+    assert summary["status"] == "completed" and summary["launcher"] == "sim"
+    assert summary["nprocs"] == 64 and len(summary["steps_per_rank"]) == 64
+    assert min(summary["steps_per_rank"]) >= 15  # ~19 steps of 256 samples in 3 epochs
+    assert summary["top1"] > 50, summary["final"]  # it learns (chance is 10)
+    # Modelled seconds: the split adds up to each learner's clock, the run's wall time.
+    for times in summary["per_rank"]:
+        spent = times["compute"] + times["comm"] + times["idle"]
+        assert spent == pytest.approx(summary["wall_s"], rel=0.05)
+    assert summary["compute_s"] > 0 and summary["host_s"] > 0
+    stats = summary["algo_stats"]
+    assert len(stats["staleness_mean"]) == 64 and max(stats["exchanges"]) > 0
+    if algo == "hadpsgd":  # 16 super learners of 4 ranks: one model per node
+        assert summary["node_replicas_identical"] and not summary["replicas_identical"]
+        assert summary["comm_s"] > 0  # the node allreduce of every step
+    evals = [m for m in metrics if m["split"] == "eval"]
+    assert [round(m["epoch"]) for m in evals] == [1, 2, 3]
+    assert all(m["wall_s"] <= summary["wall_s"] + 1e-9 for m in evals)
+    assert (run_dir / "checkpoints" / "final_rank0.pt").exists()
+    assert list((run_dir / "tb").glob("events.out.tfevents.*"))
+    # adpsgd-report reads it as it reads a real run's dir.
+    report = subprocess.run([str(BIN / "adpsgd-report"), str(run_dir), "--out",
+                             str(tmp_path / "report")], capture_output=True, text=True,
+                            timeout=120)
+    assert report.returncode == 0, report.stderr
+    assert algo in (tmp_path / "report" / "table.md").read_text()
+
+
+@pytest.mark.parametrize("override, named", [
+    (["cluster=v100_16x4_etherne"], "cluster"),
+    (["launcher.replay=/nonexistent/trace"], "launcher.replay"),
+    (["launcher.nprocs=65", "algo=ssgd"], "launcher.nprocs"),
+])
+def test_mistakes_end_with_one_line(override, named, tmp_path):
+    proc = run_cli(["recipe=digit_images", "launcher=sim", "launcher.nprocs=8", *override,
+                    f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path, check=False, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and named in lines[0], proc.stderr
+    assert not (tmp_path / "run" / "summary.json").exists()
+
+
+def test_summary_is_plain_json(tmp_path):
+    """host seconds sit beside the modelled ones, and nothing non-finite reaches the file."""
+    run_dir = tmp_path / "run"
+    run_cli(["recipe=digit_images", "launcher=sim", "launcher.nprocs=8", "algo=dpsgd",
+             "trainer.epochs=1", f"hydra.run.dir={run_dir}"], cwd=tmp_path, timeout=120)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    for key in ("virtual_s", "host_s", "learner_steps_per_host_s", "cluster"):
+        assert key in summary
+    assert summary["wall_s"] == summary["virtual_s"]
