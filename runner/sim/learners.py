@@ -116,12 +116,15 @@ class StackedLearners:
                ) -> tuple[torch.Tensor, torch.Tensor]:
         k = len(learners)
         buffers = {f"model.{name}": b[torch.tensor(learners)] for name, b in self.buffers.items()}
-        stacked = _stack(batches)
+        try:  # learners' batches of padded sequences differ in length: one call each
+            stacked = _stack(batches)
+        except RuntimeError:
+            stacked = None
 
         def loss(params, bufs, batch):
             return functional_call(self._module, (params, bufs), (batch,))
 
-        if self._vmap_ok:
+        if self._vmap_ok and stacked is not None:
             try:
                 g, value = vmap(grad_and_value(loss), randomness="different")(
                     self.views(models), buffers, stacked)
@@ -131,17 +134,31 @@ class StackedLearners:
                 self._vmap_ok = False
                 log.info("simulator: vmap cannot batch this model (%s); one call per learner",
                          str(ex).splitlines()[0][:160])
-        grads, values = [], []
-        for j in range(k):
-            params = {name: t[j] for name, t in self.views(models).items()}
-            bufs = {name: t[j] for name, t in buffers.items()}
-            g, value = grad_and_value(loss)(params, bufs, batches[j])
-            grads.append(self.flat({n: t.unsqueeze(0) for n, t in g.items()}, 1))
-            values.append(value)
-            for name, t in bufs.items():
-                buffers[name][j] = t
+        return self._one_by_one(models, learners, batches, buffers)
+
+    def _one_by_one(self, models: torch.Tensor, learners: list[int], batches: list[Any],
+                    buffers: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Plain autograd, one learner at a time, on the module itself (any model: also one
+        torch.func cannot transform, such as cuDNN/packed LSTMs)."""
+        model, grads, values = self.model, [], []
+        params = list(model.parameters())
+        named_buffers = dict(model.named_buffers())
+        for j in range(len(learners)):
+            self.load_row(model, models[j])
+            with torch.no_grad():
+                for name, b in named_buffers.items():
+                    b.copy_(buffers[f"model.{name}"][j])
+            for p in params:
+                p.grad = None
+            value = self._module(batches[j])
+            value.backward()
+            grads.append(torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p))
+                                    .reshape(-1) for p in params]))
+            values.append(value.detach())
+            for name, b in named_buffers.items():
+                buffers[f"model.{name}"][j] = b
         self._store_buffers(learners, buffers)
-        return torch.cat(grads), torch.stack(values)
+        return torch.stack(grads), torch.stack(values)
 
     def _store_buffers(self, learners: list[int], buffers: dict[str, torch.Tensor]) -> None:
         """Running statistics updated in the forward pass (BatchNorm) go back to their rows."""
