@@ -16,6 +16,7 @@ CASES = {
     "dpsgd_ring": ["algo=dpsgd", "topology=ring"],
     "dpsgd_random_ring": ["algo=dpsgd", "topology=random_ring"],
     "dpsgd_exponential": ["algo=dpsgd", "topology=exponential"],
+    "dpsgd_step_then_average": ["algo=dpsgd", "algo.ordering=step_then_average"],
     "local_sgd": ["algo=local_sgd", "algo.period=3"],
     "dasgd": ["algo=dasgd"],
     "delay_by_one": ["algo=adpsgd", "algo.delay_by_one=true"],
