@@ -72,3 +72,23 @@ def test_summary_is_plain_json(tmp_path):
     for key in ("virtual_s", "host_s", "learner_steps_per_host_s", "cluster"):
         assert key in summary
     assert summary["wall_s"] == summary["virtual_s"]
+
+
+def test_a_damaged_trace_is_refused_with_one_line(tmp_path):
+    from runner.sim.trace import write_trace
+
+    trace = tmp_path / "trace"
+    for index in range(2):
+        write_trace(trace, index, [["read"], ["apply", 0.1], ["snap", 0, 1, 0],
+                                   ["merge", 0, 1, 0]])
+    path = trace / "participant1.jsonl"
+    data = bytearray(path.read_bytes())
+    data[data.index(b"0.1") + 2] ^= 0x01  # 0.1 -> 0.0: still valid JSON, a different run
+    path.write_bytes(bytes(data))
+    proc = run_cli(["recipe=digit_images", "launcher=sim", "launcher.nprocs=2", "algo=adpsgd",
+                    "trainer.epochs=1", f"launcher.replay={trace}",
+                    f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path, check=False,
+                   timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "participant1.jsonl is damaged" in lines[0], proc.stderr

@@ -22,6 +22,7 @@ read snapshots, which are fixed once taken).
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -137,11 +138,13 @@ class TraceExecutor:
 
 
 def write_trace(directory: Path, index: int, ops: list[list]) -> Path:
+    """One participant's operations, a JSON array per line, and a last line with the SHA-256
+    of the lines before it (a damaged file is refused, not replayed differently)."""
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / TRACE_NAME.format(index=index)
-    with open(path, "w") as f:
-        for op in ops:
-            f.write(json.dumps(op) + "\n")
+    body = "".join(json.dumps(op) + "\n" for op in ops)
+    digest = hashlib.sha256(body.encode()).hexdigest()
+    path.write_text(body + json.dumps({"sha256": digest}) + "\n")
     return path
 
 
@@ -157,7 +160,14 @@ def read_traces(directory: str | Path, participants: int) -> list[list[list]]:
                             "replay with the recording run's launcher.nprocs and "
                             "procs_per_node")
         try:
-            ops.append([json.loads(line) for line in path.read_text().splitlines() if line])
-        except (ValueError, UnicodeDecodeError) as ex:
-            raise UserError(f"{path} is damaged ({ex})", "record the trace again") from None
+            lines = path.read_text().splitlines(keepends=True)
+            body, trailer = "".join(lines[:-1]), json.loads(lines[-1]) if lines else {}
+            intact = hashlib.sha256(body.encode()).hexdigest() == trailer.get("sha256")
+            if intact:
+                ops.append([json.loads(line) for line in lines[:-1]])
+        except (ValueError, UnicodeDecodeError, AttributeError):
+            intact = False
+        if not intact:
+            raise UserError(f"{path} is damaged or incomplete (its checksum does not match)",
+                            "record the trace again (algo.record_trace=true)")
     return ops
