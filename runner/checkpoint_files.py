@@ -144,6 +144,13 @@ def check_compatible(checkpoint: Checkpoint, cfg: Mapping[str, Any], averaged: b
                           f"launcher.nprocs={checkpoint.nprocs}, or resume_averaged=true to "
                           f"start every rank from the average of its {checkpoint.nprocs} models")
     theirs, ours = _flat(checkpoint.config), _flat(cfg)
+    simulated = theirs.get("launcher.name") == "sim"
+    if simulated != (ours.get("launcher.name") == "sim"):  # one file of every learner, or not
+        written = "launcher=sim" if simulated else f"launcher={theirs.get('launcher.name')}"
+        raise ConfigError("resume", f"checkpoint {checkpoint.path} was written with {written}, "
+                          f"this job has launcher={ours.get('launcher.name')}",
+                          f"resume with {written}, or start a new run dir (hydra.run.dir="
+                          "NEW_DIR)")
     keys = ("recipe",) if averaged else IDENTITY_KEYS
     # Group choices (algo.name...) first: another algorithm's options differ as a consequence.
     for key in sorted((k for k in set(theirs) | set(ours)

@@ -92,3 +92,42 @@ def test_a_damaged_trace_is_refused_with_one_line(tmp_path):
     assert proc.returncode == 2, proc.stderr
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "participant1.jsonl is damaged" in lines[0], proc.stderr
+
+
+@pytest.mark.parametrize("algo", [["algo=adpsgd"], ["algo=dasgd"]])
+def test_a_resumed_simulation_ends_where_the_uninterrupted_one_does(algo, tmp_path):
+    import sys
+
+    import torch
+
+    from conftest import MPI_SCRIPTS
+
+    sys.path.insert(0, str(MPI_SCRIPTS))
+    from runner.checkpoint_files import complete_checkpoints
+    from runner.sim.engine import Simulation
+
+    from harness import compose_config
+
+    base = ["launcher=sim", "launcher.nprocs=8", "trainer.epochs=3", "trainer.batch_size=8",
+            "trainer.dtype=float64", "cluster=p100_128", "trainer.keep_checkpoints=3", *algo]
+    run_dir = tmp_path / "run"
+    whole = Simulation(compose_config(base), run_dir).run()
+    final = torch.load(run_dir / "checkpoints" / "final_rank0.pt", weights_only=False)
+    first = complete_checkpoints(run_dir)[0]  # after epoch 1: continue from there
+    resumed = Simulation(compose_config([*base, f"resume={first.path}"]), run_dir).run()
+    again = torch.load(run_dir / "checkpoints" / "final_rank0.pt", weights_only=False)
+    assert all(torch.equal(final["model"][k], again["model"][k]) for k in final["model"])
+    assert resumed["wall_s"] == whole["wall_s"]
+    assert resumed["steps_per_rank"] == whole["steps_per_rank"]
+    assert resumed["resumed_from"] == str(first.path)
+    metrics, _ = read_run(run_dir)
+    splits = 1 if whole["replicas_identical"] else 2  # eval, and eval_rank0 when they differ
+    assert [round(m["epoch"]) for m in metrics] == [e for e in (1, 2, 3) for _ in range(splits)]
+    # A simulated run's checkpoint is not for real ranks (and the reverse): one line.
+    proc = run_cli(["recipe=digit_images", *algo, "launcher.nprocs=8", "trainer.epochs=3",
+                    "trainer.batch_size=8", "trainer.dtype=float64", "resume=auto",
+                    f"hydra.run.dir={run_dir}"], cwd=tmp_path, check=False, timeout=120)
+    assert proc.returncode == 2
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "launcher=sim" in lines[0], proc.stderr
+

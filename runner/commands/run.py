@@ -141,7 +141,8 @@ def run_job(cfg: DictConfig) -> None:
     try:
         from recipes import RECIPES
 
-        RECIPES.get(typed.recipe.name)(typed.recipe).prepare()  # caches, before ranks start
+        if not typed.launcher.get("timing_only"):  # caches, before ranks start
+            RECIPES.get(typed.recipe.name)(typed.recipe).prepare()
     except UserError as ex:
         print(f"adpsgd-run: error: {ex}", file=sys.stderr)
         raise SystemExit(2) from None

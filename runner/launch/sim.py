@@ -4,12 +4,13 @@
 from __future__ import annotations
 
 import logging
+import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from ..errors import EXIT_STOPPED, UserError
+from ..errors import EXIT_STOPPED, DiskFull, UserError, disk_full
 from ..schema import require
 from .base import Launcher, LauncherConfig
 from .registry import LAUNCHERS
@@ -26,11 +27,30 @@ class SimConfig(LauncherConfig):
     # a real adpsgd/hadpsgd run's exchange trace (RUN_DIR/trace, recorded with
     # algo.record_trace=true) to replay instead of the modelled schedule
     replay: Optional[str] = None
+    # No data and no learning: the schedule of the run for a model of model_bytes and an epoch
+    # of samples_per_epoch, projected in seconds of host time (runner/sim/timing.py)
+    timing_only: bool = False
+    model_bytes: Optional[float] = None  # null: the recipe's model's parameters (trainer.dtype)
+    # null: the recipe's (imagenet: 1,281,167 images; swb2000: 2,000 h in utterances of 4 s;
+    # the others: their training set; runner/sim/timing.py, SAMPLES_PER_EPOCH)
+    samples_per_epoch: Optional[int] = None
 
     def check(self, prefix, cfg):
         super().check(prefix, cfg)
         require(self.nprocs <= 4096, f"{prefix}.nprocs", f"the simulator runs at most 4096 "
                 f"learners, got {self.nprocs}", f"{prefix}.nprocs=1024")
+        require(self.model_bytes is None or self.model_bytes > 0, f"{prefix}.model_bytes",
+                f"must be > 0 (or null: the recipe's model), got {self.model_bytes}",
+                f"{prefix}.model_bytes=1.0e8")
+        require(self.samples_per_epoch is None or self.samples_per_epoch >= 1,
+                f"{prefix}.samples_per_epoch", f"must be >= 1 (or null: the recipe's), got "
+                f"{self.samples_per_epoch}", f"{prefix}.samples_per_epoch=1281167")
+        require(not (self.timing_only and self.replay), f"{prefix}.replay",
+                "a timing-only run has no models to replay a trace on",
+                f"{prefix}.replay=null (or {prefix}.timing_only=false)")
+        require(not cfg.resume_averaged, "resume_averaged", "a simulated run resumes with "
+                "every learner's own state (the simulator keeps them all)",
+                "resume_averaged=false")
         if self.replay is not None:
             require(Path(self.replay).is_dir(), f"{prefix}.replay",
                     f"{self.replay} is not a directory", f"{prefix}.replay=RUN_DIR/trace")
@@ -42,6 +62,7 @@ class SimLauncher(Launcher):
 
     def launch(self, run_cfg, run_dir):
         from ..sim.engine import Simulation
+        from ..sim.timing import TimingSimulation
 
         run_dir = Path(run_dir)
         (run_dir / "logs").mkdir(parents=True, exist_ok=True)
@@ -51,14 +72,27 @@ class SimLauncher(Launcher):
         logger.setLevel(logging.INFO)
         logger.addHandler(handler)
         try:
-            Simulation(run_cfg, run_dir, progress_stream=sys.stderr).run()
-        except KeyboardInterrupt:
-            print("adpsgd-run: simulation stopped by Ctrl-C (nothing to resume: the simulator "
-                  "keeps no checkpoints)", file=sys.stderr, flush=True)
+            simulation = TimingSimulation if run_cfg.launcher.timing_only else Simulation
+            simulation(run_cfg, run_dir, progress_stream=sys.stderr).run()
+        except KeyboardInterrupt:  # adpsgd-run says it in one line (nothing to resume)
             return EXIT_STOPPED
-        except UserError:
-            raise
+        except (OSError, RuntimeError) as ex:  # torch.save reports a full disk as either
+            full = disk_full(ex, run_dir)
+            if full is None and isinstance(ex, RuntimeError) and _nearly_full(run_dir):
+                full = DiskFull(None, run_dir)
+            if full is None:
+                raise
+            raise UserError(full.cause, "free space there or give the run a disk with room "
+                            "(hydra.run.dir=...), then run it again (a simulation starts "
+                            "over)") from None
         finally:
             logger.removeHandler(handler)
             handler.close()
         return 0
+
+
+def _nearly_full(run_dir: Path) -> bool:
+    try:
+        return shutil.disk_usage(run_dir).free < 2**20
+    except OSError:
+        return False

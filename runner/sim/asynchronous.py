@@ -25,6 +25,7 @@ from collections import deque
 from typing import Any
 
 import numpy as np
+import torch
 
 from ..algos.adpsgd import ADPSGD
 from ..comm.buffers import parameter_digest
@@ -232,6 +233,28 @@ class GossipDriver:
         if self.waiting_requests[p]:
             self._serve(p, self.waiting_requests[p].popleft())
         self._try_gossip(a)
+
+    # ---- checkpoints (taken at milestones: nothing is in flight) ---------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {"now": self.queue.now, "steps": torch.from_numpy(self.steps.copy()),
+                "version": torch.from_numpy(self.version.copy()),
+                "staleness": self.staleness, "exchanges": torch.from_numpy(self.exchanges),
+                "pairs": [[a, p, c] for (a, p), c in self.pair_count.items()],
+                "ticks": torch.from_numpy(self.ticks.copy()),
+                "busy_s": torch.from_numpy(self.busy_s.copy()),
+                "replica": self.executor.replica, "rank_steps": self.executor.rank_steps,
+                "executed_samples": self.executor.samples}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.queue.now = float(state["now"])
+        for key in ("steps", "version", "exchanges", "ticks", "busy_s"):
+            setattr(self, key, state[key].numpy().copy())
+        self.read_version = self.version.copy()
+        self.staleness = [list(s) for s in state["staleness"]]
+        self.pair_count = {(a, p): c for a, p, c in state["pairs"]}
+        self.executor.replica.copy_(state["replica"])
+        self.executor.rank_steps = list(state["rank_steps"])
+        self.executor.samples = int(state["executed_samples"])
 
     # ---- replaying a real run's trace ----------------------------------------------------
     def _replay(self) -> None:

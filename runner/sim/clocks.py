@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+import torch
 
 KINDS = ("compute", "comm", "idle")
 
@@ -59,9 +60,11 @@ class Clocks:
         return float(self.t.max())
 
     def state_dict(self) -> dict:
-        return {"t": self.t.copy(), **{k: v.copy() for k, v in self.seconds.items()}}
+        """Tensors (checkpoints load with weights_only, which takes no numpy arrays)."""
+        return {"t": torch.from_numpy(self.t.copy()),
+                **{k: torch.from_numpy(v.copy()) for k, v in self.seconds.items()}}
 
     def load_state_dict(self, state: dict) -> None:
-        self.t = np.asarray(state["t"], dtype=float).copy()
+        self.t = state["t"].numpy().copy()
         for kind in KINDS:
-            self.seconds[kind] = np.asarray(state[kind], dtype=float).copy()
+            self.seconds[kind] = state[kind].numpy().copy()

@@ -133,7 +133,6 @@ class Simulation:
         self.optimizer = StackedSGD(self.learners, self.model, o.momentum, o.nesterov,
                                     o.weight_decay, o.no_decay_norm_bias)
         self.driver.setup()
-        world = World.single()
         self.comm = Communicator(mpi().COMM_SELF, "mpi", name="self")
         from ..data import BatchFetcher
 
@@ -143,11 +142,23 @@ class Simulation:
             BatchFetcher(eval_set, self.recipe.collate, **loading),
             ShardedBatches(len(eval_set), 0, 1, tcfg.eval_batch_size, cfg.seed, shuffle=False),
             self.run_dir, True)
-        self.checkpointer = Checkpointer(cfg, self.run_dir, world, self.comm, _NoTimers(),
+        # The whole simulation is one process: its checkpoint is one file (rank0.pt) that
+        # holds every learner, in a checkpoint of the job's launcher.nprocs ranks.
+        self.world = World(rank=0, size=self.n, local_rank=0, local_size=self.procs_per_node,
+                           node=0, num_nodes=-(-self.n // self.procs_per_node))
+        self.checkpointer = Checkpointer(cfg, self.run_dir, self.world, self.comm, _NoTimers(),
                                          progress_stream)
-        self.runlog = RunLog(self.run_dir)
         self.history: list[dict[str, Any]] = []
+        self.host_before = 0.0  # host seconds of the sessions before a resume
         self.host_eval_s = 0.0
+        self.resumed_from, saved = self.checkpointer.resolve()
+        if self.resumed_from:
+            self._restore(saved)
+        # A resumed run continues the same TensorBoard run and metrics.jsonl.
+        self.runlog = RunLog(self.run_dir, purge_step=self.step + 1 if self.resumed_from
+                             else None)
+        if self.resumed_from:
+            self.runlog.rewrite_metrics(self.history)
 
     # ---- what drivers call ---------------------------------------------------------------
     def gradients(self, models: torch.Tensor, learners, batches: list, counts: list[int]
@@ -189,7 +200,7 @@ class Simulation:
     def run(self) -> dict[str, Any]:
         shown = self.cfg.trainer.progress
         self.progress = ProgressBar(self.progress_stream if shown else None,
-                                    self.milestones.budget, 0,
+                                    self.milestones.budget, self.samples,
                                     f"{self.cfg.algo.name} x{self.n} (sim)")
         final_scored = False
         while not self.milestones.done:
@@ -206,11 +217,45 @@ class Simulation:
                         self.evaluate()
                         final_scored = final_scored or milestone.final
                 elif milestone.kind == CHECKPOINT:
-                    pass  # the simulator keeps no checkpoints between milestones (yet)
+                    self.save_checkpoint("scheduled")
         if not final_scored:
             self.driver.finish()
         self.progress.close()
         return self.finalize()
+
+    def save_checkpoint(self, reason: str) -> None:
+        """Every learner's state at a milestone (asynchronous ones have nothing in flight)."""
+        self.checkpointer.save(self.samples, self.step, self.samples / len(self.train_set),
+                               reason, self._state)
+
+    def _state(self) -> dict[str, Any]:
+        return {"simulator": {
+            "x": self.x, "buffers": self.learners.buffers,
+            "optimizer": self.optimizer.state_dict(), "clocks": self.clocks.state_dict(),
+            "driver": self.driver.state_dict(), "samples": self.samples, "step": self.step,
+            "lr": self.lr, "last_milestone": self.milestones.last_passed(),
+            "host_s": self.host_before + time.perf_counter() - self.host_start},
+            "history": self.history}
+
+    def _restore(self, saved: dict[str, Any] | None) -> None:
+        if saved is None or "simulator" not in saved:
+            raise UserError(f"checkpoint {self.resumed_from.path} was written by real ranks, "
+                            "not by the simulator", "resume it with the launcher that wrote "
+                            "it, or start a new run dir (hydra.run.dir=NEW_DIR)")
+        state = saved["simulator"]
+        self.x.copy_(state["x"])
+        for name, value in state["buffers"].items():
+            self.learners.buffers[name].copy_(value)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.clocks.load_state_dict(state["clocks"])
+        self.driver.load_state_dict(state["driver"])
+        self.samples, self.step, self.lr = state["samples"], state["step"], state["lr"]
+        last = state["last_milestone"]
+        self.milestones.resume_after(tuple(last) if last is not None else None)
+        self.history = list(saved.get("history", []))
+        self.host_before = float(state["host_s"])
+        log.info("resumed from %s: step %d, %d samples", self.resumed_from.path, self.step,
+                 self.samples)
 
     def log_training(self) -> None:
         if not self.losses:
@@ -264,12 +309,12 @@ class Simulation:
         self._fill(self.x[0], {k: v[0] for k, v in self.learners.buffers.items()})
         self.checkpointer.save_final(self.model, self.step)
         digests = self.driver.digests()
-        host_s = time.perf_counter() - self.host_start
+        host_s = self.host_before + time.perf_counter() - self.host_start
+        last = self.checkpointer.last
         run = {"steps": self.step, "samples": int(self.samples), "train_s": self.clocks.now(),
-               "wall_s": self.clocks.now(), "checkpoint": None, "resumed_from": None}
-        world = World(rank=0, size=self.n, local_rank=0, local_size=self.procs_per_node,
-                      node=0, num_nodes=-(-self.n // self.procs_per_node))
-        summary = build_summary("completed", self.cfg, world, run, self.history,
+               "wall_s": self.clocks.now(), "checkpoint": str(last) if last else None,
+               "resumed_from": str(self.resumed_from.path) if self.resumed_from else None}
+        summary = build_summary("completed", self.cfg, self.world, run, self.history,
                                 self.rank_reports(), digests, self.recipe,
                                 [self.recipe.rank_report()])
         summary.update({"launcher": "sim", "cluster": self.cfg.cluster.name,

@@ -75,10 +75,11 @@ class LockstepDriver:
         """Complete what is in flight (before the final evaluation)."""
 
     def state_dict(self) -> dict[str, Any]:
-        return {}
+        """What decides this driver's future (subclasses add theirs), for a checkpoint."""
+        return {"position": list(self.position)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        pass
+        self.position = tuple(state["position"])
 
     def step(self, step: int, batches: list, counts: list[int], global_count: int) -> None:
         raise NotImplementedError
@@ -217,9 +218,10 @@ class LocalSGDDriver(SSGDDriver):
         return [{"averagings": self.averagings, "local": local} for _ in range(self.n)]
 
     def state_dict(self):
-        return {"synced": self.synced, "averagings": self.averagings}
+        return {**super().state_dict(), "synced": self.synced, "averagings": self.averagings}
 
     def load_state_dict(self, state):
+        super().load_state_dict(state)
         self.synced, self.averagings = state["synced"], state["averagings"]
 
 
@@ -279,12 +281,13 @@ class DaSGDDriver(LockstepDriver):
         return [{"launches": self.launches, "merges": self.merges} for _ in range(self.n)]
 
     def state_dict(self):
-        return {"launched_at": self.launched_at, "synced": self.synced,
+        return {**super().state_dict(), "launched_at": self.launched_at, "synced": self.synced,
                 "launches": self.launches, "merges": self.merges,
                 "snapshot": self.snapshot, "average": self.average,
                 "reduced_at": self.reduced_at, "reduce_started": self.reduce_started}
 
     def load_state_dict(self, state):
+        super().load_state_dict(state)
         for key in ("launched_at", "synced", "launches", "merges", "snapshot", "average",
                     "reduced_at", "reduce_started"):
             setattr(self, key, state[key])
@@ -318,13 +321,14 @@ class DelayByOneDriver(LockstepDriver):
 
     def state_dict(self):
         if self.previous is None:
-            return {"previous": None}
-        return {"previous": self.previous[0], "sent_at": self.previous[1],
-                "partners": self.previous_partner}
+            return {**super().state_dict(), "previous": None}
+        return {**super().state_dict(), "previous": self.previous[0],
+                "sent_at": torch.from_numpy(self.previous[1]), "partners": self.previous_partner}
 
     def load_state_dict(self, state):
+        super().load_state_dict(state)
         if state["previous"] is None:
             self.previous = None
         else:
-            self.previous = (state["previous"], state["sent_at"])
-            self.previous_partner = state["partners"]
+            self.previous = (state["previous"], state["sent_at"].numpy().copy())
+            self.previous_partner = list(state["partners"])
