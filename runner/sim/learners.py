@@ -96,12 +96,15 @@ class StackedLearners:
         learner ``learners[j]`` on ``batches[j]`` with ``counts[j]`` samples (0: no batch,
         gradient 0, loss NaN). Learners of equal count share vectorized calls."""
         k = len(learners)
-        grads = torch.zeros(k, self.size, dtype=self.dtype)
         losses = torch.full((k,), float("nan"), dtype=torch.float64)
         by_count: dict[int, list[int]] = {}
         for j, c in enumerate(counts):
             if c > 0:
                 by_count.setdefault(int(c), []).append(j)
+        if k <= self.chunk and len(by_count) == 1 and len(next(iter(by_count.values()))) == k:
+            g, loss = self._group(models, list(learners), list(batches))  # the common case
+            return g, loss.detach().double()
+        grads = torch.zeros(k, self.size, dtype=self.dtype)
         for members in by_count.values():
             for start in range(0, len(members), self.chunk):
                 part = members[start:start + self.chunk]
@@ -202,10 +205,10 @@ class StackedSGD:
              lr: torch.Tensor, decay_at: torch.Tensor | None = None) -> None:
         """Update ``x[rows]`` (all rows when None) with ``grads`` (one row per updated row) at
         learning rates ``lr`` (one per updated row)."""
-        d = grads
+        d = grads  # consumed: updated in place (the caller's gradients are scratch)
         if self.decay is not None:
             at = decay_at if decay_at is not None else (x if rows is None else x[rows])
-            d = d + self.decay * at
+            d.addcmul_(self.decay, at)
         if self.buf is not None:
             if rows is None:
                 self.buf.mul_(self.momentum).add_(d)
@@ -213,11 +216,17 @@ class StackedSGD:
             else:
                 buf = self.buf[rows].mul_(self.momentum).add_(d)
                 self.buf[rows] = buf
-            d = d + self.momentum * buf if self.nesterov else buf
-        if rows is None:
-            x.sub_(lr.to(x.dtype).unsqueeze(1) * d)
+            d = d.add_(buf, alpha=self.momentum) if self.nesterov else buf
+        rates = lr.to(x.dtype)
+        if bool((rates == rates[0]).all()):  # one rate (lockstep): a scalar, no [k, P] product
+            if rows is None:
+                x.add_(d, alpha=-float(rates[0]))
+            else:
+                x[rows] = x[rows].add_(d, alpha=-float(rates[0]))
+        elif rows is None:
+            x.sub_(rates.unsqueeze(1) * d)
         else:
-            x[rows] = x[rows] - lr.to(x.dtype).unsqueeze(1) * d
+            x[rows] = x[rows] - rates.unsqueeze(1) * d
 
     def state_dict(self) -> dict[str, Any]:
         return {"momentum_buffer": self.buf}

@@ -66,8 +66,11 @@ class TraceExecutor:
                 break
             done: list[int] = []
             if heads[READ]:
-                index = torch.tensor(heads[READ])
-                self.replica[index] = x[index]
+                if len(heads[READ]) == len(ops):  # everyone: no gather and scatter
+                    self.replica.copy_(x)
+                else:
+                    index = torch.tensor(heads[READ])
+                    self.replica[index] = x[index]
                 done += heads[READ]
             if heads[SNAP]:
                 rows = x[torch.tensor(heads[SNAP])].clone()
@@ -122,8 +125,11 @@ class TraceExecutor:
                 batches.append(batch)
                 counts.append(count)
                 self.rank_steps[r] += 1
-        index = torch.tensor(participants)
-        grads = sim.gradients(self.replica[torch.tensor(rows)], ranks, batches, counts)
+        everyone = len(participants) == len(self.members)
+        index = None if everyone else torch.tensor(participants)  # None: every row in place
+        models = self.replica if everyone and len(ranks) == len(participants) else \
+            self.replica[torch.tensor(rows)]
+        grads = sim.gradients(models, ranks, batches, counts)
         size = len(self.members[participants[0]])
         if size > 1:  # a super learner: the mean over its members of c_l L / C_node g_l
             weights = []
@@ -134,7 +140,7 @@ class TraceExecutor:
             grads = grads.view(len(participants), size, -1).mean(1)
         self.samples += sum(counts)
         sim.apply_update(index, grads, torch.tensor(lrs, dtype=torch.float64),
-                         decay_at=self.replica[index])
+                         decay_at=self.replica if index is None else self.replica[index])
 
 
 def write_trace(directory: Path, index: int, ops: list[list]) -> Path:
