@@ -126,3 +126,15 @@ def test_blstm_full_defaults_are_the_swb2000_shape():
     cfg = bench.recipe_config(args)
     m = cfg.recipe.model
     assert (m.num_layers, m.hidden_size, m.bottleneck, args.batch_size) == (6, 512, 256, 32)
+
+
+def test_simulator_speed(tmp_path):
+    r, rows = run_quick(tmp_path, "bench_sim", "--runs", str(tmp_path / "runs"))
+    assert len(rows) == 4  # ssgd and adpsgd at 16 and 64 learners
+    assert sorted(r["nprocs"]) == ["16", "64"] and positive(r["reference"]["samples_per_s"])
+    for entry in r["nprocs"].values():
+        for case in entry["cases"].values():
+            assert positive(case["learner_steps_per_host_s"]) and case["samples"] > 0
+            assert positive(case["peak_rss_gib_so_far"]) and positive(case["virtual_s"])
+    for algo in ("ssgd", "adpsgd"):
+        assert positive(r["vs_reference"][algo]["ratio"])
