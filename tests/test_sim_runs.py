@@ -2,7 +2,6 @@
 real ranks leave (metrics.jsonl, summary.json with every learner's steps and time split,
 TensorBoard events, the final model), in modelled seconds; mistakes end with one line."""
 
-import json
 import subprocess
 
 import pytest
@@ -31,6 +30,8 @@ def test_sixty_four_learners_train_in_one_process(algo, tmp_path):
         spent = times["compute"] + times["comm"] + times["idle"]
         assert spent == pytest.approx(summary["wall_s"], rel=0.05)
     assert summary["compute_s"] > 0 and summary["host_s"] > 0
+    assert summary["wall_s"] == summary["virtual_s"] and summary["cluster"] == "v100_16x4_ethernet"
+    assert summary["learner_steps_per_host_s"] > 0
     stats = summary["algo_stats"]
     assert len(stats["staleness_mean"]) == 64 and max(stats["exchanges"]) > 0
     if algo == "hadpsgd":  # 16 super learners of 4 ranks: one model per node
@@ -63,17 +64,6 @@ def test_mistakes_end_with_one_line(override, named, tmp_path):
     assert not (tmp_path / "run" / "summary.json").exists()
 
 
-def test_summary_is_plain_json(tmp_path):
-    """host seconds sit beside the modelled ones, and nothing non-finite reaches the file."""
-    run_dir = tmp_path / "run"
-    run_cli(["recipe=digit_images", "launcher=sim", "launcher.nprocs=8", "algo=dpsgd",
-             "trainer.epochs=1", f"hydra.run.dir={run_dir}"], cwd=tmp_path, timeout=120)
-    summary = json.loads((run_dir / "summary.json").read_text())
-    for key in ("virtual_s", "host_s", "learner_steps_per_host_s", "cluster"):
-        assert key in summary
-    assert summary["wall_s"] == summary["virtual_s"]
-
-
 def test_a_damaged_trace_is_refused_with_one_line(tmp_path):
     from runner.sim.trace import write_trace
 
@@ -94,8 +84,7 @@ def test_a_damaged_trace_is_refused_with_one_line(tmp_path):
     assert len(lines) == 1 and "participant1.jsonl is damaged" in lines[0], proc.stderr
 
 
-@pytest.mark.parametrize("algo", [["algo=adpsgd"], ["algo=dasgd"]])
-def test_a_resumed_simulation_ends_where_the_uninterrupted_one_does(algo, tmp_path):
+def test_a_resumed_simulation_ends_where_the_uninterrupted_one_does(tmp_path):
     import sys
 
     import torch
@@ -109,7 +98,8 @@ def test_a_resumed_simulation_ends_where_the_uninterrupted_one_does(algo, tmp_pa
     from harness import compose_config
 
     base = ["launcher=sim", "launcher.nprocs=8", "trainer.epochs=3", "trainer.batch_size=8",
-            "trainer.dtype=float64", "cluster=p100_128", "trainer.keep_checkpoints=3", *algo]
+            "trainer.dtype=float64", "cluster=p100_128", "trainer.keep_checkpoints=3",
+            "algo=adpsgd"]
     run_dir = tmp_path / "run"
     whole = Simulation(compose_config(base), run_dir).run()
     final = torch.load(run_dir / "checkpoints" / "final_rank0.pt", weights_only=False)
@@ -124,7 +114,7 @@ def test_a_resumed_simulation_ends_where_the_uninterrupted_one_does(algo, tmp_pa
     splits = 1 if whole["replicas_identical"] else 2  # eval, and eval_rank0 when they differ
     assert [round(m["epoch"]) for m in metrics] == [e for e in (1, 2, 3) for _ in range(splits)]
     # A simulated run's checkpoint is not for real ranks (and the reverse): one line.
-    proc = run_cli(["recipe=digit_images", *algo, "launcher.nprocs=8", "trainer.epochs=3",
+    proc = run_cli(["recipe=digit_images", "algo=adpsgd", "launcher.nprocs=8", "trainer.epochs=3",
                     "trainer.batch_size=8", "trainer.dtype=float64", "resume=auto",
                     f"hydra.run.dir={run_dir}"], cwd=tmp_path, check=False, timeout=120)
     assert proc.returncode == 2
