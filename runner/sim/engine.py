@@ -21,7 +21,7 @@ from typing import Any, TextIO
 
 import numpy as np
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from recipes import RECIPES
 
@@ -89,13 +89,18 @@ def build_driver(sim: Any):
     return SIM_DRIVERS.get(name).build(sim)
 
 
+def plain(section: Any) -> Any:
+    """A typed config section as its dataclass (attribute reads at Python speed)."""
+    return OmegaConf.to_object(section) if isinstance(section, DictConfig) else section
+
+
 class Simulation:
     def __init__(self, cfg: DictConfig, run_dir: str | Path,
                  progress_stream: TextIO | None = None):
         self.cfg, self.run_dir = cfg, Path(run_dir)
         self.progress_stream = progress_stream
         self.host_start = time.perf_counter()
-        tcfg, o = cfg.trainer, cfg.optim
+        tcfg, o = cfg.trainer, plain(cfg.optim)
         self.n = cfg.launcher.nprocs
         self.procs_per_node = cfg.launcher.procs_per_node or cfg.cluster.gpus_per_node or 1
         self.recipe = RECIPES.get(cfg.recipe.name)(cfg.recipe)
@@ -110,21 +115,7 @@ class Simulation:
         self.compute = ComputePath.from_config(tcfg, device)
         self.data = SimData(self.train_set, self.recipe, self.compute, self.n,
                             tcfg.batch_size, cfg.seed)
-        self.steps_per_epoch = self.data.shards.steps_per_epoch
-        cluster_cfg = resolved(cfg.cluster)
-        self.cluster = ClusterModel(cluster_cfg, self.n, self.procs_per_node)
-        self.compute_model = ComputeModel(cluster_cfg.compute, cfg.recipe.name, self.n,
-                                          cfg.seed, list(cfg.faults.straggler.ranks),
-                                          cfg.faults.straggler.factor)
-        self.clocks = Clocks(self.n, self.cluster)
-        global_batch = self.n * tcfg.batch_size
-        self.schedule = LRSchedule(o, global_batch, len(self.train_set), tcfg.epochs)
-        self.milestones = Milestones(len(self.train_set), tcfg.epochs, global_batch,
-                                     tcfg.eval_every, tcfg.checkpoint_every, None)
-        self.samples = 0  # global samples consumed
-        self.step = 0  # lockstep steps (asynchronous: steps of learner 0)
-        self.losses: list[float] = []
-        self.lr = self.schedule.lr_at(0)
+        self.build_schedule(len(self.train_set))
         self.driver = build_driver(self)
         self.models = self.driver.model_count  # rows of x: learners, or super learners
         self.learners = StackedLearners(self.model, self.recipe.loss, self.models)
@@ -159,6 +150,28 @@ class Simulation:
                              else None)
         if self.resumed_from:
             self.runlog.rewrite_metrics(self.history)
+
+    def build_schedule(self, train_size: int) -> None:
+        """What the drivers' clocks read (shared with the timing-only simulation): the
+        cluster and compute models, the clocks, the learning-rate schedule and the milestones
+        of an epoch of ``train_size`` samples."""
+        cfg, tcfg = self.cfg, self.cfg.trainer
+        self.steps_per_epoch = self.data.shards.steps_per_epoch
+        # Plain dataclasses, not DictConfig: the schedule reads them at every step.
+        cluster_cfg = resolved(plain(cfg.cluster))
+        self.cluster = ClusterModel(cluster_cfg, self.n, self.procs_per_node)
+        self.compute_model = ComputeModel(cluster_cfg.compute, cfg.recipe.name, self.n,
+                                          cfg.seed, list(cfg.faults.straggler.ranks),
+                                          cfg.faults.straggler.factor)
+        self.clocks = Clocks(self.n, self.cluster)
+        global_batch = self.n * tcfg.batch_size
+        self.schedule = LRSchedule(plain(cfg.optim), global_batch, train_size, tcfg.epochs)
+        self.milestones = Milestones(train_size, tcfg.epochs, global_batch, tcfg.eval_every,
+                                     tcfg.checkpoint_every, None)
+        self.samples = 0  # global samples consumed
+        self.step = 0  # lockstep steps (asynchronous: steps of learner 0)
+        self.losses: list[float] = []
+        self.lr = self.schedule.lr_at(0)
 
     # ---- what drivers call ---------------------------------------------------------------
     def gradients(self, models: torch.Tensor, learners, batches: list, counts: list[int]

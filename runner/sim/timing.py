@@ -28,17 +28,15 @@ from typing import Any, TextIO
 
 import numpy as np
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from recipes import RECIPES
 
 from ..data import ShardedBatches
 from ..errors import UserError
-from ..lr_schedule import LRSchedule
 from ..run_log import ProgressBar, write_json_atomic
-from ..run_milestones import EVALUATE, Milestones
-from .clocks import KINDS, Clocks
-from .cluster import ClusterModel, ComputeModel, resolved
+from ..run_milestones import EVALUATE
+from .clocks import KINDS
 from .engine import Simulation, build_driver
 
 # Training samples per epoch when launcher.samples_per_epoch is null, for recipes whose data
@@ -84,11 +82,6 @@ class CountingExecutor:
         for sequence in ops:
             self.operations += len(sequence)
             sequence.clear()
-
-
-def _plain(section: Any) -> Any:
-    """A typed config section as its dataclass (attribute reads at Python speed)."""
-    return OmegaConf.to_object(section) if isinstance(section, DictConfig) else section
 
 
 def model_bytes(cfg: DictConfig) -> int:
@@ -155,23 +148,7 @@ class TimingSimulation(Simulation):
         self.samples_per_epoch = int(launcher.get("samples_per_epoch")
                                      or samples_per_epoch(cfg))
         self.data = SampleCounts(self.samples_per_epoch, self.n, tcfg.batch_size, cfg.seed)
-        self.steps_per_epoch = self.data.shards.steps_per_epoch
-        # Plain dataclasses, not DictConfig: the schedule reads them for every step
-        cluster_cfg = resolved(_plain(cfg.cluster))
-        self.cluster = ClusterModel(cluster_cfg, self.n, self.procs_per_node)
-        self.compute_model = ComputeModel(cluster_cfg.compute, cfg.recipe.name, self.n,
-                                          cfg.seed, list(cfg.faults.straggler.ranks),
-                                          cfg.faults.straggler.factor)
-        self.clocks = Clocks(self.n, self.cluster)
-        global_batch = self.n * tcfg.batch_size
-        self.schedule = LRSchedule(_plain(cfg.optim), global_batch, self.samples_per_epoch,
-                                   tcfg.epochs)
-        self.milestones = Milestones(self.samples_per_epoch, tcfg.epochs, global_batch,
-                                     tcfg.eval_every, tcfg.checkpoint_every, None)
-        self.samples = 0
-        self.step = 0
-        self.losses: list[float] = []
-        self.lr = self.schedule.lr_at(0)
+        self.build_schedule(self.samples_per_epoch)
         self.driver = build_driver(self)
         self.models = self.driver.model_count
         self.x = torch.zeros(self.models, 1, dtype=self.dtype)
