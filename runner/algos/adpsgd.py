@@ -63,7 +63,7 @@ from ..optim import flat_param_groups
 from ..schema import require
 from ..topology import TOPOLOGIES
 from ..topology.pairing import is_active, passive_peers, peer_schedule
-from .base import AlgoConfig, Algorithm
+from .base import AlgoConfig, Algorithm, sample_weight
 from .registry import ALGORITHMS
 
 
@@ -225,7 +225,7 @@ class ADPSGD(Algorithm):
             return 1.0
         # Inside a super learner, like SSGD: the mean over the node's samples of this step.
         node_count = sum(self.ctx.step_counts[r] for r in self.group_ranks)
-        return local_count * self.group.size / node_count
+        return sample_weight(local_count, self.group.size, node_count)
 
     def after_backward(self, step):
         if self.group.size > 1:  # a super learner averages its members' gradients

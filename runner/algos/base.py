@@ -57,6 +57,13 @@ class TrainContext:
     run_dir: Path = Path(".")
 
 
+def sample_weight(count: int, members: int, total: int) -> float:
+    """``c * m / C``: the factor on a member's mean loss that makes the plain mean over the
+    ``members`` of a group the mean over all ``total`` samples of their step (one rule for
+    lockstep ranks, a super learner's ranks and the simulator's learners)."""
+    return count * members / total if total else 0.0
+
+
 class Algorithm:
     Config: ClassVar[type] = AlgoConfig
     # Capabilities.
@@ -102,7 +109,7 @@ class Algorithm:
         """
         if self.asynchronous:
             return 1.0
-        return local_count * self.world.size / global_count
+        return sample_weight(local_count, self.world.size, global_count)
 
     def global_samples(self, local_samples: int, lockstep_samples: int) -> float:
         """Global samples consumed so far, as this rank knows it.

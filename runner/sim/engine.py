@@ -29,13 +29,14 @@ from ..checkpointer import Checkpointer
 from ..comm.communicator import Communicator
 from ..comm.world import World, mpi
 from ..compute_path import ComputePath
-from ..data import ShardedBatches
+from ..data import BatchFetcher, ShardedBatches
 from ..errors import ConfigError, UserError
 from ..evaluation import Evaluator
 from ..lr_schedule import LRSchedule
 from ..nonfinite import nonfinite_error
 from ..run_log import ProgressBar, RunLog, build_summary
 from ..run_milestones import CHECKPOINT, EVALUATE, Milestones
+from ..timers import Timers
 from ..trainer import seed_everything
 from . import asynchronous, lockstep  # noqa: F401 - they register their drivers
 from .clocks import Clocks
@@ -125,8 +126,6 @@ class Simulation:
                                     o.weight_decay, o.no_decay_norm_bias)
         self.driver.setup()
         self.comm = Communicator(mpi().COMM_SELF, "mpi", name="self")
-        from ..data import BatchFetcher
-
         loading = dict(num_workers=0, persistent_workers=False, pin_memory=False)
         self.evaluator = Evaluator(
             self.recipe, self.model, list(self.model.parameters()), self.compute, self.comm,
@@ -137,7 +136,7 @@ class Simulation:
         # holds every learner, in a checkpoint of the job's launcher.nprocs ranks.
         self.world = World(rank=0, size=self.n, local_rank=0, local_size=self.procs_per_node,
                            node=0, num_nodes=-(-self.n // self.procs_per_node))
-        self.checkpointer = Checkpointer(cfg, self.run_dir, self.world, self.comm, _NoTimers(),
+        self.checkpointer = Checkpointer(cfg, self.run_dir, self.world, self.comm, Timers(),
                                          progress_stream)
         self.history: list[dict[str, Any]] = []
         self.host_before = 0.0  # host seconds of the sessions before a resume
@@ -339,11 +338,3 @@ class Simulation:
         self.comm.close()
         return summary
 
-
-class _NoTimers:
-    """The checkpointer's timers: the simulator accounts virtual time itself."""
-
-    def time(self, name: str):
-        import contextlib
-
-        return contextlib.nullcontext()

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..algos.base import sample_weight
 from ..algos.dasgd import launch_due, merge_, merge_due
 from ..algos.delay_by_one import matching_partner
 from ..algos.delay_by_one import mix_ as delay_mix_
@@ -86,8 +87,9 @@ class LockstepDriver:
 
     # ---- pieces shared by the drivers ----------------------------------------------------
     def weights(self, counts: list[int], global_count: int) -> torch.Tensor:
-        """Each learner's factor on its mean loss, as Algorithm.gradient_weight: c_i n / C."""
-        return torch.tensor([c * self.n / global_count for c in counts], dtype=self.sim.dtype)
+        """Each learner's factor on its mean loss, as on a real rank: c_i n / C."""
+        return torch.tensor([sample_weight(c, self.n, global_count) for c in counts],
+                            dtype=self.sim.dtype)
 
     def local_gradients(self, batches: list, counts: list[int], global_count: int
                         ) -> torch.Tensor:

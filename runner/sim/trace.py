@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from ..algos.base import sample_weight
 from ..comm.pairwise import merge_average_
 from ..errors import UserError
 
@@ -133,9 +134,9 @@ class TraceExecutor:
         size = len(self.members[participants[0]])
         if size > 1:  # a super learner: the mean over its members of c_l L / C_node g_l
             weights = []
-            for s in participants:
-                node = sum(counts[ranks.index(r)] for r in self.members[s])
-                weights += [counts[ranks.index(r)] * size / max(node, 1) for r in self.members[s]]
+            for q in range(len(participants)):  # ranks hold each participant's members in turn
+                members = counts[q * size:(q + 1) * size]
+                weights += [sample_weight(c, size, sum(members)) for c in members]
             grads = grads * torch.tensor(weights, dtype=grads.dtype).unsqueeze(1)
             grads = grads.view(len(participants), size, -1).mean(1)
         self.samples += sum(counts)
