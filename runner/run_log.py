@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import platform
 from pathlib import Path
 from typing import Any
 
@@ -155,6 +156,24 @@ class ProgressBar:
             self.bar.close()
 
 
+def host_record() -> dict[str, Any]:
+    """Where a rank ran: the host's name and the cores this process may use (the simulator's
+    measured cluster needs to know whether ranks shared cores)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return {"name": platform.node(), "cores": int(cores or 1)}
+
+
+def hosts_of(per_rank: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per host: its name, the cores its ranks could use and how many ranks ran there."""
+    hosts: dict[str, dict[str, Any]] = {}
+    for report in per_rank:
+        host = report.get("host")
+        if host:
+            entry = hosts.setdefault(host["name"], {**host, "ranks": 0})
+            entry["ranks"] += 1
+    return list(hosts.values())
+
+
 def build_summary(status: str, cfg: Any, world: Any, run: dict[str, Any],
                   history: list[dict[str, Any]], per_rank: list[dict[str, Any]],
                   digests: list[tuple[int, str]], recipe: Any,
@@ -193,6 +212,9 @@ def build_summary(status: str, cfg: Any, world: Any, run: dict[str, Any],
         "algo_stats": {name: [stats.get(name) for stats in algo_stats]
                        for name in sorted({k for st in algo_stats for k in st})},
     }
+    hosts = hosts_of(per_rank)
+    if hosts:  # real ranks (simulated learners run on no host of their own)
+        summary["hosts"] = hosts
     rank0 = [r for r in history if r["split"] == "eval_rank0"]
     if rank0:
         summary["final_rank0"] = rank0[-1]

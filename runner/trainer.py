@@ -37,7 +37,7 @@ from .lr_schedule import LRSchedule
 from .nonfinite import BatchSkipper, nonfinite_error, refuse_poisoned_state
 from .optim import parameter_groups
 from .preemption import STOP_CHECK_STEPS, STOPPED, StopAgreement
-from .run_log import ProgressBar, RunLog, build_summary
+from .run_log import ProgressBar, RunLog, build_summary, host_record
 from .run_milestones import CHECKPOINT, EVALUATE, STOP_CHECK, Milestones
 from .run_state import RunState
 from .timers import Timers
@@ -363,7 +363,7 @@ class Trainer:
         return {"time": {**self.timers.snapshot(), "comm_busy": self.comm.busy_s},
                 "algo": self.algo.stats(), "steps": self.state.step,
                 "skipped_batches": self.state.skipped_batches,
-                "milestones": self.milestone_waits}
+                "milestones": self.milestone_waits, "host": host_record()}
 
     def finalize(self, status: str = "completed") -> dict[str, Any]:
         """summary.json (status ``completed``, or ``preempted``/``stopped`` after a graceful

@@ -154,8 +154,9 @@ def test_stragglers_compute_factor_times_slower():
                          straggler_factor=4.0)
     normal = ComputeModel(compute(jitter=0.1), "imagenet", 4, seed=2)
     for learner in range(4):
+        # the per-sample part 4x (32 ms), the 10 ms overhead of a step as it was
         ratio = steps.step_s(learner, 9, 32, 0.0) / normal.step_s(learner, 9, 32, 0.0)
-        assert ratio == pytest.approx(4.0 if learner in (1, 3) else 1.0)
+        assert ratio == pytest.approx((0.01 + 4 * 0.032) / 0.042 if learner in (1, 3) else 1.0)
 
 
 def test_slow_periods_come_at_the_configured_rate():
@@ -229,7 +230,7 @@ def write_run(run_dir: Path, summary: dict | str | None = None, run: dict | None
     (run_dir / ".hydra" / "run.yaml").write_text(yaml.safe_dump({**base, **(run or {})}))
     if summary is None:
         summary = {"status": "completed", "algo": "ssgd", "recipe": "digit_images",
-                   "nprocs": 2, "procs_per_node": 2, "samples": 6400,
+                   "nprocs": 2, "procs_per_node": 2, "samples": 6400, "train_s": 3.41,
                    "steps_per_rank": [100, 100],
                    "per_rank": [{"compute": 3.2, "comm": 0.12, "data": 9.0, "eval": 9.0},
                                 {"compute": 3.0, "comm": 0.10, "data": 9.0, "eval": 9.0}]}
@@ -245,12 +246,44 @@ def test_measured_fits_compute_and_link(tmp_path):
     # (3.2 + 3.0) / 2 compute seconds per 3,200 samples a rank; data and eval left out
     assert cfg.compute.seconds_per_sample == {"imagenet": 1e-3,
                                               "digit_images": pytest.approx(3.1 / 3200)}
-    assert cfg.compute.jitter == 0.1 and cfg.compute.step_overhead_s == 0.0
+    assert cfg.compute.jitter == 0.1 and cfg.compute.contention == 0.0  # no host shared
+    # 3.41 s of training, 3.21 s of it timed (compute + comm + idle, mean rank): 2 ms a step
+    assert cfg.compute.step_overhead_s == pytest.approx(0.2 / 100)
     assert (cfg.name, cfg.gpus_per_node, cfg.nodes, cfg.allreduce) == ("measured", 2, 0, "ring")
     # 1.1 ms of comm per step = one ring allreduce of 1 MB over 2 ranks: M/B + 2 alpha
     assert cfg.intra_node == cfg.inter_node and cfg.intra_node.latency_us == 5.0
     assert cfg.intra_node.bandwidth_gbps == pytest.approx(1e6 / (1.1e-3 - 10e-6) * 8 / 1e9)
     assert ClusterModel(cfg, 2).allreduce_s([0, 1], 1e6) == pytest.approx(1.1e-3)
+
+
+def test_measured_ranks_sharing_cores_count_the_barrier_wait_as_compute(tmp_path):
+    summary = json.loads(write_run(tmp_path / "plain").read_text())
+    summary["per_rank"][0].update(idle=0.40, milestone_wait=0.10)
+    summary["per_rank"][1].update(idle=0.20, milestone_wait=0.10)
+    summary["hosts"] = [{"name": "laptop", "cores": 1, "ranks": 2}]
+    summary["train_s"] = 3.71  # 3.51 s timed (mean rank), 2 ms a step not
+    cfg = measured_cluster(write_run(tmp_path / "shared", summary))
+    contention = (0.3 / 3.2 + 0.1 / 3.0) / 2  # waits outside milestones per compute second
+    assert cfg.compute.contention == pytest.approx(contention)
+    assert cfg.compute.step_overhead_s == pytest.approx(0.2 / 100)
+    model = ComputeModel(cfg.compute, "digit_images", 2, seed=0, straggler_ranks=[1],
+                         straggler_factor=4)
+    per_sample = 3.1 / 3200
+    assert model.mean_step_s(0, 32) == pytest.approx(
+        cfg.compute.step_overhead_s + 32 * per_sample * (1 + contention))
+    # a straggler's compute is 4x; the overhead and the others' share of the cores are not
+    assert model.mean_step_s(1, 32) == pytest.approx(
+        cfg.compute.step_overhead_s + 32 * per_sample * (4 + contention))
+    # any collective takes at least what the run's allreduce took per step (1.1 ms)
+    assert cfg.rendezvous_s == pytest.approx(1.1e-3)
+    model = ClusterModel(cfg, 2)
+    assert model.broadcast_s([0, 1], 64) == pytest.approx(1.1e-3)
+    assert model.allreduce_s([0, 1], 1e6) == pytest.approx(1.1e-3)
+    assert model.allreduce_s([0, 1], 1e7) == pytest.approx(10 * (1.1e-3 - 10e-6) + 10e-6)
+    summary["hosts"] = [{"name": "node", "cores": 8, "ranks": 2}]  # a core per rank
+    dedicated = measured_cluster(write_run(tmp_path / "dedicated", summary))
+    assert dedicated.compute.contention == 0 and dedicated.rendezvous_s == 0
+    assert ClusterModel(dedicated, 2).broadcast_s([0, 1], 64) < 1e-4
 
 
 def test_measured_leaves_out_stragglers_and_injected_delays(tmp_path):
@@ -267,7 +300,7 @@ def test_measured_through_the_config(tmp_path):
     cfg = resolved(OmegaConf.to_object(typed.cluster))
     assert cfg.compute.jitter == 0.05 and cfg.gpus_per_node == 2
     assert ComputeModel(cfg.compute, "digit_images", 4, seed=0).mean_step_s(0, 32) == \
-        pytest.approx(32 * 3.1 / 3200)
+        pytest.approx(0.2 / 100 + 32 * 3.1 / 3200)
 
 
 @pytest.mark.parametrize("damage, expected", [

@@ -52,6 +52,21 @@ def test_ssgd_step_is_compute_plus_the_allreduce(tmp_path):
     assert s["step_s"] == pytest.approx(s["virtual_s"] / 11)
 
 
+def test_a_super_learner_step_waits_for_its_node_collectives(tmp_path):
+    # One node of 4 (one super learner, nothing to gossip with, so x never changes between
+    # reads): each step is its compute, the allreduce of the gradients and the two control
+    # broadcasts (flag, sample count) over NVLink: 3 us, 400 Gb/s = 50 GB/s.
+    s = timing(["algo=hadpsgd", "launcher.procs_per_node=4"], tmp_path, n=4,
+               samples_per_epoch=4 * 32 * 10)
+    alpha, bandwidth = 3e-6, 50e9
+    allreduce = 2 * 3 / 4 * M / bandwidth + 2 * 3 * alpha
+    control = (2 + 3) * alpha + 2 * 3 / 4 * 64 / bandwidth  # binomial scatter + ring allgather
+    step = OVERHEAD + 32 * PER_SAMPLE
+    assert s["steps_per_rank"] == [10] * 4
+    assert s["virtual_s"] == pytest.approx(10 * (step + allreduce + 2 * control))
+    assert s["comm_s"] == pytest.approx(10 * (allreduce + 2 * control))
+
+
 def step_rates(s: dict) -> list[float]:
     """Each learner's steps per second of its own clock."""
     return [steps / sum(t.values()) for steps, t in zip(s["steps_per_rank"], s["per_rank"])]

@@ -4,13 +4,14 @@ schedule makes it.
 Participants (learners; hadpsgd: super learners of ``procs_per_node`` ranks) never wait for
 each other. Each step a participant reads its model, its ranks compute (their times from the
 compute model; a super learner then averages its members' gradients with a node allreduce,
-so it waits for its slowest member) and it applies the update. After each of its steps an
-active participant starts one averaging with its next passive peer (runner/topology/pairing.py,
-the schedule real ranks follow); a passive serves one request at a time, in arrival order.
-Both ends snapshot their models when the averaging starts and merge when the bytes have
-crossed (latency plus size over bandwidth; between nodes every transfer shares its node's
-interface with the others in flight). Which passive an active meets, when, and how stale a
-gradient is follow from these times alone.
+so it waits for its slowest member, and broadcasts the control values and, after an
+averaging, the leader's model as the real algorithm does) and it applies the update. After
+each of its steps an active participant starts one averaging with its next passive peer
+(runner/topology/pairing.py, the schedule real ranks follow); a passive serves one request at
+a time, in arrival order. Both ends snapshot their models when the averaging starts and merge
+when the bytes have crossed (latency plus size over bandwidth; between nodes every transfer
+shares its node's interface with the others in flight). Which passive an active meets, when,
+and how stale a gradient is follow from these times alone.
 
 The schedule emits each participant's operations (runner/sim/trace.py), which the trace
 executor applies to the stacked models. At a milestone (evaluation, checkpoint) participants
@@ -35,6 +36,8 @@ from .lockstep import DelayByOneDriver
 from .network import SharedChannel
 from .registry import SIM_DRIVERS
 from .trace import APPLY, MERGE, READ, SNAP, TraceExecutor, read_traces
+
+CONTROL_BYTES = 64  # a pickled flag or sample count (bcast_object)
 
 
 @SIM_DRIVERS.register("hadpsgd")
@@ -144,6 +147,9 @@ class GossipDriver:
             return
         now = self.queue.now
         self.ops[s].append([READ])
+        # A super learner's leader broadcasts its x to the node when an averaging changed it
+        # since the last step's read (runner/algos/adpsgd.py, _refresh_replica).
+        changed = self.version[s] != self.read_version[s]
         self.read_version[s] = self.version[s]
         lr = sim.schedule.lr_at(sim.samples)
         sim.lr = lr
@@ -154,8 +160,7 @@ class GossipDriver:
         seconds = np.array([sim.compute_model.step_s(r, k + 1, c, now)
                             for r, c in zip(members, counts)])
         slowest = float(seconds.max())
-        node_reduce = (sim.cluster.allreduce_s(members, sim.nbytes)
-                       if len(members) > 1 else 0.0)
+        node_reduce = self._node_comm_s(members, changed)
         clocks = sim.clocks
         for r, c in zip(members, seconds):
             clocks.t[r] = now + slowest + node_reduce
@@ -164,6 +169,17 @@ class GossipDriver:
             clocks.seconds["comm"][r] += node_reduce
         self.computing[s] = True
         self.queue.after(slowest + node_reduce, lambda: self._end_step(s, lr, sum(counts)))
+
+    def _node_comm_s(self, members: list[int], changed: bool) -> float:
+        """A super learner's collectives of one step (none for one member): the allreduce of
+        the gradients, two control broadcasts (whether x changed; the leader's count of
+        global samples) and, when an averaging changed x, the broadcast of x."""
+        if len(members) <= 1:
+            return 0.0
+        cluster, nbytes = self.sim.cluster, self.sim.nbytes
+        return (cluster.allreduce_s(members, nbytes)
+                + 2 * cluster.broadcast_s(members, CONTROL_BYTES)
+                + (cluster.broadcast_s(members, nbytes) if changed else 0.0))
 
     def _end_step(self, s: int, lr: float, samples: int) -> None:
         sim = self.sim

@@ -3,11 +3,14 @@ and what the network costs, in virtual seconds.
 
 **Compute.** A step of ``b`` samples on learner ``i`` takes on average::
 
-    (step_overhead_s + b * seconds_per_sample[recipe]) * straggler * slow
+    (step_overhead_s + b * seconds_per_sample[recipe] * (straggler + contention)) * slow
 
-(``straggler``: faults.straggler.factor on faults.straggler.ranks, else 1; ``slow``:
-compute.slow_factor while learner ``i`` is in one of its random slow periods, else 1), times a
-gamma-distributed factor of mean 1 and coefficient of variation ``compute.jitter``. Slow
+(``straggler``: faults.straggler.factor on faults.straggler.ranks, else 1, the way the fault
+injection slows a rank: its forward, backward and update take that many times longer;
+``contention``: compute.contention, the extra seconds per compute second of learners that
+share processors, 0 on a machine with one per learner; ``slow``: compute.slow_factor while
+learner ``i`` is in one of its random slow periods, else 1), times a gamma-distributed factor
+of mean 1 and coefficient of variation ``compute.jitter``. Slow
 periods start as a Poisson process of ``slow_period_rate_per_hour`` per learner and last
 ``slow_period_s``; a step's factor is the one in force when it starts.
 
@@ -62,6 +65,9 @@ class ComputeConfig(Section):
     # One GPU's seconds per training sample (forward, backward and update), per recipe name.
     seconds_per_sample: dict[str, float] = field(default_factory=dict)
     step_overhead_s: float = 0.0  # fixed seconds per step, whatever its batch
+    # Extra seconds per second of compute when learners share processors (cluster=measured
+    # on a host with more ranks than cores); 0 with a processor per learner.
+    contention: float = 0.0
     jitter: float = 0.0  # coefficient of variation of a step's time (gamma, mean kept)
     slow_period_rate_per_hour: float = 0.0  # slow periods per learner per hour (Poisson)
     slow_period_s: float = 0.0  # how long a slow period lasts
@@ -72,7 +78,8 @@ class ComputeConfig(Section):
             require(seconds >= 0, f"{prefix}.seconds_per_sample.{recipe}",
                     f"must be >= 0, got {seconds}",
                     f"{prefix}.seconds_per_sample.{recipe}=0.001")
-        for key in ("step_overhead_s", "jitter", "slow_period_rate_per_hour", "slow_period_s"):
+        for key in ("step_overhead_s", "contention", "jitter", "slow_period_rate_per_hour",
+                    "slow_period_s"):
             value = getattr(self, key)
             require(value >= 0, f"{prefix}.{key}", f"must be >= 0, got {value}",
                     self.hint(prefix, key))
@@ -93,6 +100,10 @@ class ClusterConfig(Section):
     intra_node: LinkConfig = field(default_factory=LinkConfig)
     inter_node: LinkConfig = field(default_factory=LinkConfig)
     allreduce: str = "ring"  # ring | tree | hierarchical (closed forms: ClusterModel)
+    # The least a blocking collective (allreduce, broadcast) takes, whatever its size: all its
+    # ranks must be running, which on a host with more ranks than cores means waiting to be
+    # scheduled (cluster=measured sets it there). 0: the closed forms alone.
+    rendezvous_s: float = 0.0
     from_summary: Optional[str] = None  # cluster=measured: a real run's summary.json
 
     def check(self, prefix: str, cfg: Any) -> None:
@@ -103,6 +114,8 @@ class ClusterConfig(Section):
         require(self.allreduce in ALLREDUCE, f"{prefix}.allreduce",
                 f"must be one of {', '.join(ALLREDUCE)}, got {self.allreduce!r}",
                 self.hint(prefix, "allreduce"))
+        require(self.rendezvous_s >= 0, f"{prefix}.rendezvous_s",
+                f"must be >= 0, got {self.rendezvous_s}", self.hint(prefix, "rendezvous_s"))
         self.compute.check(f"{prefix}.compute", cfg)
         self.intra_node.check(f"{prefix}.intra_node", cfg)
         self.inter_node.check(f"{prefix}.inter_node", cfg)
@@ -160,7 +173,8 @@ class ComputeModel:
 
     def mean_step_s(self, learner: int, batch: int) -> float:
         """The mean of a step outside slow periods."""
-        return (self.cfg.step_overhead_s + batch * self.per_sample) * float(self.factor[learner])
+        return self.cfg.step_overhead_s + batch * self.per_sample * (
+            float(self.factor[learner]) + self.cfg.contention)
 
     def step_s(self, learner: int, step: int, batch: int, now: float) -> float:
         """Seconds of ``learner``'s step ``step`` of ``batch`` samples, started at ``now``."""
@@ -243,7 +257,8 @@ class ClusterModel:
                     min(link.bandwidth_Bps for link in used))
 
     def allreduce_s(self, ranks: list[int], nbytes: float) -> float:
-        """Closed forms on idle links (Thakur, Rabenseifner and Gropp 2005), cluster.allreduce:
+        """Closed forms on idle links (Thakur, Rabenseifner and Gropp 2005), cluster.allreduce,
+        and at least ``cluster.rendezvous_s``:
 
         * ring: ``2 (n-1)/n M/B + 2 (n-1) alpha`` (reduce-scatter, then allgather);
         * tree: ``2 ceil(log2 n) (alpha + M/B)`` (binomial reduce, then binomial broadcast);
@@ -254,9 +269,12 @@ class ClusterModel:
           node's interface, so together they take what one ring of M among the node leaders
           takes), and a ring allgather inside each node. S = 1 or L = 1 give the plain ring.
         """
-        n = len(ranks)
-        if n <= 1:
+        if len(ranks) <= 1:
             return 0.0
+        return max(self._allreduce_s(ranks, nbytes), self.cfg.rendezvous_s)
+
+    def _allreduce_s(self, ranks: list[int], nbytes: float) -> float:
+        n = len(ranks)
         if self.cfg.allreduce == "tree":
             link = self.slowest(ranks)
             return 2 * math.ceil(math.log2(n)) * link.transfer_s(nbytes)
@@ -267,7 +285,8 @@ class ClusterModel:
         return ring_allreduce_s(n, nbytes, self.slowest(ranks))
 
     def broadcast_s(self, ranks: list[int], nbytes: float) -> float:
-        """M bytes from one of ``ranks`` to the others, on idle links:
+        """M bytes from one of ``ranks`` to the others, on idle links (at least
+        ``cluster.rendezvous_s``):
 
         * tree: ``ceil(log2 n) (alpha + M/B)`` (binomial tree);
         * ring: ``(ceil(log2 n) + n - 1) alpha + 2 (n-1)/n M/B`` (binomial scatter of M/n
@@ -275,9 +294,12 @@ class ClusterModel:
         * hierarchical: the ring form among the S node leaders (inter-node link), then inside
           each node among its L ranks (intra-node link).
         """
-        n = len(ranks)
-        if n <= 1:
+        if len(ranks) <= 1:
             return 0.0
+        return max(self._broadcast_s(ranks, nbytes), self.cfg.rendezvous_s)
+
+    def _broadcast_s(self, ranks: list[int], nbytes: float) -> float:
+        n = len(ranks)
         if self.cfg.allreduce == "tree":
             return math.ceil(math.log2(n)) * self.slowest(ranks).transfer_s(nbytes)
         if self.cfg.allreduce == "hierarchical":
@@ -315,9 +337,18 @@ def measured_cluster(summary_path: str | Path, base: ClusterConfig | None = None
       update; data loading and evaluation are timed apart and left out), less the mean
       injected delay (faults.delay_s / 2 per step), divided by the samples it computed
       (the run's samples times its share of the steps); the mean over ranks that were not
-      injected stragglers. ``step_overhead_s`` = 0: one batch size cannot separate a fixed
-      per-step cost from a per-sample one, so it is folded into the per-sample time (exact at
-      the run's batch size, linear in the batch otherwise).
+      injected stragglers.
+    * ``compute.step_overhead_s``: the seconds per step of the slowest rank's training time
+      that no compute, comm or idle timer covered (data loading, the loop's own Python). One
+      batch size cannot separate a fixed cost inside the compute timer from a per-sample one:
+      that part stays in the per-sample time (exact at the run's batch size).
+    * ``compute.contention``: on a host with more ranks than cores (summary ``hosts``), a
+      rank waiting at SSGD's allreduce is mostly waiting while the others compute on the cores
+      it gave up, so that wait (idle less the waits at evaluations and checkpoints) per second
+      of compute is part of computing there. With a core per rank it is imbalance, not
+      compute, and contention = 0. There, too, ``rendezvous_s`` is the run's allreduce time
+      per step: any collective, however small, waits for its ranks to be scheduled (without
+      it, H-ADPSGD's per-step flag and count broadcasts would cost microseconds).
     * ``intra_node`` and ``inter_node`` (both the same link): SSGD's communication not hidden
       behind backward (summary ``comm`` seconds per step, mean over ranks) is taken as the
       ring allreduce of the model's floating-point bytes in ``ceil(M / comm.bucket_mb)``
@@ -355,6 +386,17 @@ def measured_cluster(summary_path: str | Path, base: ClusterConfig | None = None
     normal = [r for r in range(n) if r not in slowed] or list(range(n))
     per_sample = float(np.mean([(per_rank[r]["compute"] - steps[r] * delay)
                                 / (samples * steps[r] / sum(steps)) for r in normal]))
+    train_s = float(_field(summary, "train_s", path))
+    timed = np.mean([sum(per_rank[r].get(k, 0.0) for k in ("compute", "comm", "idle"))
+                     for r in range(n)])
+    overhead = max(0.0, (train_s - float(timed)) / max(steps))
+    contention = 0.0
+    shared = any(host["ranks"] > host["cores"] for host in summary.get("hosts") or [])
+    if shared:
+        contention = float(np.mean([
+            (per_rank[r].get("idle", 0.0) - per_rank[r].get("milestone_wait", 0.0))
+            / max(per_rank[r]["compute"] - steps[r] * delay, 1e-9) for r in normal]))
+        contention = max(0.0, contention)
     nbytes = _model_bytes(path.parent / "checkpoints" / "final_rank0.pt")
     buckets = math.ceil(nbytes / (float((run.get("comm") or {}).get("bucket_mb", 4.0)) * 2**20))
     comm = float(np.mean([per_rank[r]["comm"] / max(steps[r], 1) for r in range(n)]))
@@ -365,14 +407,18 @@ def measured_cluster(summary_path: str | Path, base: ClusterConfig | None = None
     bandwidth = 2 * (n - 1) / n * nbytes / (comm - messages * alpha)
     link = LinkConfig(latency_us=alpha * 1e6, bandwidth_gbps=bandwidth * 8 / 1e9)
     base = _as_cluster(base)
-    compute = dataclasses.replace(base.compute, step_overhead_s=0.0, seconds_per_sample={
-        **dict(base.compute.seconds_per_sample), recipe: per_sample})
+    compute = dataclasses.replace(
+        base.compute, step_overhead_s=overhead, contention=contention,
+        seconds_per_sample={**dict(base.compute.seconds_per_sample), recipe: per_sample})
     batch = (run.get("trainer") or {}).get("batch_size")
     return dataclasses.replace(
         base, name="measured", gpus_per_node=ppn, nodes=0, compute=compute, intra_node=link,
         inter_node=dataclasses.replace(link), allreduce="ring", from_summary=str(path),
+        rendezvous_s=comm if shared else 0.0,
         description=f"measured from {path}: {recipe}, ssgd on {n} ranks ({ppn} per node), "
-                    f"batch {batch} per rank, {nbytes / 1e6:.3g} MB of parameters")
+                    f"batch {batch} per rank, {nbytes / 1e6:.3g} MB of parameters"
+                    + (f", ranks sharing cores (contention {contention:.2f})"
+                       if contention else ""))
 
 
 def _as_cluster(base: Any) -> ClusterConfig:
