@@ -1,6 +1,8 @@
 """The simulator's stacked learners: vectorized gradients equal each model's own autograd
 gradients; a model torch.func cannot transform (a packed LSTM) falls back to one call per
-learner; StackedSGD is torch.optim.SGD row by row (momentum, Nesterov, decay groups)."""
+learner; the weighted gradient of learners sharing one model (SSGD) is the weighted sum of
+their own gradients; StackedSGD is torch.optim.SGD row by row (momentum, Nesterov, decay
+groups), and copy_row makes every row (and its momentum) one row's."""
 
 import pytest
 import torch
@@ -100,10 +102,11 @@ def test_stacked_sgd_is_torch_sgd_row_by_row(nesterov):
         copies.append((copy, torch.optim.SGD(parameter_groups(copy, 1e-2, True), lr=0.1,
                                              momentum=0.9, nesterov=nesterov)))
     rates = torch.tensor([0.1, 0.05, 0.2], dtype=torch.float64)
-    for step in range(3):
+    for step in range(4):
         grads = torch.randn(3, learners.size, dtype=torch.float64)
-        rows = None if step != 1 else torch.tensor([0, 2])  # some steps touch a subset
-        chosen = [0, 1, 2] if rows is None else [0, 2]
+        # some steps touch a subset (with different rates, or one row at a single rate)
+        rows = {1: torch.tensor([0, 2]), 3: torch.tensor([1])}.get(step)
+        chosen = [0, 1, 2] if rows is None else rows.tolist()
         optimizer.step(learners.x, rows, grads[chosen], rates[chosen])
         for i in chosen:
             copy, sgd = copies[i]
@@ -117,3 +120,42 @@ def test_stacked_sgd_is_torch_sgd_row_by_row(nesterov):
     for i, (copy, _) in enumerate(copies):
         mine = torch.cat([p.detach().reshape(-1) for p in copy.parameters()])
         assert torch.allclose(learners.x[i], mine, atol=1e-13, rtol=0)
+
+
+@pytest.mark.parametrize("kind", ["vectorized", "fallback"])
+def test_weighted_gradient_of_a_shared_model_is_the_weighted_sum(kind):
+    torch.manual_seed(3)
+    if kind == "vectorized":
+        model, loss = Tiny().double(), classify
+        batches = [(torch.randn(6, 1, 4, 4, dtype=torch.float64), torch.randint(0, 3, (6,)))
+                   for _ in range(4)]
+        counts = [6, 6, 6, 0]
+    else:  # padded sequences of different lengths cannot be stacked: one call each
+        model, loss = Packed().double(), sequences
+        batches = [(torch.randn(4, 5 + i, 3, dtype=torch.float64),
+                    torch.tensor([5 + i, 3, 2, 4]), torch.randint(0, 2, (4,)))
+                   for i in range(4)]
+        counts = [4, 4, 4, 0]
+    batches[3] = None  # the last learner has no batch this step
+    learners = StackedLearners(model, loss, 4)
+    weights = torch.tensor([0.5, 0.25, 0.25, 0.0], dtype=torch.float64)
+    grad, losses = learners.weighted_gradient(learners.x[0], range(4), batches, counts, weights)
+    check = type(model)().double()
+    expected = sum(weights[i] * reference(check, loss, learners.x[0], batches[i], learners)
+                   for i in range(3))
+    assert torch.allclose(grad, expected, atol=1e-12, rtol=0)
+    assert bool(torch.isfinite(losses[:3]).all()) and torch.isnan(losses[3])
+    learners.load_row(check, learners.x[0])
+    assert float(losses[1]) == pytest.approx(loss(check, batches[1]).item(), abs=1e-12)
+
+
+def test_copy_row_copies_the_model_and_its_momentum():
+    model = Tiny().double()
+    learners = StackedLearners(model, classify, 3)
+    optimizer = StackedSGD(learners, model, momentum=0.9, nesterov=False, weight_decay=0.0,
+                           no_decay_norm_bias=False)
+    grads = torch.randn(1, learners.size, dtype=torch.float64)
+    optimizer.step(learners.x, torch.tensor([1]), grads, torch.tensor([0.1]))
+    optimizer.copy_row(learners.x, 1)
+    assert bool((learners.x == learners.x[1]).all())
+    assert bool((optimizer.buf == optimizer.buf[1]).all()) and bool(optimizer.buf.any())

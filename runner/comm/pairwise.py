@@ -40,11 +40,17 @@ SWITCH_INTERVAL_S = 2e-4
 log = logging.getLogger("adpsgd")
 
 
-def merge_average_(x: torch.Tensor, mine: torch.Tensor, theirs: torch.Tensor) -> None:
+def merge_average_(x: torch.Tensor, mine: torch.Tensor, theirs: torch.Tensor,
+                   rows: torch.Tensor | None = None) -> None:
     """``x <- x + ((mine + theirs)/2 - mine)``, computed as ``(theirs - mine)/2`` on both ends
     with the roles swapped, so the pair's sum is unchanged (``theirs`` is overwritten). The
-    one merge rule of AD-PSGD: real ranks call it per flat buffer, the simulator on rows."""
-    x.add_(theirs.sub_(mine).to(x.device), alpha=0.5)
+    one merge rule of AD-PSGD: real ranks call it per flat buffer, the simulator on the
+    ``rows`` of its stacked models (``mine``, ``theirs``: one row each)."""
+    delta = theirs.sub_(mine).to(x.device)
+    if rows is None:
+        x.add_(delta, alpha=0.5)
+    else:
+        x.index_add_(0, rows, delta, alpha=0.5)
 
 
 class ExchangeTimeout(RuntimeError):

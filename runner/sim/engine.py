@@ -179,6 +179,21 @@ class Simulation:
         losses feed the logged training loss; a non-finite one ends the run as on a rank."""
         learners = list(learners)
         grads, losses = self.learners.gradients(models, learners, batches, counts)
+        self._record_losses(learners, counts, losses)
+        return grads
+
+    def weighted_gradient(self, model: torch.Tensor, batches: list, counts: list[int],
+                          weights: torch.Tensor) -> torch.Tensor:
+        """``sum_i weights[i] g_i`` ``[P]`` of every learner at the one ``model`` ``[P]``
+        (identical replicas), losses as :meth:`gradients` records them."""
+        learners = list(range(self.n))
+        grad, losses = self.learners.weighted_gradient(model, learners, batches, counts,
+                                                       weights)
+        self._record_losses(learners, counts, losses)
+        return grad
+
+    def _record_losses(self, learners: list[int], counts: list[int], losses: torch.Tensor
+                       ) -> None:
         scored = torch.tensor([c > 0 for c in counts], dtype=torch.bool)
         if bool(scored.any()):
             if not bool(torch.isfinite(losses[scored]).all()):
@@ -186,7 +201,6 @@ class Simulation:
                        if counts[j] and not bool(torch.isfinite(losses[j]))]
                 raise nonfinite_error("non-finite training loss", self.step, bad, None)
             self.losses.append(float(losses[scored].mean()))
-        return grads
 
     def apply_update(self, rows: torch.Tensor | None, grads: torch.Tensor, lr: torch.Tensor,
                      decay_at: torch.Tensor | None = None) -> None:

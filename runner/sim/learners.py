@@ -115,6 +115,64 @@ class StackedLearners:
                 losses[index] = loss.detach().double()
         return grads, losses
 
+    def weighted_gradient(self, model: torch.Tensor, learners: Sequence[int],
+                          batches: Sequence[Any], counts: Sequence[int], weights: torch.Tensor
+                          ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(``sum_j weights[j] g_j`` ``[P]``, losses ``[k]``) when every learner computes at the
+        same ``model`` (``[P]``): SSGD's replicas. By linearity this is the gradient of the
+        weighted sum of the learners' own losses (each its batch's mean, its own dropout and
+        batch statistics, as under :meth:`gradients`), taken in one backward pass with the
+        weights shared, so N learners cost one model at N times the batch instead of N models'
+        memory traffic. Falls back to :meth:`gradients` where vmap cannot batch the model."""
+        k = len(learners)
+        losses = torch.full((k,), float("nan"), dtype=torch.float64)
+        total = torch.zeros(self.size, dtype=self.dtype)
+        by_count: dict[int, list[int]] = {}
+        for j, c in enumerate(counts):
+            if c > 0:
+                by_count.setdefault(int(c), []).append(j)
+        for members in by_count.values():
+            for start in range(0, len(members), self.chunk):
+                part = members[start:start + self.chunk]
+                index = torch.tensor(part)
+                batch = [batches[j] for j in part]
+                shared = self._shared(model, [learners[j] for j in part], batch,
+                                      weights[index]) if self._vmap_ok else None
+                if shared is None:  # one gradient per learner, then their weighted sum
+                    g, loss = self._group(model.expand(len(part), -1),
+                                          [learners[j] for j in part], batch)
+                    shared = (weights[index].to(g.dtype) @ g, loss)
+                total += shared[0]
+                losses[index] = shared[1].detach().double()
+        return total, losses
+
+    def _shared(self, model: torch.Tensor, learners: list[int], batches: list[Any],
+                weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        try:
+            stacked = _stack(batches)
+        except RuntimeError:  # padded sequences of different lengths
+            return None
+        buffers = {f"model.{name}": b[torch.tensor(learners)] for name, b in self.buffers.items()}
+        params = {name: t[0] for name, t in self.views(model.unsqueeze(0)).items()}
+
+        def weighted_loss(params, bufs, batch, w):
+            def one(bufs_j, batch_j):
+                return functional_call(self._module, (params, bufs_j), (batch_j,))
+
+            values = vmap(one, randomness="different")(bufs, batch)
+            return (values * w).sum(), values
+
+        try:
+            g, values = torch.func.grad(weighted_loss, has_aux=True)(
+                params, buffers, stacked, weights.to(self.dtype))
+        except (RuntimeError, NotImplementedError) as ex:
+            self._vmap_ok = False
+            log.info("simulator: vmap cannot batch this model (%s); one call per learner",
+                     str(ex).splitlines()[0][:160])
+            return None
+        self._store_buffers(learners, buffers)
+        return torch.cat([g[f"model.{name}"].reshape(-1) for name in self.names]), values
+
     def _group(self, models: torch.Tensor, learners: list[int], batches: list[Any]
                ) -> tuple[torch.Tensor, torch.Tensor]:
         k = len(learners)
@@ -214,19 +272,28 @@ class StackedSGD:
                 self.buf.mul_(self.momentum).add_(d)
                 buf = self.buf
             else:
-                buf = self.buf[rows].mul_(self.momentum).add_(d)
-                self.buf[rows] = buf
+                buf = self.buf.index_select(0, rows).mul_(self.momentum).add_(d)
+                self.buf.index_copy_(0, rows, buf)
             d = d.add_(buf, alpha=self.momentum) if self.nesterov else buf
         rates = lr.to(x.dtype)
+        # Rows are updated in place (index_add_), not gathered and scattered back: at many
+        # learners each pass over [k, P] is what a step costs.
         if bool((rates == rates[0]).all()):  # one rate (lockstep): a scalar, no [k, P] product
             if rows is None:
                 x.add_(d, alpha=-float(rates[0]))
             else:
-                x[rows] = x[rows].add_(d, alpha=-float(rates[0]))
+                x.index_add_(0, rows, d, alpha=-float(rates[0]))
         elif rows is None:
             x.sub_(rates.unsqueeze(1) * d)
         else:
-            x[rows] = x[rows] - rates.unsqueeze(1) * d
+            x.index_add_(0, rows, rates.unsqueeze(1) * d, alpha=-1.0)
+
+    def copy_row(self, x: torch.Tensor, source: int) -> None:
+        """Every row of ``x`` and of the momentum becomes row ``source``'s (identical
+        replicas updated once)."""
+        for matrix in (x, self.buf):
+            if matrix is not None:
+                matrix.copy_(matrix[source].expand_as(matrix))
 
     def state_dict(self) -> dict[str, Any]:
         return {"momentum_buffer": self.buf}

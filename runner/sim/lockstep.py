@@ -124,9 +124,15 @@ class SSGDDriver(LockstepDriver):
     identical_replicas = True
 
     def step(self, step, batches, counts, global_count):
-        grads = self.local_gradients(batches, counts, global_count)
-        grads[:] = grads.mean(0, keepdim=True)  # the allreduce: every row the mean
-        self.apply(grads)
+        # The rows are equal, so the learners' weighted gradients are summed in one backward
+        # pass at row 0 (the allreduce's mean, by linearity); row 0 alone is stepped and
+        # copied to the others (its momentum too).
+        sim = self.sim
+        weights = self.weights(counts, global_count) / self.n
+        mean = sim.weighted_gradient(sim.x[0], batches, counts, weights)
+        sim.apply_update(torch.tensor([0]), mean.unsqueeze(0),
+                         torch.tensor([sim.lr], dtype=torch.float64))
+        sim.optimizer.copy_row(sim.x, 0)
         self.compute_all(step, counts)
         self.allreduce_together()
 

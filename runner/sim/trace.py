@@ -104,10 +104,8 @@ class TraceExecutor:
             partner = key[1] if s == key[0] else key[0]
             mine.append(taken[s])
             theirs.append(taken[partner])
-        index = torch.tensor(participants)
-        rows = self.sim.x[index]
-        merge_average_(rows, torch.stack(mine), torch.stack(theirs))
-        self.sim.x[index] = rows
+        merge_average_(self.sim.x, torch.stack(mine), torch.stack(theirs),
+                       rows=torch.tensor(participants))
         for key in keys:
             self.merged[key] = self.merged.get(key, 0) + 1
             if self.merged[key] == 2:
