@@ -40,8 +40,8 @@ DaSGD's merge waits. The measured cluster sees from summary.json's ``hosts`` tha
 were shared and fits that wait as ``compute.contention`` (SSGD's barrier wait per second of
 compute) and ``rendezvous_s`` (the least a collective takes: its allreduce time per step);
 the time no timer covered becomes ``step_overhead_s``. A sleeping straggler (the fault
-injection sleeps) gives its core to the others, which the model's straggler + contention form
-follows.
+injection sleeps) gives its core to the others: the model lengthens a straggler's own step,
+not its wait for a core (runner/sim/cluster.py, ComputeModel).
 ``repeat_ratio_ssgd`` (the same configuration measured apart) shows how far two real runs
 differ, and ``fit_ratio_ssgd`` how well the fit reproduces its own run.
 """

@@ -65,3 +65,19 @@ def case_report(lines: dict[str, list[str]], case: str, nprocs: int) -> str:
 def read_run(run_dir: Path) -> tuple[list[dict], dict]:
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return metrics, json.loads((run_dir / "summary.json").read_text())
+
+
+def readme_commands() -> list[str]:
+    """The commands of README.md's bash blocks, in order (comments left out)."""
+    text = (REPO / "README.md").read_text()
+    blocks = re.findall(r"```bash\n(.*?)```", text, flags=re.S)
+    return [line.strip() for block in blocks for line in block.splitlines()
+            if line.strip() and not line.strip().startswith("#")]
+
+
+def is_readme_simulation(command: str) -> bool:
+    """README commands that train under launcher=sim: tests/test_sim_runs.py runs them as
+    written (plus a run dir) and checks what they leave, so test_readme.py need not."""
+    words = command.split()
+    return words[0] == "adpsgd-run" and "launcher=sim" in words and \
+        "launcher.timing_only=true" not in words

@@ -100,13 +100,14 @@ class GossipDriver:
             return
         self.target = target
         self.meeting = False
-        now = self.queue.now
-        sim.clocks.wait_until(now, "idle")  # everyone restarts together after a milestone
         self.stopped[:] = False
         for s in range(self.model_count):
             if not self.computing[s]:
                 self._start_step(s)
         self.queue.run_while(lambda: not self._met())
+        # At the milestone everyone waits for the last to finish its step (idle), as real
+        # ranks do, and restarts together.
+        sim.clocks.wait_until(self.queue.now, "idle")
         self.executor.run(self.ops)
 
     def _met(self) -> bool:

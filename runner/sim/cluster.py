@@ -3,12 +3,13 @@ and what the network costs, in virtual seconds.
 
 **Compute.** A step of ``b`` samples on learner ``i`` takes on average::
 
-    (step_overhead_s + b * seconds_per_sample[recipe] * (straggler + contention)) * slow
+    ((step_overhead_s + b * seconds_per_sample[recipe]) * straggler
+     + b * seconds_per_sample[recipe] * contention) * slow
 
-(``straggler``: faults.straggler.factor on faults.straggler.ranks, else 1, the way the fault
-injection slows a rank: its forward, backward and update take that many times longer;
-``contention``: compute.contention, the extra seconds per compute second of learners that
-share processors, 0 on a machine with one per learner; ``slow``: compute.slow_factor while
+(``straggler``: faults.straggler.factor on faults.straggler.ranks, else 1: the learner's steps
+take that many times longer; ``contention``: compute.contention, the extra seconds per compute
+second of learners that share processors (waiting for a core, which a straggler does not
+lengthen), 0 on a machine with one per learner; ``slow``: compute.slow_factor while
 learner ``i`` is in one of its random slow periods, else 1), times a gamma-distributed factor
 of mean 1 and coefficient of variation ``compute.jitter``. Slow
 periods start as a Poisson process of ``slow_period_rate_per_hour`` per learner and last
@@ -173,8 +174,8 @@ class ComputeModel:
 
     def mean_step_s(self, learner: int, batch: int) -> float:
         """The mean of a step outside slow periods."""
-        return self.cfg.step_overhead_s + batch * self.per_sample * (
-            float(self.factor[learner]) + self.cfg.contention)
+        own = (self.cfg.step_overhead_s + batch * self.per_sample) * float(self.factor[learner])
+        return own + batch * self.per_sample * self.cfg.contention
 
     def step_s(self, learner: int, step: int, batch: int, now: float) -> float:
         """Seconds of ``learner``'s step ``step`` of ``batch`` samples, started at ``now``."""

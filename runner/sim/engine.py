@@ -192,6 +192,10 @@ class Simulation:
         self._record_losses(learners, counts, losses)
         return grad
 
+    def replicate_row(self, source: int) -> None:
+        """Every learner's model and momentum become learner ``source``'s."""
+        self.optimizer.copy_row(self.x, source)
+
     def _record_losses(self, learners: list[int], counts: list[int], losses: torch.Tensor
                        ) -> None:
         scored = torch.tensor([c > 0 for c in counts], dtype=torch.bool)

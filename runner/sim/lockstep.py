@@ -132,7 +132,7 @@ class SSGDDriver(LockstepDriver):
         mean = sim.weighted_gradient(sim.x[0], batches, counts, weights)
         sim.apply_update(torch.tensor([0]), mean.unsqueeze(0),
                          torch.tensor([sim.lr], dtype=torch.float64))
-        sim.optimizer.copy_row(sim.x, 0)
+        sim.replicate_row(0)
         self.compute_all(step, counts)
         self.allreduce_together()
 

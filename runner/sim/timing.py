@@ -162,7 +162,13 @@ class TimingSimulation(Simulation):
                   ) -> torch.Tensor:
         return torch.zeros(len(counts), 1, dtype=self.dtype)
 
+    def weighted_gradient(self, model, batches, counts, weights) -> torch.Tensor:
+        return torch.zeros(1, dtype=self.dtype)
+
     def apply_update(self, rows, grads, lr, decay_at=None) -> None:
+        pass
+
+    def replicate_row(self, source: int) -> None:
         pass
 
     # ---- the run -------------------------------------------------------------------------
