@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import re
 import shlex
+import shutil
+import socket
 import subprocess
 from pathlib import Path
 
@@ -241,3 +243,76 @@ def test_the_script_shown_in_the_slurm_doc_is_what_the_launcher_writes():
     cfg = validate_job(composed)
     assert shown == render_script(OmegaConf.to_object(cfg.launcher), cfg,
                                   Path("/scratch/runs/digits-hadpsgd"), Path("/scratch"))
+
+
+# ---- SLURM absent or unreachable: one line pointing at the set-up, at once ----------------
+needs_slurm_client = pytest.mark.skipif(
+    shutil.which("scontrol") is None or shutil.which("sbatch") is None,
+    reason="SLURM's client commands (sbatch, scontrol) are not installed here; "
+           "make slurm-up installs them")
+
+
+def error_line(stderr: str) -> str:
+    lines = [line for line in stderr.splitlines() if line.startswith("adpsgd-run: error: ")]
+    assert len(lines) == 1, stderr
+    return lines[0]
+
+
+@needs_slurm_client
+def test_submitting_without_a_slurm_configuration_says_how_to_set_it_up(tmp_path):
+    # SLURM's own commands retry a missing SLURM_CONF for a minute; the timeout is a hang guard
+    proc = run_cli(["recipe=digit_images", "launcher=slurm", "launcher.nodes=1",
+                    "launcher.procs_per_node=2", f"hydra.run.dir={tmp_path / 'run'}"],
+                   cwd=tmp_path, check=False, timeout=45,
+                   env={"SLURM_CONF": str(tmp_path / "nowhere" / "slurm.conf")})
+    assert proc.returncode == 2
+    line = error_line(proc.stderr)
+    assert "SLURM_CONF=" in line and "SLURM is not configured there" in line
+    assert "scripts/slurm_local.sh up" in line and "docs/slurm.md" in line
+    assert "#SBATCH" not in line and "launcher." not in line
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@needs_slurm_client
+def test_a_controller_that_does_not_answer_is_named(tmp_path, monkeypatch):
+    from runner.errors import UserError
+    from runner.launch.slurm import check_controller
+
+    conf = tmp_path / "slurm.conf"  # a cluster whose controller is not running
+    conf.write_text(f"ClusterName=nobody\nSlurmctldHost=localhost\n"
+                    f"SlurmctldPort={free_port()}\nNodeName=localhost CPUs=1 State=UNKNOWN\n"
+                    "PartitionName=p Nodes=localhost Default=YES State=UP\n")
+    monkeypatch.setenv("SLURM_CONF", str(conf))
+    with pytest.raises(UserError, match=r"the SLURM controller does not answer \(.*DOWN\)"):
+        check_controller("sbatch")
+    if not Path("/etc/slurm/slurm.conf").exists():
+        monkeypatch.delenv("SLURM_CONF")
+        with pytest.raises(UserError, match="SLURM is not configured on this machine"):
+            check_controller("sbatch")
+
+
+@pytest.mark.parametrize("output,expected", [
+    ("sbatch: error: Batch job submission failed: Unable to contact slurm controller "
+     "(connect failure)", "sbatch could not reach SLURM: .*Unable to contact"),
+    ("sbatch: error: Batch job submission failed: Invalid partition name specified",
+     "sbatch refused .*Invalid partition name"),
+])
+def test_sbatch_failures_tell_an_unreachable_slurm_from_a_bad_key(tmp_path, output, expected):
+    from runner.errors import UserError
+    from runner.launch.slurm import SlurmConfig, SlurmLauncher
+
+    fake = tmp_path / "bin" / "sbatch"  # a site's wrapper: no scontrol beside it to ask first
+    fake.parent.mkdir()
+    fake.write_text(f"#!/bin/sh\necho {shlex.quote(output)} >&2\nexit 1\n")
+    fake.chmod(0o755)
+    launcher = SlurmLauncher(SlurmConfig(sbatch=str(fake)))
+    with pytest.raises(UserError, match=expected) as caught:
+        launcher.submit(tmp_path / "job.sbatch")
+    unreachable = "could not reach" in str(caught.value)
+    assert ("scripts/slurm_local.sh up" in caught.value.fix) == unreachable
+    assert ("#SBATCH" in caught.value.fix) != unreachable

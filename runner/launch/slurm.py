@@ -20,6 +20,7 @@ steps' tasks, which under mpiexec are its proxies rather than the ranks).
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import shutil
@@ -253,18 +254,72 @@ class SlurmLauncher(Launcher):
         return 0
 
     def submit(self, script: Path) -> str:
-        """``sbatch --parsable SCRIPT``; the job id, or a UserError with sbatch's reason."""
+        """``sbatch --parsable SCRIPT``; the job id, or a UserError with sbatch's reason. The
+        controller is pinged first: sbatch itself retries an unreachable one for a minute."""
+        check_controller(self.cfg.sbatch)
         command = [self.cfg.sbatch, "--parsable", str(script)]
         try:
             proc = subprocess.run(command, capture_output=True, text=True, timeout=120)
         except (OSError, subprocess.TimeoutExpired) as ex:
             raise UserError(f"could not run {' '.join(command)}: {one_line(ex)}",
-                            "check that SLURM answers (sinfo)") from None
+                            SLURM_SETUP_FIX) from None
         job_id = proc.stdout.strip().split(";")[0]
         if proc.returncode != 0 or not job_id.isdigit():
-            reason = one_line(proc.stderr or proc.stdout) or f"exit status {proc.returncode}"
+            output = proc.stderr or proc.stdout
+            reason = one_line(output) or f"exit status {proc.returncode}"
+            if unreachable(output):
+                raise UserError(f"sbatch could not reach SLURM: {reason}", SLURM_SETUP_FIX)
             raise UserError(f"sbatch refused {script}: {reason}",
                             "fix the launcher.* key behind the #SBATCH line it names "
                             "(partition, account, qos, time, nodes)")
         return job_id
+
+
+SLURM_SETUP_FIX = ("point SLURM_CONF at your cluster's slurm.conf (or submit from a login node "
+                   "that has one); on this machine: scripts/slurm_local.sh up, then eval "
+                   "\"$(scripts/slurm_local.sh env)\" (docs/slurm.md, 'A SLURM cluster on "
+                   "this machine')")
+# What SLURM's commands print when they have no configuration or no controller to talk to.
+UNREACHABLE = ("could not establish a configuration source", "unable to contact slurm",
+               "s_p_parse_file: unable to", "unable to process configuration file",
+               "connect failure", "zero bytes were transmitted", "munge")
+
+
+def unreachable(output: str) -> bool:
+    return any(sign in output.lower() for sign in UNREACHABLE)
+
+
+def check_controller(sbatch: str, timeout_s: float = 15.0) -> None:
+    """One line, at once, when SLURM is not configured here or its controller is down
+    (``scontrol ping`` answers either in milliseconds). Only the scontrol installed beside
+    ``sbatch`` is asked: a site's own submit wrapper is left to answer for itself."""
+    found = shutil.which(sbatch)
+    scontrol = Path(found).with_name("scontrol") if found else None
+    if scontrol is None or not scontrol.is_file():
+        return
+    conf = os.environ.get("SLURM_CONF")
+    if conf and not Path(conf).is_file():  # SLURM's commands would retry it for a minute
+        raise UserError(f"SLURM_CONF={conf} is not a file: SLURM is not configured there",
+                        SLURM_SETUP_FIX)
+    try:
+        proc = subprocess.run([str(scontrol), "ping"], capture_output=True, text=True,
+                              timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        raise UserError(f"the SLURM controller did not answer `scontrol ping` within "
+                        f"{timeout_s:.0f} s", SLURM_SETUP_FIX) from None
+    except OSError:
+        return
+    if proc.returncode == 0:
+        return
+    output = f"{proc.stdout}\n{proc.stderr}"
+    lowered = output.lower()
+    if "configuration source" in lowered or "configuration file" in lowered \
+            or "s_p_parse_file" in lowered:
+        last = [line.strip() for line in output.splitlines() if line.strip()][-1]
+        raise UserError(f"SLURM is not configured on this machine (no usable slurm.conf; "
+                        f"scontrol ping: {last})", SLURM_SETUP_FIX)
+    down = [line.strip() for line in output.splitlines() if line.strip().endswith("DOWN")]
+    if down or unreachable(output):
+        raise UserError(f"the SLURM controller does not answer "
+                        f"({'; '.join(down) or one_line(output)})", SLURM_SETUP_FIX)
 
