@@ -309,9 +309,9 @@ def check_controller(sbatch: str, timeout_s: float = 15.0) -> None:
                         f"{timeout_s:.0f} s", SLURM_SETUP_FIX) from None
     except OSError:
         return
-    if proc.returncode == 0:
-        return
     output = f"{proc.stdout}\n{proc.stderr}"
+    if proc.returncode == 0 or " is UP" in output:  # one controller answering is enough
+        return
     lowered = output.lower()
     if "configuration source" in lowered or "configuration file" in lowered \
             or "s_p_parse_file" in lowered:
