@@ -74,7 +74,7 @@ class TraceExecutor:
                     self.replica[index] = x[index]
                 done += heads[READ]
             if heads[SNAP]:
-                rows = x[torch.tensor(heads[SNAP])].clone()
+                rows = x[torch.tensor(heads[SNAP])]  # advanced indexing copies
                 for j, s in enumerate(heads[SNAP]):
                     self.snaps.setdefault(tuple(ops[s][position[s]][1:]), {})[s] = rows[j]
                 done += heads[SNAP]
@@ -138,8 +138,12 @@ class TraceExecutor:
             grads = grads * torch.tensor(weights, dtype=grads.dtype).unsqueeze(1)
             grads = grads.view(len(participants), size, -1).mean(1)
         self.samples += sum(counts)
+        if index is None:
+            decay_at = self.replica
+        else:  # one row per participant: the models the gradients were taken at
+            decay_at = models if size == 1 else self.replica[index]
         sim.apply_update(index, grads, torch.tensor(lrs, dtype=torch.float64),
-                         decay_at=self.replica if index is None else self.replica[index])
+                         decay_at=decay_at)
 
 
 def write_trace(directory: Path, index: int, ops: list[list]) -> Path:
