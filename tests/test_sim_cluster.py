@@ -313,6 +313,8 @@ def test_measured_through_the_config(tmp_path):
     ("no checkpoint", "final_rank0.pt is missing"),
     ("bad checkpoint", "cannot read the model in .*final_rank0.pt"),
     ("no comm", "spent no measurable time communicating"),
+    ("bad hosts", "has a damaged 'hosts' entry"),
+    ("no train_s", "has no 'train_s' entry"),
 ])
 def test_a_missing_or_damaged_run_is_one_line_naming_the_file(tmp_path, damage, expected):
     path = write_run(tmp_path / "run")
@@ -338,6 +340,10 @@ def test_a_missing_or_damaged_run_is_one_line_naming_the_file(tmp_path, damage, 
         for rank in summary["per_rank"]:
             rank["comm"] = 0.0
         path.write_text(json.dumps(summary))
+    elif damage == "bad hosts":
+        path.write_text(json.dumps({**summary, "hosts": [{"name": "h", "cores": "2"}]}))
+    elif damage == "no train_s":
+        path.write_text(json.dumps({k: v for k, v in summary.items() if k != "train_s"}))
     with pytest.raises(UserError, match=expected) as error:
         measured_cluster(path)
     fix = "algo=ssgd" if damage == "adpsgd" else "cluster.from_summary=RUN_DIR/summary.json"

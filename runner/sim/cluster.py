@@ -392,7 +392,7 @@ def measured_cluster(summary_path: str | Path, base: ClusterConfig | None = None
                      for r in range(n)])
     overhead = max(0.0, (train_s - float(timed)) / max(steps))
     contention = 0.0
-    shared = any(host["ranks"] > host["cores"] for host in summary.get("hosts") or [])
+    shared = any(host["ranks"] > host["cores"] for host in _hosts(summary, path))
     if shared:
         contention = float(np.mean([
             (per_rank[r].get("idle", 0.0) - per_rank[r].get("milestone_wait", 0.0))
@@ -430,6 +430,18 @@ def _as_cluster(base: Any) -> ClusterConfig:
     from omegaconf import OmegaConf  # a composed DictConfig
 
     return OmegaConf.to_object(base)
+
+
+def _hosts(summary: dict, path: Path) -> list[dict]:
+    """summary.json's hosts (absent in runs of older versions: none known to be shared)."""
+    hosts = summary.get("hosts") or []
+    valid = isinstance(hosts, list) and all(
+        isinstance(h, dict) and isinstance(h.get("ranks"), int) and isinstance(h.get("cores"), int)
+        for h in hosts)
+    if not valid:
+        raise UserError(f"{path} has a damaged 'hosts' entry (a list of name, cores, ranks)",
+                        SUMMARY_FIX)
+    return hosts
 
 
 def _field(summary: dict, key: str, path: Path) -> Any:
