@@ -1,7 +1,10 @@
 """Handwritten digits (scikit-learn's copy of the UCI 8x8 digits): a small CNN, top-1/top-5.
 
 The 1,797 images ship inside scikit-learn, so this recipe runs anywhere without a download. The
-held-out split is stratified and depends only on ``recipe.split_seed``.
+held-out split is stratified and depends only on ``recipe.split_seed``. For studies that need
+long epochs, ``recipe.train_size`` grows the training set with distorted copies of the
+training images (digit_augment.py), and ``recipe.heldout_size`` the held-out set with
+distorted copies of the held-out images: neither side ever sees the other's digits.
 """
 
 from __future__ import annotations
@@ -16,11 +19,12 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from runner.errors import UserError
+from runner.errors import ConfigError, UserError
 from runner.schema import require
 
 from .base import Recipe, RecipeConfig
 from .classification import classification_metrics, classification_sums
+from .digit_augment import distorted_copies
 from .registry import RECIPES
 
 
@@ -31,6 +35,13 @@ class DigitImagesConfig(RecipeConfig):
     channels: list[int] = field(default_factory=lambda: [32, 64])
     hidden: int = 128
     dropout: float = 0.0
+    # Training samples: 0 keeps the training originals; more adds distorted copies of them
+    # (recipes/digit_augment.py), made with augment_seed, up to this many samples in all.
+    train_size: int = 0
+    # Held-out samples: 0 keeps the held-out originals; more adds distorted copies of them
+    # (never of a training image), for a finer and less saturated held-out metric.
+    heldout_size: int = 0
+    augment_seed: int = 0
 
     def check(self, prefix, cfg) -> None:
         require(0 < self.heldout_fraction < 1, f"{prefix}.heldout_fraction",
@@ -40,6 +51,12 @@ class DigitImagesConfig(RecipeConfig):
                 "needs two positive channel counts", f"{prefix}.channels=[32,64]")
         require(0 <= self.dropout < 1, f"{prefix}.dropout", "must be in [0, 1)",
                 f"{prefix}.dropout=0")
+        require(self.train_size >= 0, f"{prefix}.train_size",
+                f"must be >= 0 (0: the training originals only), got {self.train_size}",
+                f"{prefix}.train_size=40000")
+        require(self.heldout_size >= 0, f"{prefix}.heldout_size",
+                f"must be >= 0 (0: the held-out originals only), got {self.heldout_size}",
+                f"{prefix}.heldout_size=4000")
 
 
 def stratified_split(labels: np.ndarray, heldout_fraction: float, seed: int
@@ -66,6 +83,20 @@ def load_digits() -> tuple[np.ndarray, np.ndarray]:
     table = np.loadtxt(Path(spec.origin).parent / "datasets" / "data" / "digits.csv.gz",
                        delimiter=",", dtype=np.int64)
     return table[:, :-1], table[:, -1]
+
+
+def grown(images: torch.Tensor, labels: torch.Tensor, size: int, seed: int, key: str
+          ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``images`` followed by distorted copies of them up to ``size`` samples (0: as they
+    are); ``key`` names the setting in the error when ``size`` is below the originals."""
+    extra = size - len(images) if size else 0
+    if extra < 0:
+        raise ConfigError(key, f"{size} is fewer than the {len(images)} original images it "
+                          f"starts from", f"{key}=0 or >= {len(images)}")
+    if not extra:
+        return images, labels
+    copies, source = distorted_copies(images, extra, seed)
+    return torch.cat([images, copies]), torch.cat([labels, labels[source]])
 
 
 class DigitCNN(nn.Module):
@@ -97,10 +128,18 @@ class DigitImages(Recipe):
         labels = torch.tensor(targets, dtype=torch.long)
         train, heldout = stratified_split(targets, self.cfg.heldout_fraction,
                                           self.cfg.split_seed)
+        # Normalised with the training originals' statistics, whatever the sizes add.
         mean, std = images[train].mean(), images[train].std()
-        images = (images - mean) / std
-        return (TensorDataset(images[train], labels[train]),
-                TensorDataset(images[heldout], labels[heldout]))
+        seed = self.cfg.augment_seed
+        train_images, train_labels = grown(images[train], labels[train],
+                                           self.cfg.train_size, seed, "recipe.train_size")
+        # Another seed stream for the held-out copies (the same seed would warp held-out
+        # image k exactly as training image k).
+        heldout_images, heldout_labels = grown(images[heldout], labels[heldout],
+                                               self.cfg.heldout_size, seed + 1_000_003,
+                                               "recipe.heldout_size")
+        return (TensorDataset((train_images - mean) / std, train_labels),
+                TensorDataset((heldout_images - mean) / std, heldout_labels))
 
     def build_model(self):
         return DigitCNN(list(self.cfg.channels), self.cfg.hidden, self.cfg.dropout)
