@@ -196,7 +196,7 @@ def mixing(algo: str, peers: str, n: int) -> dict[str, float]:
 
     overrides = [o for o in PEER_CHOICES[peers][algo] if o.startswith("topology=")]
     cfg = compose(["recipe=digit_images", "launcher=sim", f"launcher.nprocs={n}",
-                   f"algo={algo}", *overrides])
+                   "cluster.nodes=0", f"algo={algo}", *overrides])
     topology = TOPOLOGIES.get(cfg.topology.name)(cfg.topology, seed=cfg.seed)
     if algo == "adpsgd":
         return {"rho_per_averaging": pairwise_rho(topology, n)}
