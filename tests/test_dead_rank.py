@@ -74,12 +74,14 @@ def test_a_hung_rank_ends_the_job_through_communication_timeouts(tmp_path, algo)
     errors = [line for line in stderr.splitlines() if line.startswith("adpsgd-run: error:")]
     assert len(errors) == 1, stderr
     # SSGD waits in a collective. AD-PSGD's rank 0 waits either in a gossip exchange with the
-    # silent rank or, when the stop lands at an evaluation/checkpoint milestone, in that
-    # milestone's collective; either way the line names the waiting rank and the operation
-    # (it comes from the waiting rank's exit record, runner/launch/watchdog.py).
+    # silent rank (its request, or the model exchange after an answered request, depending on
+    # where the stop lands) or, when the stop lands at an evaluation/checkpoint milestone, in
+    # that milestone's collective; either way the line names the waiting rank and the
+    # operation (it comes from the waiting rank's exit record, runner/launch/watchdog.py).
     collective = "rank 0 of the world communicator (2 ranks)"
-    gossip = "participant 0: request with participant 1"
-    waiting = [collective] if algo == "ssgd" else [collective, gossip]
+    gossip = [f"participant 0: {phase} with participant 1"
+              for phase in ("request", "model exchange")]
+    waiting = [collective] if algo == "ssgd" else [collective, *gossip]
     assert any(text in errors[0] for text in waiting), errors[0]
     assert "got no answer in 5 s" in errors[0] and "raise comm.timeout_s" in errors[0]
     # The silent rank went down with the job (MPI_Abort): the launcher names it too.
