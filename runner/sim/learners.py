@@ -97,10 +97,7 @@ class StackedLearners:
         gradient 0, loss NaN). Learners of equal count share vectorized calls."""
         k = len(learners)
         losses = torch.full((k,), float("nan"), dtype=torch.float64)
-        by_count: dict[int, list[int]] = {}
-        for j, c in enumerate(counts):
-            if c > 0:
-                by_count.setdefault(int(c), []).append(j)
+        by_count = _by_count(counts)
         if k <= self.chunk and len(by_count) == 1 and len(next(iter(by_count.values()))) == k:
             g, loss = self._group(models, list(learners), list(batches))  # the common case
             return g, loss.detach().double()
@@ -127,10 +124,7 @@ class StackedLearners:
         k = len(learners)
         losses = torch.full((k,), float("nan"), dtype=torch.float64)
         total = torch.zeros(self.size, dtype=self.dtype)
-        by_count: dict[int, list[int]] = {}
-        for j, c in enumerate(counts):
-            if c > 0:
-                by_count.setdefault(int(c), []).append(j)
+        by_count = _by_count(counts)
         for members in by_count.values():
             for start in range(0, len(members), self.chunk):
                 part = members[start:start + self.chunk]
@@ -152,7 +146,7 @@ class StackedLearners:
             stacked = _stack(batches)
         except RuntimeError:  # padded sequences of different lengths
             return None
-        buffers = {f"model.{name}": b[torch.tensor(learners)] for name, b in self.buffers.items()}
+        buffers = self._rows_of_buffers(learners)
         params = {name: t[0] for name, t in self.views(model.unsqueeze(0)).items()}
 
         def weighted_loss(params, bufs, batch, w):
@@ -166,9 +160,7 @@ class StackedLearners:
             g, values = torch.func.grad(weighted_loss, has_aux=True)(
                 params, buffers, stacked, weights.to(self.dtype))
         except (RuntimeError, NotImplementedError) as ex:
-            self._vmap_ok = False
-            log.info("simulator: vmap cannot batch this model (%s); one call per learner",
-                     str(ex).splitlines()[0][:160])
+            self._vmap_failed(ex)
             return None
         self._store_buffers(learners, buffers)
         return torch.cat([g[f"model.{name}"].reshape(-1) for name in self.names]), values
@@ -176,7 +168,7 @@ class StackedLearners:
     def _group(self, models: torch.Tensor, learners: list[int], batches: list[Any]
                ) -> tuple[torch.Tensor, torch.Tensor]:
         k = len(learners)
-        buffers = {f"model.{name}": b[torch.tensor(learners)] for name, b in self.buffers.items()}
+        buffers = self._rows_of_buffers(learners)
         try:  # learners' batches of padded sequences differ in length: one call each
             stacked = _stack(batches)
         except RuntimeError:
@@ -192,10 +184,18 @@ class StackedLearners:
                 self._store_buffers(learners, buffers)
                 return self.flat(g, k), value
             except (RuntimeError, NotImplementedError) as ex:
-                self._vmap_ok = False
-                log.info("simulator: vmap cannot batch this model (%s); one call per learner",
-                         str(ex).splitlines()[0][:160])
+                self._vmap_failed(ex)
         return self._one_by_one(models, learners, batches, buffers)
+
+    def _rows_of_buffers(self, learners: list[int]) -> dict[str, torch.Tensor]:
+        """The learners' buffers (BatchNorm statistics), named as functional_call wants them."""
+        index = torch.tensor(learners)
+        return {f"model.{name}": b[index] for name, b in self.buffers.items()}
+
+    def _vmap_failed(self, ex: Exception) -> None:
+        self._vmap_ok = False
+        log.info("simulator: vmap cannot batch this model (%s); one call per learner",
+                 str(ex).splitlines()[0][:160])
 
     def _one_by_one(self, models: torch.Tensor, learners: list[int], batches: list[Any],
                     buffers: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -226,6 +226,15 @@ class StackedLearners:
         index = torch.tensor(learners)
         for name, stacked in self.buffers.items():
             stacked[index] = buffers[f"model.{name}"]
+
+
+def _by_count(counts: Sequence[int]) -> dict[int, list[int]]:
+    """Positions of the learners with a batch, grouped by its size (equal sizes stack)."""
+    groups: dict[int, list[int]] = {}
+    for j, c in enumerate(counts):
+        if c > 0:
+            groups.setdefault(int(c), []).append(j)
+    return groups
 
 
 def _stack(batches: list[Any]) -> Any:
