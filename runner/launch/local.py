@@ -286,7 +286,7 @@ class LocalLauncher(Launcher):
         if statuses in ({EXIT_PREEMPTED}, {EXIT_STOPPED}):  # every rank stopped gracefully
             return statuses.pop()
         dead = self.dead_rank(watchdog, output)
-        if status < 0 and (dead is None or dead.when >= ended):
+        if status < 0 and (dead is None or dead.when >= ended or self.mpiexec_killed_first):
             # mpiexec itself was killed from outside; its ranks went down after it.
             self.report_mpiexec_killed(run_dir, proc.pid, -status)
             return 128 - status
@@ -307,6 +307,7 @@ class LocalLauncher(Launcher):
         Returns mpiexec's status."""
         seen_dead = None
         self.stalled = None
+        self.mpiexec_killed_first = False
         while True:
             try:
                 return proc.wait(timeout=POLL_S)
@@ -320,6 +321,11 @@ class LocalLauncher(Launcher):
             if watchdog.check() is None:
                 continue  # nobody died, or a rank failed first with a message (and aborts)
             seen_dead = seen_dead or time.monotonic()
+            if (status := proc.poll()) is not None:
+                # mpiexec ended between the wait and the check: killed by a signal, it took
+                # its ranks down after it (Hydra never ends by a signal for a rank's death).
+                self.mpiexec_killed_first = status < 0
+                return status
             if time.monotonic() - seen_dead >= grace_s:
                 return self.end_job(proc, watchdog)
 
