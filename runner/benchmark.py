@@ -254,7 +254,8 @@ def prepare_cases(root: Path, cases: dict[str, list[str]]) -> dict[str, Path]:
             (run_dir / sub).mkdir(parents=True, exist_ok=True)
         OmegaConf.save(typed, run_dir / RUN_CONFIG)
         recipe_key = json.dumps(OmegaConf.to_container(typed.recipe), sort_keys=True)
-        if recipe_key not in prepared:
+        # a timing-only simulation reads no data
+        if recipe_key not in prepared and not typed.launcher.get("timing_only"):
             RECIPES.get(typed.recipe.name)(typed.recipe).prepare()
             prepared.add(recipe_key)
         run_dirs[name] = run_dir

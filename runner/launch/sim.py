@@ -30,7 +30,10 @@ class SimConfig(LauncherConfig):
     # No data and no learning: the schedule of the run for a model of model_bytes and an epoch
     # of samples_per_epoch, projected in seconds of host time (runner/sim/timing.py)
     timing_only: bool = False
-    model_bytes: Optional[float] = None  # null: the recipe's model's parameters (trainer.dtype)
+    # bytes a learner sends per exchange (null: the recipe's model's parameters in
+    # trainer.dtype); set in a learning run, a small model learns while the exchanges are
+    # timed for a large one
+    model_bytes: Optional[float] = None
     # null: the recipe's (imagenet: 1,281,167 images; swb2000: 2,000 h in utterances of 4 s;
     # the others: their training set; runner/sim/timing.py, SAMPLES_PER_EPOCH)
     samples_per_epoch: Optional[int] = None

@@ -121,7 +121,9 @@ class Simulation:
         self.models = self.driver.model_count  # rows of x: learners, or super learners
         self.learners = StackedLearners(self.model, self.recipe.loss, self.models)
         self.x = self.learners.x
-        self.nbytes = self.learners.nbytes
+        # launcher.model_bytes times the exchanges for a model of that size while this one
+        # learns: a small model's steps with a large one's communication.
+        self.nbytes = float(cfg.launcher.get("model_bytes") or self.learners.nbytes)
         self.optimizer = StackedSGD(self.learners, self.model, o.momentum, o.nesterov,
                                     o.weight_decay, o.no_decay_norm_bias)
         self.driver.setup()
@@ -349,6 +351,7 @@ class Simulation:
                                 [self.recipe.rank_report()])
         summary.update({"launcher": "sim", "cluster": self.cfg.cluster.name,
                         "virtual_s": self.clocks.now(), "host_s": host_s,
+                        "exchange_bytes": self.nbytes,
                         "host_eval_s": self.host_eval_s,
                         "learner_steps_per_host_s": float(
                             sum(self.driver.steps_per_learner())) / max(host_s, 1e-9)})
