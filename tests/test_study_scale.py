@@ -59,3 +59,78 @@ def test_dasgd_quick(tmp_path):
         assert run["step_s"] >= run["compute_only_step_s"] > 0
         assert 0 < run["scale_up_efficiency"] <= 1 + 1e-9
         assert run["overhead"] == pytest.approx(run["step_s"] / run["compute_only_step_s"] - 1)
+
+
+def test_batch_quick(tmp_path):
+    r = run_study("batch", tmp_path)
+    n = r["nprocs"][0]
+    batches = sorted(r["batch_sizes"])
+    assert set(r["points"]) == {f"n{n}-{algo}-b{b}" for algo in ("ssgd", "adpsgd")
+                                for b in batches}
+    for point in r["points"].values():
+        assert set(point["rules"]) == {"sqrt", "linear"}
+        best = max(rule["final_top1"] for rule in point["rules"].values())
+        assert point["final_top1"] == best == point["rules"][point["best_rule"]]["final_top1"]
+        assert point["global_batch"] == n * point["batch_size"]
+        # the smallest batch is the reference, within its own margin by definition
+        assert point["within_margin"] or point["batch_size"] > batches[0]
+    tolerance = r["tolerance"][str(n)]
+    assert set(tolerance["largest_batch"]) == {"ssgd", "adpsgd"}
+    assert tolerance["adpsgd_over_ssgd"] == (tolerance["largest_batch"]["adpsgd"]
+                                             / tolerance["largest_batch"]["ssgd"])
+    assert r["verdict"] in ("held", "partly", "not held")
+
+
+def test_heterogeneity_quick(tmp_path):
+    r = run_study("heterogeneity", tmp_path)
+    # --quick: SSGD and AD-PSGD, even and with a straggler (the full study: five and four)
+    assert r["algos"] == ["ssgd", "adpsgd"] and set(r["conditions"]) == {"even", "straggler"}
+    assert set(r["runs"]) == {f"{c}-{a}" for c in r["conditions"] for a in r["algos"]}
+    for run in r["runs"].values():
+        assert run["epoch_s"] > 0 and len(run["curve"]) >= 2
+        epochs = run["epochs_to_target"]
+        if epochs is None:
+            assert max(p["top1"] for p in run["curve"]) < r["target_top1"]
+            assert run["time_to_target_s"] is None
+        else:
+            hit = next(p for p in run["curve"] if p["top1"] >= r["target_top1"])
+            assert 0 < epochs <= hit["epoch"]
+            assert run["time_to_target_s"] == pytest.approx(epochs * run["epoch_s"])
+        learned = json.loads((tmp_path / "runs" / f"{run['condition']}-{run['algo']}"
+                              / "summary.json").read_text())
+        timed = json.loads((tmp_path / "runs" / f"{run['condition']}-{run['algo']}-timing"
+                            / "summary.json").read_text())
+        # every exchange was timed for ResNet-50, not for the digits' CNN, in both runs
+        assert learned["exchange_bytes"] == timed["model_bytes"] == r["timed_as"]["model_bytes"]
+        assert timed["timing_only"] and timed["epoch_s"] == run["epoch_s"]
+    runs = r["runs"]
+    # the 4x straggler stretches SSGD's epoch, which waits for it every step, not AD-PSGD's
+    assert runs["straggler-ssgd"]["epoch_s"] > 2 * runs["even-ssgd"]["epoch_s"]
+    assert runs["straggler-adpsgd"]["epoch_s"] < 2 * runs["even-adpsgd"]["epoch_s"]
+    assert set(r["summary"]) == set(r["conditions"])
+    assert r["summary"]["straggler"]["ssgd_epoch_over_adpsgd"] > 1.5
+
+
+def test_tables_quick(tmp_path):
+    r = run_study("tables", tmp_path)
+    assert set(r["runs"]) == {"hadpsgd_64_v100_ethernet", "hadpsgd_64_v100_ethernet_paper_rate",
+                              "ssgd_64_v100_ethernet", "adpsgd_delay_by_one_64_p9",
+                              "adpsgd_delay_by_one_128_p9"}
+    for name, run in r["runs"].items():
+        assert run["projected_h"] > 0 and abs(sum(run["shares"].values()) - 1) < 1e-9
+        assert (run["paper_h"] is None) == (name not in ("hadpsgd_64_v100_ethernet",
+                                                         "adpsgd_delay_by_one_64_p9",
+                                                         "adpsgd_delay_by_one_128_p9"))
+    runs = r["runs"]
+    # the same schedule at the rate 5.2 h implies: only the compute seconds change
+    slower = runs["hadpsgd_64_v100_ethernet_paper_rate"]["epoch_s"]
+    assert slower > 2 * runs["hadpsgd_64_v100_ethernet"]["epoch_s"]
+    assert runs["adpsgd_delay_by_one_128_p9"]["nprocs"] == 128
+
+
+def test_a_bad_study_option_is_one_line(tmp_path):
+    proc = subprocess.run([sys.executable, str(SCRIPT), "heterogeneity", "--quick",
+                           "--nprocs", "7", "--runs", str(tmp_path)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "--nprocs must be even" in proc.stderr
+    assert "Traceback" not in proc.stderr
