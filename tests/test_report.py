@@ -1,6 +1,7 @@
 """adpsgd-report on two tiny real runs (digit images, 1 epoch: SSGD in process, AD-PSGD on
 2 real ranks): valid PNGs of sensible size and a table that holds the runs' own numbers; a
-run without summary.json; one-line errors for run dirs that are missing or empty."""
+run without summary.json; one-line errors for run dirs that are missing or empty; a sweep dir
+of adpsgd-run -m, read as it lies."""
 
 from __future__ import annotations
 
@@ -63,11 +64,47 @@ def test_report_draws_pngs_and_a_table_of_the_runs_numbers(two_runs):
     assert float(lines[3].split("|")[10]) >= 0 and lines[2].split("|")[10].strip() == "0"
 
 
+@pytest.mark.slow
+def test_a_sweep_dir_is_read_as_it_lies(tmp_path):
+    """adpsgd-report SWEEP_DIR: the jobs' run dirs in job order, labelled and tabulated by the
+    setting they sweep; multirun.yaml and other entries skipped with one line each."""
+    sweep = tmp_path / "sweep"
+    run_cli(["-m", "recipe=digit_images", "algo=ssgd", "launcher.nprocs=1", "trainer.epochs=1",
+             "trainer.progress=false", "optim.lr=0.4,0.2", f"hydra.sweep.dir={sweep}"],
+            cwd=tmp_path)
+    (sweep / "notes.txt").write_text("mine\n")
+    (sweep / "unfinished").mkdir()
+    out = tmp_path / "report"
+    proc = subprocess.run([str(BIN / "adpsgd-report"), str(sweep), "--out", str(out)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(proc.stderr.splitlines()) == [
+        f"adpsgd-report: skipping {sweep / 'multirun.yaml'} (the sweep's Hydra config, not a "
+        "run)",
+        f"adpsgd-report: skipping {sweep / 'notes.txt'} (not a run dir: no metrics.jsonl or "
+        "summary.json)",
+        f"adpsgd-report: skipping {sweep / 'unfinished'} (not a run dir: no metrics.jsonl or "
+        "summary.json)"]
+    lines = (out / "table.md").read_text().splitlines()
+    assert lines[0].startswith("| run | optim.lr | algo | recipe | nprocs | final metric |")
+    assert len(lines) == 4
+    for job, (lr, line) in enumerate(zip(("0.4", "0.2"), lines[2:])):
+        summary = json.loads((sweep / f"{job}-optim.lr={lr}" / "summary.json").read_text())
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        assert cells[:5] == [f"optim.lr={lr}", lr, "ssgd", "digit_images", "1"]
+        assert cells[5] == f"top1 {summary['top1']:.2f}"
+    assert (out / "curves_wall.png").stat().st_size > 10_000
+
+
 def test_missing_and_empty_run_dirs_are_one_line_errors(tmp_path, capsys):
     empty = tmp_path / "empty"
     empty.mkdir()
+    no_jobs = tmp_path / "sweep"
+    no_jobs.mkdir()
+    (no_jobs / "multirun.yaml").write_text("hydra: {}\n")
     for args, expected in (([str(tmp_path / "nope")], "does not exist"),
                            ([str(empty)], "holds no metrics.jsonl or summary.json"),
+                           ([str(no_jobs)], f"sweep dir {no_jobs} holds no run dir"),
                            ([], "required")):
         assert report_main([*args, "--out", str(tmp_path / "out")]) == 2
         err = capsys.readouterr().err
