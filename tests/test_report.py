@@ -24,15 +24,16 @@ def two_runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("report")
     runs = {"ssgd": ["algo=ssgd", "launcher.nprocs=1"],
             "adpsgd": ["algo=adpsgd", "launcher.nprocs=2"]}
+    printed = {}
     for name, overrides in runs.items():
-        run_cli(["recipe=digit_images", *overrides, "trainer.epochs=1",
-                 f"hydra.run.dir={root / name}"], cwd=root)
-    return root, [root / name for name in runs]
+        printed[name] = run_cli(["recipe=digit_images", *overrides, "trainer.epochs=1",
+                                 f"hydra.run.dir={root / name}"], cwd=root).stdout
+    return root, [root / name for name in runs], printed
 
 
 @pytest.mark.mpi
 def test_report_draws_pngs_and_a_table_of_the_runs_numbers(two_runs):
-    root, run_dirs = two_runs
+    root, run_dirs, _ = two_runs
     out = root / "report"
     proc = subprocess.run([str(BIN / "adpsgd-report"), *map(str, run_dirs), "--out", str(out),
                            "--rank0"], capture_output=True, text=True, timeout=120)
@@ -96,6 +97,25 @@ def test_a_sweep_dir_is_read_as_it_lies(tmp_path):
     assert (out / "curves_wall.png").stat().st_size > 10_000
 
 
+@pytest.mark.mpi
+def test_the_run_ends_with_its_replicas_scores_and_consensus(two_runs):
+    """What adpsgd-run printed at the end of the runs above (report reads what it says): for
+    AD-PSGD the averaged model's and rank 0's own top-1 and the consensus distance as
+    summary.json has them; for SSGD (one model) nothing beyond the usual line."""
+    _, run_dirs, printed = two_runs
+    ssgd_tail = printed["ssgd"].strip().splitlines()[-1]
+    assert ssgd_tail.startswith("ssgd on digit_images, 1 ranks: ") and "consensus" not in ssgd_tail
+    summary = json.loads((run_dirs[1] / "summary.json").read_text())
+    averaged, own = summary["final"]["top1"], summary["final_rank0"]["top1"]
+    assert summary["consensus_distance"] > 0
+    expected = f"consensus distance {summary['consensus_distance']:.3g}"
+    if f"{averaged:.2f}" != f"{own:.2f}":
+        expected = (f"held-out top1 {averaged:.2f} (averaged model), {own:.2f} (rank 0's own); "
+                    + expected)
+    tail = printed["adpsgd"].strip().splitlines()
+    assert tail[-2].startswith("adpsgd on digit_images, 2 ranks: ") and tail[-1] == expected
+
+
 def test_missing_and_empty_run_dirs_are_one_line_errors(tmp_path, capsys):
     empty = tmp_path / "empty"
     empty.mkdir()
@@ -116,7 +136,7 @@ def test_missing_and_empty_run_dirs_are_one_line_errors(tmp_path, capsys):
 @pytest.mark.mpi
 def test_a_run_without_summary_is_drawn_as_incomplete(two_runs, tmp_path):
     """A run that died after an evaluation: its metrics.jsonl, no summary.json."""
-    _, run_dirs = two_runs
+    _, run_dirs, _ = two_runs
     crashed = tmp_path / "crashed"
     crashed.mkdir()
     shutil.copy(run_dirs[0] / "metrics.jsonl", crashed)

@@ -37,25 +37,15 @@ from typing import Any
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from ..errors import OneLineParser, UserError, command_status, one_line
-from ..run_log import read_metrics
+from ..run_log import NOT_METRICS, primary_metric, read_metrics
 
 PROG = "adpsgd-report"
-# Keys of summary["final"] that are not the recipe's metric.
-NOT_METRICS = {"loss", "consensus_distance", "lr"}
 TABLE_COLUMNS = ("run", "algo", "recipe", "nprocs", "final metric", "samples/s", "compute s",
                  "comm s", "idle s", "consensus distance", "status")
 # Settings the table shows anyway: no extra column when they differ between runs.
 SHOWN_SETTINGS = {"algo", "recipe", "launcher.nprocs"}
 RUN_FILES = ("metrics.jsonl", "summary.json")
 SWEEP_FILE = "multirun.yaml"  # Hydra writes it into every sweep dir
-
-
-def primary_metric(summary: dict[str, Any]) -> str | None:
-    """The recipe's headline metric of a run: the trainer writes it both inside ``final`` and
-    at the top level of summary.json (``wer``, ``top1``, ``frame_acc``...)."""
-    final = summary.get("final") or {}
-    names = [k for k in final if k in summary and k not in NOT_METRICS]
-    return names[0] if names else None
 
 
 def lower_is_better(metric: str) -> bool:
