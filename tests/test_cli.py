@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from runner.commands.run import sweep_naming
 from runner.compose import SWEEP_NAME_MAX, sweep_subdir
 
 from conftest import BIN, REPO, read_run, run_cli
@@ -144,6 +145,16 @@ def test_multirun_sweep_runs_jobs_one_after_another(tmp_path):
         ends.append((run / "summary.json").stat().st_mtime)
     assert lrs == [0.2, 0.3]
     assert starts[1] >= ends[0]  # the second job started after the first one finished
+
+
+def test_a_sweep_names_its_jobs_by_the_keys_it_sweeps():
+    sweep = ["-m", "recipe=digit_images", "topology=ring,random_ring", "+seed_extra=1",
+             "optim.lr=range(0.1,0.3,0.1)", "hydra.sweep.dir=x"]
+    assert sweep_naming(sweep) == (
+        "hydra.job.config.override_dirname.exclude_keys=['recipe','seed_extra']")
+    assert sweep_naming(sweep[1:]) is None  # a single run
+    own = "hydra.job.config.override_dirname.exclude_keys=[]"
+    assert sweep_naming([*sweep, own]) is None  # the user's choice stands
 
 
 def test_sweep_job_dir_names_are_safe_short_and_distinct():
