@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import hashlib
 import importlib.resources
 import re
 from typing import Any
@@ -55,6 +56,32 @@ def user_config_groups() -> str:
 
 if not OmegaConf.has_resolver("adpsgd_config_groups"):  # conf/config.yaml's help template
     OmegaConf.register_new_resolver("adpsgd_config_groups", user_config_groups)
+
+
+# A sweep job's dir name: short enough for any file system (255 bytes a name), one level deep.
+SWEEP_NAME_MAX = 120
+# Override syntax that says nothing about the value ([3,5] -> 3,5; 'a b' -> a_b).
+_SWEEP_NAME_DROP = re.compile(r"[\[\]{}()'\"]")
+_SWEEP_NAME_UNSAFE = re.compile(r"[^A-Za-z0-9._=,+~@%-]")
+
+
+def sweep_subdir(num: int, swept: str, fallback: str) -> str:
+    """``NUM-SWEPT`` (e.g. ``1-topology=random_ring``), the dir of sweep job ``num`` under
+    hydra.sweep.dir. ``swept`` is ``hydra.job.override_dirname``, the job's values of the keys
+    the command line sweeps (adpsgd-run excludes the others); without any (``-m`` over one
+    value) the name is ``NUM-FALLBACK``. A slash would nest dirs and a space or a quote makes
+    the name awkward in a shell: they become ``_``; past SWEEP_NAME_MAX characters the name is
+    cut and ends with a hash of the whole, so that names stay distinct and readable."""
+    name = _SWEEP_NAME_UNSAFE.sub("_", _SWEEP_NAME_DROP.sub("", str(swept))) or str(fallback)
+    name = f"{num}-{name}"
+    if len(name) > SWEEP_NAME_MAX:
+        digest = hashlib.sha1(name.encode()).hexdigest()[:8]
+        name = f"{name[:SWEEP_NAME_MAX - 9]}-{digest}"
+    return name
+
+
+if not OmegaConf.has_resolver("adpsgd_sweep_subdir"):  # conf/config.yaml's hydra.sweep.subdir
+    OmegaConf.register_new_resolver("adpsgd_sweep_subdir", sweep_subdir)
 
 
 def registries() -> dict[str, Registry]:

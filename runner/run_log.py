@@ -256,6 +256,36 @@ def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+# Keys of summary["final"] that are not the recipe's metric.
+NOT_METRICS = {"loss", "consensus_distance", "lr"}
+
+
+def primary_metric(summary: dict[str, Any]) -> str | None:
+    """The recipe's headline metric of a run: the trainer writes it both inside ``final`` and
+    at the top level of summary.json (``wer``, ``top1``, ``frame_acc``...)."""
+    final = summary.get("final") or {}
+    names = [k for k in final if k in summary and k not in NOT_METRICS]
+    return names[0] if names else None
+
+
+def replicas_line(summary: dict[str, Any]) -> str | None:
+    """For a run whose ranks ended with different models (decentralized, asynchronous): the
+    held-out metric of the averaged model beside rank 0's own where they differ, and the
+    consensus distance. None when every rank holds the same model (SSGD): nothing to add."""
+    parts = []
+    metric = primary_metric(summary)
+    averaged = (summary.get("final") or {}).get(metric)
+    own = (summary.get("final_rank0") or {}).get(metric)
+    if isinstance(averaged, (int, float)) and isinstance(own, (int, float)) \
+            and f"{averaged:.2f}" != f"{own:.2f}":
+        parts.append(f"held-out {metric} {averaged:.2f} (averaged model), {own:.2f} (rank 0's "
+                     "own)")
+    consensus = summary.get("consensus_distance")
+    if isinstance(consensus, (int, float)) and consensus > 0:
+        parts.append(f"consensus distance {consensus:.3g}")
+    return "; ".join(parts) or None
+
+
 def results_table(run_dir: str | Path) -> str:
     """A short console table of the evaluations and the final summary of one run."""
     rows = [r for r in read_metrics(run_dir) if r.get("split") == "eval"]
@@ -274,4 +304,7 @@ def results_table(run_dir: str | Path) -> str:
             f"{summary.get('algo')} on {summary.get('recipe')}, {summary.get('nprocs')} ranks: "
             f"{summary.get('samples_per_s', 0):.0f} samples/s, status {summary.get('status')}, "
             f"run dir {run_dir}")
+        replicas = replicas_line(summary)
+        if replicas:
+            lines.append(replicas)
     return "\n".join(lines)

@@ -6,8 +6,9 @@ checkpoint every few steps); once the first checkpoint is complete, one rank get
 its verdict naming the dead rank, and when ``adpsgd-run`` has exited. Also checked: no rank
 process is left, and the newest complete checkpoint still loads::
 
-    python scripts/bench_dead_rank.py --json dead_rank.json
+    python scripts/bench_dead_rank.py --json docs/results/dead_rank.json
     python scripts/bench_dead_rank.py --algos ssgd dasgd --nprocs 2
+    python scripts/bench_dead_rank.py --quick       # one 2-rank SSGD case: checks the wiring
 
 tests/test_dead_rank.py runs the same function on every case.
 """
@@ -15,7 +16,6 @@ tests/test_dead_rank.py runs the same function on every case.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import subprocess
@@ -24,7 +24,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from runner import benchmark as bench
+from runner.errors import UserError
+
+NAME = "dead_rank"
 BIN = Path(sys.executable).parent
+BOUND_S = 60  # the issue's bound from a rank's death to the job's exit
 CASES = {  # (algo, nprocs): (rank to kill, extra overrides)
     ("ssgd", 2): (1, []),
     ("ssgd", 4): (0, []),
@@ -86,8 +91,12 @@ def kill_one_rank(work_dir: Path, algo: str, nprocs: int, victim: int | None,
         deadline = time.monotonic() + startup_timeout_s
         while not ready(run_dir):
             if job.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"{name}: the moment to kill never came:\n"
-                                   f"{stderr_path.read_text()[-2000:]}")
+                lines = stderr_path.read_text().strip().splitlines() or ["(nothing)"]
+                ended = (f"exited with status {job.returncode}" if job.poll() is not None
+                         else f"ran {startup_timeout_s:.0f} s without one")
+                raise UserError(f"{name}: the moment to kill a rank never came: adpsgd-run "
+                                f"{ended}; its last line: {lines[-1]}",
+                                f"read {stderr_path}; on a slow machine raise --timeout")
             time.sleep(0.05)
         if victim_process == "mpiexec":
             pid = int(subprocess.run(["pgrep", "-P", str(job.pid), "mpiexec"],
@@ -115,29 +124,64 @@ def kill_one_rank(work_dir: Path, algo: str, nprocs: int, victim: int | None,
             "checkpoint": newest_checkpoint_loads(run_dir), "run_dir": str(run_dir)}
 
 
-def main(argv: list[str] | None = None) -> None:
+FULL = {"algos": sorted({a for a, _ in CASES}), "nprocs": [2, 4]}
+QUICK = {"algos": ["ssgd"], "nprocs": [2]}
+MD_HEADER = ("| date | algorithm | ranks | rank killed | named after | exited after | "
+             "leftovers | checkpoint | load before/after |\n" + "|---" * 9 + "|\n")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--algos", nargs="+", default=sorted({a for a, _ in CASES}))
-    parser.add_argument("--nprocs", nargs="+", type=int, default=[2, 4])
-    parser.add_argument("--work-dir", default="runs/bench/dead_rank")
-    parser.add_argument("--json", help="write the results here")
+    bench.add_common_arguments(parser, NAME, timeout_s=600)
+    algos = sorted({a for a, _ in CASES})
+    parser.add_argument("--algos", nargs="+", choices=algos,
+                        help=f"default: {' '.join(FULL['algos'])}; --quick: ssgd")
+    parser.add_argument("--nprocs", nargs="+", type=int, choices=sorted({n for _, n in CASES}),
+                        help="default: 2 4; --quick: 2")
     args = parser.parse_args(argv)
-    work_dir = Path(args.work_dir).absolute()
-    work_dir.mkdir(parents=True, exist_ok=True)
-    results = []
+    bench.fill_defaults(args, argv, QUICK, FULL)
+    return args
+
+
+def measure(args: argparse.Namespace) -> dict:
+    record = bench.Record(NAME, "scripts/bench_dead_rank.py", args.argv, args.quick)
+    args.runs.mkdir(parents=True, exist_ok=True)
+    cases = []
     for algo in args.algos:
         for nprocs in args.nprocs:
             victim, overrides = CASES[(algo, nprocs)]
-            result = kill_one_rank(work_dir, algo, nprocs, victim, overrides)
+            # --timeout bounds the wait for the first checkpoint (the moment to kill).
+            result = kill_one_rank(args.runs, algo, nprocs, victim, overrides,
+                                   startup_timeout_s=args.timeout)
             result.pop("stderr")
-            results.append(result)
-            print(f"{algo:8s} x{nprocs}: rank {victim} killed; named after "
-                  f"{result['verdict_s']:.2f} s, adpsgd-run exited after {result['exit_s']:.2f}"
-                  f" s (status {result['status']}), leftovers {result['leftover_pids']}, "
-                  f"checkpoint {'loads' if result['checkpoint'] else 'MISSING'}", flush=True)
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
+            result["held"] = (result["verdict_s"] is not None and result["exit_s"] < BOUND_S
+                              and not result["leftover_pids"] and bool(result["checkpoint"]))
+            cases.append(result)
+            named = "never" if result["verdict_s"] is None else f"{result['verdict_s']:.2f} s"
+            print(f"{algo:8s} x{nprocs}: rank {victim} killed; named after {named}, adpsgd-run "
+                  f"exited after {result['exit_s']:.2f} s (status {result['status']}), "
+                  f"leftovers {result['leftover_pids']}, checkpoint "
+                  f"{'loads' if result['checkpoint'] else 'MISSING'}", file=sys.stderr,
+                  flush=True)
+    return record.finish({"bound_s": BOUND_S, "cases": cases,
+                          "all_held": all(case["held"] for case in cases),
+                          "run_dirs": str(args.runs)})
+
+
+def markdown_rows(r: dict) -> list[str]:
+    def seconds(value: float | None) -> str:
+        return "-" if value is None else f"{value:.2f} s"
+
+    return [f"| {r['date'][:10]} | {c['algo']} | {c['nprocs']} | {c['killed_rank']} | "
+            f"{seconds(c['verdict_s'])} | {seconds(c['exit_s'])} | {len(c['leftover_pids'])} | "
+            f"{'loads' if c['checkpoint'] else 'MISSING'} | "
+            f"{r['load_before'][0]} / {r['load_after'][0]} |" for c in r["cases"]]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    return bench.measure_and_write("bench_dead_rank", args, measure, MD_HEADER, markdown_rows)
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

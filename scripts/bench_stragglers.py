@@ -21,7 +21,7 @@ from __future__ import annotations
 import argparse
 
 from runner import benchmark as bench
-from runner.commands.report import primary_metric
+from runner.run_log import primary_metric
 
 NAME = "stragglers"
 STRAGGLER = ["faults.straggler.ranks=[3]", "faults.straggler.factor=4"]

@@ -69,6 +69,23 @@ def test_stragglers(tmp_path):
 
 
 @pytest.mark.mpi
+def test_dead_rank(tmp_path):
+    """--quick: one 2-rank SSGD job, rank 1 killed after its first checkpoint; the JSON says
+    when the job named the rank and ended, and that nothing was left behind."""
+    runs = tmp_path / "runs"
+    r, rows = run_quick(tmp_path, "bench_dead_rank", "--runs", str(runs))
+    assert r["bound_s"] == 60 and r["run_dirs"] == str(runs) and len(rows) == 1
+    (case,) = r["cases"]
+    assert (case["algo"], case["nprocs"], case["killed_rank"]) == ("ssgd", 2, 1)
+    assert case["status"] != 0 and positive(case["pid"])
+    assert positive(case["verdict_s"]) and case["verdict_s"] <= case["exit_s"]
+    assert case["leftover_pids"] == [] and case["checkpoint"].startswith(str(runs / "ssgd-2"))
+    assert case["held"] is (case["exit_s"] < r["bound_s"]) and r["all_held"] is case["held"]
+    cells = [c.strip() for c in rows[0].strip("|").split("|")]
+    assert cells[1:4] == ["ssgd", "2", "1"] and cells[5] == f"{case['exit_s']:.2f} s"
+
+
+@pytest.mark.mpi
 def test_dasgd_hiding(tmp_path):
     r, rows = run_quick(tmp_path, "bench_dasgd_hiding", "--runs", str(tmp_path / "runs"))
     assert list(r["taus"]) == ["4"] and len(rows) == 1

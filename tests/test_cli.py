@@ -9,6 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from runner.commands.run import sweep_naming
+from runner.compose import SWEEP_NAME_MAX, sweep_subdir
+
 from conftest import BIN, REPO, read_run, run_cli
 
 BAD_COMMANDS = [
@@ -131,7 +134,8 @@ def test_multirun_sweep_runs_jobs_one_after_another(tmp_path):
              "trainer.progress=false", "optim.lr=0.2,0.3", f"hydra.sweep.dir={sweep}"],
             cwd=tmp_path)
     runs = sorted(p for p in sweep.iterdir() if p.is_dir())
-    assert len(runs) == 2
+    # Each job's dir is named by its number and the swept value, not by the fixed overrides.
+    assert [run.name for run in runs] == ["0-optim.lr=0.2", "1-optim.lr=0.3"]
     lrs, ends, starts = [], [], []
     for run in runs:
         metrics, summary = read_run(run)
@@ -141,6 +145,30 @@ def test_multirun_sweep_runs_jobs_one_after_another(tmp_path):
         ends.append((run / "summary.json").stat().st_mtime)
     assert lrs == [0.2, 0.3]
     assert starts[1] >= ends[0]  # the second job started after the first one finished
+
+
+def test_a_sweep_names_its_jobs_by_the_keys_it_sweeps():
+    sweep = ["-m", "recipe=digit_images", "topology=ring,random_ring", "+seed_extra=1",
+             "optim.lr=range(0.1,0.3,0.1)", "hydra.sweep.dir=x"]
+    assert sweep_naming(sweep) == (
+        "hydra.job.config.override_dirname.exclude_keys=['recipe','seed_extra']")
+    assert sweep_naming(sweep[1:]) is None  # a single run
+    own = "hydra.job.config.override_dirname.exclude_keys=[]"
+    assert sweep_naming([*sweep, own]) is None  # the user's choice stands
+
+
+def test_sweep_job_dir_names_are_safe_short_and_distinct():
+    """What conf/config.yaml's hydra.sweep.subdir makes of a job's swept values."""
+    assert sweep_subdir(0, "topology=ring", "digit_images-dpsgd") == "0-topology=ring"
+    assert sweep_subdir(3, "", "digit_images-dpsgd") == "3-digit_images-dpsgd"  # nothing swept
+    # A path value stays one dir level; list brackets and quotes go, spaces become _.
+    assert sweep_subdir(1, "recipe.data.root=/data/my set/a,faults.straggler.ranks=[3,5]",
+                        "x") == "1-recipe.data.root=_data_my_set_a,faults.straggler.ranks=3,5"
+    long = [sweep_subdir(2, f"{'recipe.data.root=/very/long/path' * 10}{i}", "x")
+            for i in range(2)]
+    assert all(len(name) == SWEEP_NAME_MAX and name.startswith("2-recipe.data.root=_very_")
+               for name in long)
+    assert long[0] != long[1]
 
 
 @pytest.mark.slow

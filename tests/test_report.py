@@ -1,6 +1,7 @@
 """adpsgd-report on two tiny real runs (digit images, 1 epoch: SSGD in process, AD-PSGD on
 2 real ranks): valid PNGs of sensible size and a table that holds the runs' own numbers; a
-run without summary.json; one-line errors for run dirs that are missing or empty."""
+run without summary.json; one-line errors for run dirs that are missing or empty; a sweep dir
+of adpsgd-run -m, read as it lies."""
 
 from __future__ import annotations
 
@@ -23,15 +24,16 @@ def two_runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("report")
     runs = {"ssgd": ["algo=ssgd", "launcher.nprocs=1"],
             "adpsgd": ["algo=adpsgd", "launcher.nprocs=2"]}
+    printed = {}
     for name, overrides in runs.items():
-        run_cli(["recipe=digit_images", *overrides, "trainer.epochs=1",
-                 f"hydra.run.dir={root / name}"], cwd=root)
-    return root, [root / name for name in runs]
+        printed[name] = run_cli(["recipe=digit_images", *overrides, "trainer.epochs=1",
+                                 f"hydra.run.dir={root / name}"], cwd=root).stdout
+    return root, [root / name for name in runs], printed
 
 
 @pytest.mark.mpi
 def test_report_draws_pngs_and_a_table_of_the_runs_numbers(two_runs):
-    root, run_dirs = two_runs
+    root, run_dirs, _ = two_runs
     out = root / "report"
     proc = subprocess.run([str(BIN / "adpsgd-report"), *map(str, run_dirs), "--out", str(out),
                            "--rank0"], capture_output=True, text=True, timeout=120)
@@ -63,11 +65,66 @@ def test_report_draws_pngs_and_a_table_of_the_runs_numbers(two_runs):
     assert float(lines[3].split("|")[10]) >= 0 and lines[2].split("|")[10].strip() == "0"
 
 
+@pytest.mark.slow
+def test_a_sweep_dir_is_read_as_it_lies(tmp_path):
+    """adpsgd-report SWEEP_DIR: the jobs' run dirs in job order, labelled and tabulated by the
+    setting they sweep; multirun.yaml and other entries skipped with one line each."""
+    sweep = tmp_path / "sweep"
+    run_cli(["-m", "recipe=digit_images", "algo=ssgd", "launcher.nprocs=1", "trainer.epochs=1",
+             "trainer.progress=false", "optim.lr=0.4,0.2", f"hydra.sweep.dir={sweep}"],
+            cwd=tmp_path)
+    (sweep / "notes.txt").write_text("mine\n")
+    (sweep / "unfinished").mkdir()
+    out = tmp_path / "report"
+    proc = subprocess.run([str(BIN / "adpsgd-report"), str(sweep), "--out", str(out)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(proc.stderr.splitlines()) == [
+        f"adpsgd-report: skipping {sweep / 'multirun.yaml'} (the sweep's Hydra config, not a "
+        "run)",
+        f"adpsgd-report: skipping {sweep / 'notes.txt'} (not a run dir: no metrics.jsonl or "
+        "summary.json)",
+        f"adpsgd-report: skipping {sweep / 'unfinished'} (not a run dir: no metrics.jsonl or "
+        "summary.json)"]
+    lines = (out / "table.md").read_text().splitlines()
+    assert lines[0].startswith("| run | optim.lr | algo | recipe | nprocs | final metric |")
+    assert len(lines) == 4
+    for job, (lr, line) in enumerate(zip(("0.4", "0.2"), lines[2:])):
+        summary = json.loads((sweep / f"{job}-optim.lr={lr}" / "summary.json").read_text())
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        assert cells[:5] == [f"optim.lr={lr}", lr, "ssgd", "digit_images", "1"]
+        assert cells[5] == f"top1 {summary['top1']:.2f}"
+    assert (out / "curves_wall.png").stat().st_size > 10_000
+
+
+@pytest.mark.mpi
+def test_the_run_ends_with_its_replicas_scores_and_consensus(two_runs):
+    """What adpsgd-run printed at the end of the runs above (report reads what it says): for
+    AD-PSGD the averaged model's and rank 0's own top-1 and the consensus distance as
+    summary.json has them; for SSGD (one model) nothing beyond the usual line."""
+    _, run_dirs, printed = two_runs
+    ssgd_tail = printed["ssgd"].strip().splitlines()[-1]
+    assert ssgd_tail.startswith("ssgd on digit_images, 1 ranks: ") and "consensus" not in ssgd_tail
+    summary = json.loads((run_dirs[1] / "summary.json").read_text())
+    averaged, own = summary["final"]["top1"], summary["final_rank0"]["top1"]
+    assert summary["consensus_distance"] > 0
+    expected = f"consensus distance {summary['consensus_distance']:.3g}"
+    if f"{averaged:.2f}" != f"{own:.2f}":
+        expected = (f"held-out top1 {averaged:.2f} (averaged model), {own:.2f} (rank 0's own); "
+                    + expected)
+    tail = printed["adpsgd"].strip().splitlines()
+    assert tail[-2].startswith("adpsgd on digit_images, 2 ranks: ") and tail[-1] == expected
+
+
 def test_missing_and_empty_run_dirs_are_one_line_errors(tmp_path, capsys):
     empty = tmp_path / "empty"
     empty.mkdir()
+    no_jobs = tmp_path / "sweep"
+    no_jobs.mkdir()
+    (no_jobs / "multirun.yaml").write_text("hydra: {}\n")
     for args, expected in (([str(tmp_path / "nope")], "does not exist"),
                            ([str(empty)], "holds no metrics.jsonl or summary.json"),
+                           ([str(no_jobs)], f"sweep dir {no_jobs} holds no run dir"),
                            ([], "required")):
         assert report_main([*args, "--out", str(tmp_path / "out")]) == 2
         err = capsys.readouterr().err
@@ -79,7 +136,7 @@ def test_missing_and_empty_run_dirs_are_one_line_errors(tmp_path, capsys):
 @pytest.mark.mpi
 def test_a_run_without_summary_is_drawn_as_incomplete(two_runs, tmp_path):
     """A run that died after an evaluation: its metrics.jsonl, no summary.json."""
-    _, run_dirs = two_runs
+    _, run_dirs, _ = two_runs
     crashed = tmp_path / "crashed"
     crashed.mkdir()
     shutil.copy(run_dirs[0] / "metrics.jsonl", crashed)

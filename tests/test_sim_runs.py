@@ -26,6 +26,12 @@ def test_sixty_four_learners_train_in_one_process(command, tmp_path):
     proc = run_cli([*args, f"hydra.run.dir={run_dir}"], cwd=tmp_path, timeout=120)
     assert "64 rank(s)" in proc.stdout
     metrics, summary = read_run(run_dir)
+    # The run ends with what sets its learners apart: rank 0's own model scores below the
+    # averaged one, and their consensus distance (runner/run_log.py replicas_line).
+    assert proc.stdout.strip().splitlines()[-1] == (
+        f"held-out top1 {summary['final']['top1']:.2f} (averaged model), "
+        f"{summary['final_rank0']['top1']:.2f} (rank 0's own); "
+        f"consensus distance {summary['consensus_distance']:.3g}")
     algo, cluster = summary["algo"], summary["cluster"]
     assert summary["status"] == "completed" and summary["launcher"] == "sim"
     assert summary["nprocs"] == 64 and len(summary["steps_per_rank"]) == 64

@@ -11,6 +11,12 @@ Usage: ``adpsgd-report RUN_DIR [RUN_DIR ...] --out DIR [--rank0]``. Reads each r
 * ``table.md``: run, algo, recipe, ranks, final metric, samples/s, compute/comm/idle seconds,
   consensus distance, status (also printed).
 
+A RUN_DIR may also be a sweep dir as ``adpsgd-run -m`` leaves it (``hydra.sweep.dir``, with
+Hydra's ``multirun.yaml``): its run dirs are read in job order, every other entry is skipped
+with a one-line note on stderr, and those runs are labelled by the settings that differ between
+the runs (``topology=ring``, ``topology=random_ring``: the keys the runs' command lines set, as
+each run's ``.hydra/run.yaml`` has them), which become columns of the table too.
+
 Only the ``eval`` split is drawn (the averaged model for algorithms whose replicas differ);
 ``--rank0`` adds rank 0's own model (``eval_rank0``) as dashed lines. A run that stopped before
 writing summary.json is still drawn, with status ``incomplete``. Errors are one line on stderr
@@ -22,27 +28,24 @@ from __future__ import annotations
 import argparse
 import json
 import math
-from collections.abc import Sequence
+import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
 from ..errors import OneLineParser, UserError, command_status, one_line
-from ..run_log import read_metrics
+from ..run_log import NOT_METRICS, primary_metric, read_metrics
 
 PROG = "adpsgd-report"
-# Keys of summary["final"] that are not the recipe's metric.
-NOT_METRICS = {"loss", "consensus_distance", "lr"}
 TABLE_COLUMNS = ("run", "algo", "recipe", "nprocs", "final metric", "samples/s", "compute s",
                  "comm s", "idle s", "consensus distance", "status")
-
-
-def primary_metric(summary: dict[str, Any]) -> str | None:
-    """The recipe's headline metric of a run: the trainer writes it both inside ``final`` and
-    at the top level of summary.json (``wer``, ``top1``, ``frame_acc``...)."""
-    final = summary.get("final") or {}
-    names = [k for k in final if k in summary and k not in NOT_METRICS]
-    return names[0] if names else None
+# Settings the table shows anyway: no extra column when they differ between runs.
+SHOWN_SETTINGS = {"algo", "recipe", "launcher.nprocs"}
+RUN_FILES = ("metrics.jsonl", "summary.json")
+SWEEP_FILE = "multirun.yaml"  # Hydra writes it into every sweep dir
 
 
 def lower_is_better(metric: str) -> bool:
@@ -55,6 +58,23 @@ class Run:
     label: str
     summary: dict[str, Any]
     evaluations: list[dict[str, Any]] = field(default_factory=list)
+    in_sweep: bool = False  # found inside a sweep dir: labelled by its differing settings
+    # The keys its command line set (.hydra/overrides.yaml) and its validated config.
+    overrides: dict[str, str] = field(default_factory=dict)
+    config: DictConfig | None = None
+
+    def setting(self, key: str) -> str:
+        """This run's value of ``key`` (a config group by its option's name), as its
+        validated config has it; as typed when the config does not hold it; "-" when
+        unknown."""
+        value = OmegaConf.select(self.config, key) if self.config is not None else None
+        if isinstance(value, DictConfig):
+            value = value.get("name")
+        if isinstance(value, (DictConfig, ListConfig)):
+            return json.dumps(OmegaConf.to_container(value), separators=(",", ":"))
+        if value is not None:
+            return str(value)
+        return self.overrides.get(key, "-")
 
     @property
     def metric(self) -> str | None:
@@ -83,14 +103,85 @@ def load_run(path: Path) -> Run:
         raise UserError(f"{path} holds no metrics.jsonl or summary.json (not a run dir, or "
                         "the run ended before its first evaluation)",
                         "give run dirs of runs that evaluated at least once")
-    return Run(path, path.name, summary, evaluations)
+    overrides, config = read_settings(path)
+    return Run(path, path.name, summary, evaluations, overrides=overrides, config=config)
 
 
-def unique_labels(runs: list[Run]) -> None:
-    """Label runs by their directory name, with the parent's name where two would clash."""
-    names = [r.path.name for r in runs]
+def read_settings(path: Path) -> tuple[dict[str, str], DictConfig | None]:
+    """What the run's command line set (key -> value as typed) and its validated config,
+    from ``.hydra/``; empty for a run dir without them (a copy, another tool's run)."""
+    hydra_dir = path / ".hydra"
+    overrides: dict[str, str] = {}
+    config = None
+    try:
+        if (hydra_dir / "overrides.yaml").is_file():
+            for line in OmegaConf.load(hydra_dir / "overrides.yaml"):
+                key, _, value = str(line).partition("=")
+                # +key / ~key add or delete a key; group@package places a group elsewhere.
+                overrides[key.lstrip("+~").split("@", 1)[0]] = value
+        if (hydra_dir / "run.yaml").is_file():
+            config = OmegaConf.load(hydra_dir / "run.yaml")
+    except Exception as ex:  # noqa: BLE001 - OmegaConf raises YAML and its own errors
+        raise UserError(f"cannot read the config of {path}: {one_line(ex)}",
+                        f"repair or delete {hydra_dir}, or leave this run dir out") from None
+    return overrides, (config if isinstance(config, DictConfig) else None)
+
+
+def note(message: str) -> None:
+    print(f"{PROG}: {message}", file=sys.stderr, flush=True)
+
+
+def is_run_dir(path: Path) -> bool:
+    return any((path / name).is_file() for name in RUN_FILES)
+
+
+def _job_order(path: Path) -> tuple[int, str]:
+    """Sweep jobs by number (0-..., 1-..., 10-...), then anything else by name."""
+    head = path.name.split("-", 1)[0]
+    return (int(head) if head.isdigit() else sys.maxsize, path.name)
+
+
+def find_run_dirs(paths: Sequence[Path], skipped: Callable[[str], None] = note
+                  ) -> list[tuple[Path, bool]]:
+    """(run dir, found in a sweep dir) for every path: a run dir as given; a sweep dir (one
+    holding multirun.yaml and no run files of its own) stands for the run dirs inside it, in
+    job order, and each other entry is passed to ``skipped`` as one line."""
+    found: list[tuple[Path, bool]] = []
+    for path in map(Path, paths):
+        if not (path.is_dir() and (path / SWEEP_FILE).is_file() and not is_run_dir(path)):
+            found.append((path, False))
+            continue
+        entries = sorted(path.iterdir(), key=_job_order)
+        runs = [entry for entry in entries if entry.is_dir() and is_run_dir(entry)]
+        if not runs:
+            raise UserError(f"sweep dir {path} holds no run dir with {' or '.join(RUN_FILES)}"
+                            " (no job has evaluated yet)",
+                            "give it again once a job has evaluated, or give run dirs")
+        for entry in entries:
+            if entry.name == SWEEP_FILE:
+                skipped(f"skipping {entry} (the sweep's Hydra config, not a run)")
+            elif entry not in runs:
+                skipped(f"skipping {entry} (not a run dir: no {' or '.join(RUN_FILES)})")
+        found += [(run, True) for run in runs]
+    return found
+
+
+def differing_settings(runs: list[Run]) -> list[str]:
+    """The keys set on any run's command line whose value is not the same in every run, in
+    the order the command lines give them."""
+    keys = dict.fromkeys(key for run in runs for key in run.overrides)
+    return [key for key in keys if len({run.setting(key) for run in runs}) > 1]
+
+
+def label_runs(runs: list[Run], settings: list[str]) -> None:
+    """A sweep's runs by their differing settings (``topology=ring``), other runs by their
+    directory name; the parent's name is prefixed where two labels would clash."""
     for run in runs:
-        if names.count(run.path.name) > 1:
+        by_setting = ",".join(f"{key}={run.setting(key)}" for key in settings)
+        run.label = by_setting if run.in_sweep and by_setting else run.path.name
+    labels = [run.label for run in runs]
+    for run in runs:
+        if labels.count(run.label) > 1:
             run.label = f"{run.path.parent.name}/{run.path.name}"
 
 
@@ -115,10 +206,14 @@ def table_row(run: Run) -> list[str]:
             _number(consensus, ".3g"), str(s.get("status", "incomplete (no summary.json)"))]
 
 
-def markdown_table(runs: list[Run]) -> str:
-    lines = ["| " + " | ".join(TABLE_COLUMNS) + " |",
-             "|" + "---|" * len(TABLE_COLUMNS)]
-    lines += ["| " + " | ".join(table_row(run)) + " |" for run in runs]
+def markdown_table(runs: list[Run], settings: Sequence[str] = ()) -> str:
+    """One row per run; ``settings`` (keys that differ between the runs) as columns after
+    ``run``."""
+    columns = [TABLE_COLUMNS[0], *settings, *TABLE_COLUMNS[1:]]
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for run in runs:
+        row = table_row(run)
+        lines.append("| " + " | ".join([row[0], *map(run.setting, settings), *row[1:]]) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -185,10 +280,16 @@ def plot_throughput(runs: list[Run], out: Path) -> None:
     fig.savefig(out)
 
 
-def write_report(run_dirs: Sequence[Path], out: Path, rank0: bool = False) -> dict[str, Path]:
-    """Load the runs and write the three PNGs and table.md into ``out``; return the paths."""
-    runs = [load_run(Path(d)) for d in run_dirs]
-    unique_labels(runs)
+def write_report(run_dirs: Sequence[Path], out: Path, rank0: bool = False,
+                 skipped: Callable[[str], None] = note) -> dict[str, Path]:
+    """Load the runs (run dirs, or sweep dirs: see :func:`find_run_dirs`) and write the three
+    PNGs and table.md into ``out``; return the paths."""
+    runs = []
+    for path, in_sweep in find_run_dirs(run_dirs, skipped):
+        runs.append(load_run(path))
+        runs[-1].in_sweep = in_sweep
+    settings = differing_settings(runs)
+    label_runs(runs, settings)
     try:
         out.mkdir(parents=True, exist_ok=True)
         paths = {"curves_wall": out / "curves_wall.png", "curves_epoch": out / "curves_epoch.png",
@@ -196,7 +297,8 @@ def write_report(run_dirs: Sequence[Path], out: Path, rank0: bool = False) -> di
         plot_curves(runs, "wall_s", "wall time (s)", rank0, paths["curves_wall"])
         plot_curves(runs, "epoch", "epoch", rank0, paths["curves_epoch"])
         plot_throughput(runs, paths["throughput"])
-        paths["table"].write_text(markdown_table(runs))
+        paths["table"].write_text(markdown_table(
+            runs, [key for key in settings if key not in SHOWN_SETTINGS]))
     except OSError as ex:
         raise UserError(f"cannot write the report to {out}: {one_line(ex)}",
                         "give --out a writable directory") from None
@@ -206,8 +308,10 @@ def write_report(run_dirs: Sequence[Path], out: Path, rank0: bool = False) -> di
 # ---- command line ----------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog=PROG, description="Plots and a markdown table of several runs.",
-                     epilog="Example: adpsgd-report runs/2026-11-23/* --out report")
-    parser.add_argument("run_dirs", nargs="+", type=Path, metavar="RUN_DIR")
+                     epilog="Example: adpsgd-report runs/2026-11-23/* --out report; "
+                            "adpsgd-report runs/multirun/2026-11-23/10-00-00 --out report")
+    parser.add_argument("run_dirs", nargs="+", type=Path, metavar="RUN_DIR",
+                        help="run dirs, or sweep dirs of adpsgd-run -m (hydra.sweep.dir)")
     parser.add_argument("--out", type=Path, required=True, help="directory for PNGs and table.md")
     parser.add_argument("--rank0", action="store_true",
                         help="also draw rank 0's own model (split eval_rank0), dashed")

@@ -231,6 +231,26 @@ def pin_run_dir(run_dir: Path) -> None:
         sys.argv.append(f"hydra.run.dir={run_dir}")
 
 
+EXCLUDE_KEYS = "hydra.job.config.override_dirname.exclude_keys"
+
+
+def sweep_naming(argv: list[str]) -> str | None:
+    """The override that makes each sweep job's dir name (conf/config.yaml hydra.sweep.subdir)
+    hold only the values this sweep varies (``0-topology=ring``):
+    ``hydra.job.config.override_dirname.exclude_keys=[...]`` with every key that is the same
+    in all jobs (those are in multirun.yaml and each job's .hydra/overrides.yaml, and would
+    only lengthen every name). None for a single run, or when the command line sets it."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    overrides, multirun, _, info = split_argv(argv)
+    if not multirun or info or any(o.startswith(f"{EXCLUDE_KEYS}=") for o in overrides):
+        return None
+    parsed = OverridesParser.create().parse_overrides(overrides)
+    fixed = sorted({o.key_or_group for o in parsed
+                    if not o.is_sweep_override() and not o.key_or_group.startswith("hydra.")})
+    return f"{EXCLUDE_KEYS}=[{','.join(repr(key) for key in fixed)}]"
+
+
 def check_command_line(argv: list[str]) -> None:
     """Validate every job of ``argv``; on a user error print one line and exit with 2."""
     try:
@@ -248,6 +268,9 @@ def main() -> None:
             if single:  # before Hydra writes anything into it
                 pin_run_dir(single[0])
                 claim_run_dir(*single)
+            naming = sweep_naming(sys.argv[1:])
+            if naming:  # Hydra reads sys.argv
+                sys.argv.append(naming)
         except UserError as ex:
             print(f"adpsgd-run: error: {ex}", file=sys.stderr)
             raise SystemExit(2) from None
