@@ -4,6 +4,7 @@ learning-rate rule and reading a run's held-out curve."""
 from __future__ import annotations
 
 import math
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -66,6 +67,8 @@ def simulate(root: Path, cases: dict[str, list[str]],
 
     configs = {name: compose(overrides) for name, overrides in cases.items()}
     todo = {name: cases[name] for name in cases if not already_run(root / name, configs[name])}
+    for name in todo:  # a run of other settings, or an unfinished one: its metrics.jsonl and
+        shutil.rmtree(root / name, ignore_errors=True)  # events would be appended to
     run_dirs = bench.prepare_cases(root, todo) if todo else {}
     diverged = {}
     for name, run_dir in run_dirs.items():
