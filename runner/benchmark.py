@@ -157,12 +157,17 @@ def measure_and_write(prog: str, args: argparse.Namespace,
 
 
 def run_benchmark(prog: str, body: Callable[[], object]) -> int:
-    """Run ``body``; a user error (bad override, failed job) ends as one line, status 2."""
+    """Run ``body``; a user error (bad override, failed job) ends as one line, status 2, and
+    Ctrl-C as one line, status 130."""
     try:
         body()
     except UserError as ex:
         print(f"{prog}: error: {ex}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"{prog}: stopped by Ctrl-C before its results were written (run dirs it "
+              "finished are kept)", file=sys.stderr)
+        return 130
     return 0
 
 

@@ -30,11 +30,13 @@ STUDIES = {"spectral": spectral, "batch": batch, "heterogeneity": heterogeneity,
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    # No abbreviations: a study writes docs/results/ by default, and `--margin 1` must not
+    # quietly mean --margins.
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
     sub = p.add_subparsers(dest="study", required=True, metavar="STUDY")
     for name, study in STUDIES.items():
         s = sub.add_parser(name, help=study.__doc__.split("\n")[0],
-                           description=study.__doc__,
+                           description=study.__doc__, allow_abbrev=False,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
         bench.add_common_arguments(s, "study_scale", trains=False)
         s.add_argument("--runs", type=Path, help="run dirs (default runs/study_scale/<study>, "

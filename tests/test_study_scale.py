@@ -150,3 +150,8 @@ def test_a_bad_study_option_is_one_line(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "--nprocs must be even" in proc.stderr
     assert "Traceback" not in proc.stderr
+    # a prefix of an option is not taken for it (batch has --margins; a full study would run
+    # and overwrite docs/results/scale/batch.json)
+    proc = subprocess.run([sys.executable, str(SCRIPT), "batch", "--margin", "1", "--runs",
+                           str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "unrecognized arguments: --margin 1" in proc.stderr
