@@ -149,7 +149,12 @@ def run_rank(run_dir: str | Path, in_process: bool = False) -> int:
 def _run_rank(run_dir: Path, in_process: bool) -> int:
     import torch
 
-    from .comm.communicator import Communicator, init_torch_distributed, torch_subgroups
+    from .comm.communicator import (
+        Communicator,
+        init_torch_distributed,
+        shutdown_torch_distributed,
+        torch_subgroups,
+    )
     from .comm.deadline import DEADLINES
     from .comm.pairwise import ExchangeTimeout
     from .comm.world import detect_world, mpi
@@ -213,6 +218,7 @@ def _run_rank(run_dir: Path, in_process: bool) -> int:
         trainer.run()
         comm.close()
         node_comm.close()
+        shutdown_torch_distributed()
         status = {None: 0, PREEMPTED: EXIT_PREEMPTED, STOPPED: EXIT_STOPPED}[
             trainer.stop_status]
         log.info("rank %d %s", world.rank, f"stopped ({trainer.stop_status})"

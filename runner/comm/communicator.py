@@ -232,6 +232,17 @@ def _as_numpy(tensor: torch.Tensor) -> np.ndarray:
     return tensor.detach().numpy()
 
 
+def shutdown_torch_distributed() -> None:
+    """Destroy torch.distributed's process groups once a run has ended normally on every rank:
+    gloo's worker threads left to the interpreter's exit can abort the process ("terminate
+    called without an active exception", seen on 4 loaded ranks). Not after a failure, where
+    the teardown could wait on a peer that is gone."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
 def init_torch_distributed(mpi_comm, backend: str, timeout_s: float = 600.0) -> None:
     """Start torch.distributed (NCCL or gloo) with the rendezvous address shared over MPI."""
     import datetime

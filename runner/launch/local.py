@@ -285,6 +285,10 @@ class LocalLauncher(Launcher):
         statuses = set(watchdog.exit_statuses().values())
         if statuses in ({EXIT_PREEMPTED}, {EXIT_STOPPED}):  # every rank stopped gracefully
             return statuses.pop()
+        if status == -signal.SIGINT and signal.SIGINT in forwarding.received:
+            # The user's Ctrl-C itself: a Ctrl-C while mpiexec is being spawned reaches it in
+            # the instant between fork and its own session, and it dies of it at once.
+            return EXIT_STOPPED
         dead = self.dead_rank(watchdog, output)
         if status < 0 and (dead is None or dead.when >= ended or self.mpiexec_killed_first):
             # mpiexec itself was killed from outside; its ranks went down after it.

@@ -6,7 +6,12 @@ import numpy as np
 import torch
 
 from runner.comm.buffers import flatten, flatten_parameters, unflatten
-from runner.comm.communicator import Communicator, init_torch_distributed, torch_subgroups
+from runner.comm.communicator import (
+    Communicator,
+    init_torch_distributed,
+    shutdown_torch_distributed,
+    torch_subgroups,
+)
 from runner.comm.world import detect_world
 from runner.data import ShardedBatches
 
@@ -95,6 +100,7 @@ def checks(world_mpi):
     assert comm.busy_s > 0
     comm.close()
     node.close()
+    shutdown_torch_distributed()
     return f"comm checks passed ({backend})"
 
 
