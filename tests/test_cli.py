@@ -1,18 +1,15 @@
 """adpsgd-run as users drive it: validation, Hydra flags, sweeps, failures and Ctrl-C."""
 
 import os
-import signal
 import subprocess
 import sys
-import time
-from pathlib import Path
 
 import pytest
 
 from runner.commands.run import sweep_naming
 from runner.compose import SWEEP_NAME_MAX, sweep_subdir
 
-from conftest import BIN, REPO, read_run, run_cli
+from conftest import REPO, read_run, run_cli
 
 BAD_COMMANDS = [
     (["recipe=nope"], "unknown recipe 'nope'", "recipe=spoken_digits"),
@@ -197,36 +194,6 @@ def test_a_failing_rank_ends_the_job_with_one_line_and_a_non_zero_status(tmp_pat
     assert "non-finite training loss" in proc.stderr
     assert "Fix: lower optim.lr" in proc.stderr
     assert "Traceback" not in proc.stderr
-
-
-@pytest.mark.mpi
-def test_ctrl_c_stops_every_rank(tmp_path):
-    run_dir = tmp_path / "run"
-    cli = subprocess.Popen([str(BIN / "adpsgd-run"), "recipe=digit_images", "algo=ssgd",
-                            "launcher.nprocs=2", "trainer.epochs=500",
-                            "trainer.progress=false", f"hydra.run.dir={run_dir}"],
-                           cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                           text=True)
-    deadline = time.monotonic() + 120
-    started = run_dir / "logs" / "rank1.log"
-    while time.monotonic() < deadline and not (
-            started.exists() and "rank 1 of 2" in started.read_text()):
-        time.sleep(0.2)
-    assert started.exists(), "ranks never started"
-    assert _worker_pids(run_dir), "no worker process found"
-    cli.send_signal(signal.SIGINT)  # what Ctrl-C in a terminal delivers
-    _, stderr = cli.communicate(timeout=60)
-    assert cli.returncode == 130
-    assert "Ctrl-C: every rank checkpoints and stops" in stderr and "Traceback" not in stderr
-    assert "adpsgd-run: stopped by Ctrl-C" in stderr.splitlines()[-1]  # tests/test_ctrl_c.py
-    time.sleep(0.5)
-    assert _worker_pids(run_dir) == []
-
-
-def _worker_pids(run_dir: Path) -> list[int]:
-    proc = subprocess.run(["pgrep", "-f", f"runner.worker {run_dir}"], capture_output=True,
-                          text=True)
-    return [int(pid) for pid in proc.stdout.split()]
 
 
 @pytest.mark.slow
