@@ -2,7 +2,9 @@
 
 Only rank 0 writes. Layout of a run dir (the interface contract):
 
-* ``tb/``            TensorBoard events: train/*, eval/*, time/*/rank<N>, hparams
+* ``tb/``            TensorBoard events: train/*, eval/*, by_samples/* (step: global
+                     samples), time/* (mean and per rank), config text, custom-scalars
+                     layout, hparams session
 * ``metrics.jsonl``  one JSON object per evaluation (epoch, step, samples, wall_s, split, loss,
                      and top1/top5 or wer)
 * ``summary.json``   final metrics, throughput, time split, consensus distance, status
@@ -16,6 +18,8 @@ import os
 import platform
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 
 def _finite(value: Any) -> Any:
@@ -37,14 +41,19 @@ def write_json_atomic(path: Path, payload: dict[str, Any]) -> None:
 class RunLog:
     """Rank 0's writer for TensorBoard, metrics.jsonl and summary.json."""
 
-    def __init__(self, run_dir: str | Path, purge_step: int | None = None):
-        """``purge_step`` (a resumed run): TensorBoard hides this run dir's earlier events at
+    def __init__(self, run_dir: str | Path, cfg: Any, metric: str,
+                 purge_step: int | None = None):
+        """``metric``: the recipe's held-out metric (charted in the custom-scalars layout).
+        ``purge_step`` (a resumed run): TensorBoard hides this run dir's earlier events at
         that step and after, which the interrupted session wrote past its checkpoint."""
         from torch.utils.tensorboard import SummaryWriter
 
         self.run_dir = Path(run_dir)
         self.writer = SummaryWriter(log_dir=str(self.run_dir / "tb"), purge_step=purge_step)
         self.metrics_path = self.run_dir / "metrics.jsonl"
+        if purge_step is None:  # a resumed run has both in its first session's events
+            self.writer.add_custom_scalars(custom_scalars_layout(metric))
+            self.text("config", config_markdown(cfg), 0)
 
     def scalars(self, values: dict[str, float], step: int) -> None:
         for tag, value in values.items():
@@ -68,19 +77,11 @@ class RunLog:
             os.fsync(f.fileno())
         os.replace(tmp, self.metrics_path)
 
-    def hparams(self, params: dict[str, Any], final_metrics: dict[str, float]) -> None:
-        """One hparams entry in tb/ itself (SummaryWriter.add_hparams would open a subdir)."""
-        from torch.utils.tensorboard.summary import hparams
-
-        clean = {k: v if isinstance(v, (int, float, str, bool)) else str(v)
-                 for k, v in params.items()}
-        metrics = {f"hparam/{k}": v for k, v in final_metrics.items()
-                   if isinstance(v, (int, float)) and math.isfinite(v)}
-        experiment, session_start, session_end = hparams(clean, metrics)
-        file_writer = self.writer._get_file_writer()
-        for summary in (experiment, session_start, session_end):
-            file_writer.add_summary(summary)
-        for tag, value in metrics.items():
+    def hparams(self, params: dict[str, Any], metrics: dict[str, Any], status: str) -> None:
+        """The run's hparams session in tb/ itself (SummaryWriter.add_hparams would open a
+        subdir, i.e. another run), with ``metrics`` as ``hparam/<name>`` scalars."""
+        write_hparams(self.writer._get_file_writer(), params, metrics, status)
+        for tag, value in hparam_metrics(metrics, status).items():
             self.writer.add_scalar(tag, value)
 
     def record_evaluation(self, results: dict[str, dict[str, float]], consensus: float,
@@ -98,10 +99,20 @@ class RunLog:
             rows.append(row)
             self.evaluation(row)
             self.scalars({f"{split}/{k}": v for k, v in metrics.items()}, step)
+            # The same against global samples: runs of different nprocs or batch line up.
+            self.scalars({f"by_samples/{split}/{k}": v for k, v in metrics.items()},
+                         where["samples"])
         self.scalars({"consensus/distance": consensus}, step)
+        self.scalars({"by_samples/consensus/distance": consensus}, where["samples"])
+        if per_rank:  # the mean split over ranks: one custom-scalars chart per run
+            self.scalars({f"time/{name}_s": float(np.mean([r["time"].get(name, 0.0)
+                                                           for r in per_rank]))
+                          for name in TIME_SPLIT}, step)
         for rank, report in enumerate(per_rank):
-            self.scalars({f"time/{name}_s/rank{rank}": value
-                          for name, value in report["time"].items()}, step)
+            # Per rank only the split itself (checkpoint and bookkeeping seconds are in
+            # summary.json): 5 cards per rank rather than 8.
+            self.scalars({f"time/{name}_s/rank{rank}": report["time"][name]
+                          for name in TIME_SPLIT if name in report["time"]}, step)
             self.scalars({f"algo/{name}/rank{rank}": value
                           for name, value in report["algo"].items()}, step)
         if examples:  # a markdown table: reference against hypothesis
@@ -115,13 +126,11 @@ class RunLog:
                           {k: _finite(v) for k, v in payload.items()})
 
     def finish(self, summary: dict[str, Any], cfg: Any, nprocs: int) -> None:
-        """summary.json, and (a completed run) the hparams entry with its final metrics."""
-        if summary["status"] == "completed":
-            params = {"algo": cfg.algo.name, "recipe": cfg.recipe.name, "nprocs": nprocs,
-                      "batch_size": cfg.trainer.batch_size, "lr": cfg.optim.lr,
-                      "epochs": cfg.trainer.epochs, "seed": cfg.seed}
-            self.hparams(params, {k: v for k, v in summary["final"].items()
-                                  if isinstance(v, (int, float))})
+        """summary.json, and the hparams session with the final metrics and the status (a
+        stopped or preempted run's too: its metrics are those of its last evaluation)."""
+        self.hparams(hparams_of(cfg, nprocs), {
+            **summary["final"], "samples_per_s": summary.get("samples_per_s"),
+            "wall_s": summary.get("wall_s")}, summary["status"])
         self.summary(summary)
         self.close()
 
@@ -131,6 +140,81 @@ class RunLog:
 
 
 TIMES = ("compute", "comm", "idle", "data", "eval", "checkpoint", "comm_busy", "milestone_wait")
+# The time split TensorBoard shows (per rank and as the mean over ranks).
+TIME_SPLIT = ("compute", "comm", "idle", "data", "eval")
+
+# hparams metrics are numbers: the run's status (also a string hparam) as a code.
+STATUS_CODES = {"completed": 0, "stopped": 1, "preempted": 2, "failed": 3}
+
+
+def custom_scalars_layout(metric: str) -> dict[str, dict[str, list[Any]]]:
+    """TensorBoard's custom-scalars page: each chart overlays every run (a tag regex), so
+    runs compare at a glance. Same titles in every run: TensorBoard merges the layouts."""
+    return {
+        "compare runs": {
+            f"held-out {metric}": ["Multiline", [f"^eval/{metric}$"]],
+            "held-out loss": ["Multiline", ["^eval/loss$"]],
+            "train samples/s": ["Multiline", ["^train/samples_per_s$"]],
+            "consensus distance": ["Multiline", ["^consensus/distance$"]],
+        },
+        "by global samples": {
+            f"held-out {metric}": ["Multiline", [f"^by_samples/eval/{metric}$"]],
+            "held-out loss": ["Multiline", ["^by_samples/eval/loss$"]],
+        },
+        "time split": {
+            "seconds per split, mean over ranks": [
+                "Multiline", [f"^time/({'|'.join(TIME_SPLIT)})_s$"]],
+        },
+    }
+
+
+def config_markdown(cfg: Any) -> str:
+    """The composed config as a YAML code block (TensorBoard's text plugin renders markdown)."""
+    from omegaconf import OmegaConf
+
+    return f"```yaml\n{OmegaConf.to_yaml(cfg)}```"
+
+
+def hparams_of(cfg: Any, nprocs: int) -> dict[str, Any]:
+    """What a run's hparams entry is filtered and sorted by: the algorithm with its own
+    options (``algo.*``), the topology, the layout of ranks, the batch and the rate."""
+    algo = {f"algo.{k}": v for k, v in cfg.algo.items()
+            if k != "name" and isinstance(v, (int, float, str, bool))}
+    return {"recipe": cfg.recipe.name, "algo": cfg.algo.name, **algo,
+            "topology": cfg.topology.name, "launcher": cfg.launcher.name, "nprocs": nprocs,
+            "launcher.procs_per_node": cfg.launcher.get("procs_per_node"),
+            "comm.backend": cfg.comm.backend, "trainer.batch_size": cfg.trainer.batch_size,
+            "trainer.epochs": cfg.trainer.epochs, "optim.lr": cfg.optim.lr, "seed": cfg.seed}
+
+
+def hparam_metrics(metrics: dict[str, Any], status: str) -> dict[str, float]:
+    """``hparam/<name>`` for the finite numbers of ``metrics``, and the status code."""
+    clean = {f"hparam/{k}": float(v) for k, v in metrics.items()
+             if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
+    return {**clean, "hparam/status_code": float(STATUS_CODES.get(status, len(STATUS_CODES)))}
+
+
+def write_hparams(file_writer: Any, params: dict[str, Any], metrics: dict[str, Any],
+                  status: str) -> None:
+    """A session start (the hparams, ``status`` among them) and end. No experiment entry:
+    TensorBoard takes one run's experiment as everyone's, which would hide the options of
+    other algorithms; without one it collects the hparams of every run."""
+    from tensorboard.compat.proto.summary_pb2 import Summary
+    from tensorboard.plugins.hparams import api_pb2, metadata, plugin_data_pb2
+    from torch.utils.tensorboard.summary import hparams
+
+    clean = {k: "none" if v is None else v if isinstance(v, (int, float, str, bool))
+             else str(v) for k, v in {**params, "status": status}.items()}
+    _, session_start, _ = hparams(clean, hparam_metrics(metrics, status))
+    # The plugin's statuses have no 'stopped': a run stopped early did not succeed.
+    ended = api_pb2.STATUS_SUCCESS if status == "completed" else api_pb2.STATUS_FAILURE
+    content = plugin_data_pb2.HParamsPluginData(
+        session_end_info=plugin_data_pb2.SessionEndInfo(status=ended))
+    session_end = Summary(value=[Summary.Value(
+        tag=metadata.SESSION_END_INFO_TAG,
+        metadata=metadata.create_summary_metadata(content))])
+    file_writer.add_summary(session_start)
+    file_writer.add_summary(session_end)
 
 
 class ProgressBar:

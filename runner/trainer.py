@@ -119,7 +119,8 @@ class Trainer:
         # A resumed run continues the same TensorBoard run: events past the checkpoint's step
         # (written after it by the interrupted session) are purged.
         purge = self.state.step + 1 if self.resumed_from else None
-        self.runlog = RunLog(self.run_dir, purge_step=purge) if world.is_main else None
+        self.runlog = (RunLog(self.run_dir, cfg, self.recipe.primary_metric, purge_step=purge)
+                       if world.is_main else None)
         if self.runlog and self.resumed_from:
             self.runlog.rewrite_metrics(self.state.history)
 

@@ -66,8 +66,9 @@ def test_tensorboard_events_hold_the_expected_tags(foundation_run):
     top1 = [e.value for e in events.Scalars("eval/top1")]
     metrics, _ = read_run(run_dir)
     assert top1 == pytest.approx([m["top1"] for m in metrics])
-    # The hparams plugin entry is in tb/ itself.
-    assert "_hparams_/experiment" in events.PluginTagToContent("hparams")
+    # The hparams session is in tb/ itself (no experiment entry: runlog.write_hparams).
+    assert set(events.PluginTagToContent("hparams")) == {"_hparams_/session_start_info",
+                                                         "_hparams_/session_end_info"}
 
 
 @pytest.mark.parametrize("nprocs", [4])  # 2 ranks show nothing more (suite time)

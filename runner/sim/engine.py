@@ -146,9 +146,10 @@ class Simulation:
         self.resumed_from, saved = self.checkpointer.resolve()
         if self.resumed_from:
             self._restore(saved)
+        self._last_log = (self.clocks.now(), self.samples)  # train/samples_per_s
         # A resumed run continues the same TensorBoard run and metrics.jsonl.
-        self.runlog = RunLog(self.run_dir, purge_step=self.step + 1 if self.resumed_from
-                             else None)
+        self.runlog = RunLog(self.run_dir, cfg, self.recipe.primary_metric,
+                             purge_step=self.step + 1 if self.resumed_from else None)
         if self.resumed_from:
             self.runlog.rewrite_metrics(self.history)
 
@@ -294,8 +295,12 @@ class Simulation:
             return
         mean = float(np.mean(self.losses))
         self.losses = []
+        now = self.clocks.now()
+        # Throughput in the modelled cluster's seconds (the tag real runs write).
+        rate = (self.samples - self._last_log[1]) / max(now - self._last_log[0], 1e-9)
+        self._last_log = (now, self.samples)
         self.runlog.scalars({"train/loss": mean, "train/lr": self.lr,
-                             "train/virtual_s": self.clocks.now()}, self.step)
+                             "train/virtual_s": now, "train/samples_per_s": rate}, self.step)
         self.progress.update(self.samples, loss=f"{mean:.4f}", lr=f"{self.lr:.4g}")
 
     def _fill(self, row: torch.Tensor, buffers: dict[str, torch.Tensor]) -> None:

@@ -1,0 +1,132 @@
+"""What a user sees in TensorBoard: real simulated runs, read back through TensorBoard's own
+server and its HTTP data API (the endpoints its dashboards call), not the event files."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import BIN, run_cli
+
+RUNS = {"0-algo=ssgd/tb": "ssgd", "1-algo=adpsgd/tb": "adpsgd"}
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory) -> Path:
+    """Two simulated runs (one process, about 10 s): ssgd and adpsgd on 4 learners."""
+    root = tmp_path_factory.mktemp("tb")
+    run_cli(["-m", "recipe=digit_images", "algo=ssgd,adpsgd", "launcher=sim",
+             "launcher.nprocs=4", "trainer.epochs=1", "trainer.eval_every=5",
+             "hydra.sweep.dir=sweep"], cwd=root)
+    return root / "sweep"
+
+
+@pytest.fixture(scope="module")
+def server(sweep: Path) -> Iterator[str]:
+    """``tensorboard --logdir SWEEP --port 0`` (a free port); its URL once both runs load."""
+    proc = subprocess.Popen([str(BIN / "tensorboard"), "--logdir", str(sweep), "--port", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        url, output = None, ""
+        deadline = time.monotonic() + 60
+        while url is None and time.monotonic() < deadline and proc.poll() is None:
+            line = proc.stdout.readline()
+            output += line
+            match = re.search(r"(http://\S+?:\d+/)", line)
+            url = match.group(1) if match else None
+        assert url, output
+        while sorted(get(url, "data/runs")) != sorted(RUNS):  # the first scan takes a moment
+            assert time.monotonic() < deadline, get(url, "data/runs")
+            time.sleep(0.5)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def get(url: str, path: str, **query: str) -> Any:
+    with urllib.request.urlopen(url + path + ("?" + urllib.parse.urlencode(query) if query
+                                              else ""), timeout=30) as reply:
+        return json.loads(reply.read())
+
+
+def post(url: str, path: str, body: dict[str, Any]) -> Any:
+    request = urllib.request.Request(url + path, data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as reply:
+        return json.loads(reply.read())
+
+
+def test_custom_scalars_chart_tags_the_runs_write(server: str):
+    tags = get(server, "data/plugin/scalars/tags")
+    layout = get(server, "data/plugin/custom_scalars/layout")
+    charts = {(category["title"], chart["title"]): chart["multiline"]["tag"]
+              for category in layout["category"] for chart in category["chart"]}
+    assert set(charts) == {
+        ("compare runs", "held-out top1"), ("compare runs", "held-out loss"),
+        ("compare runs", "train samples/s"), ("compare runs", "consensus distance"),
+        ("by global samples", "held-out top1"), ("by global samples", "held-out loss"),
+        ("time split", "seconds per split, mean over ranks")}
+    for key, patterns in charts.items():
+        for run in RUNS:  # every chart overlays every run
+            matched = [t for t in tags[run] if any(re.search(p, t) for p in patterns)]
+            want = 5 if key[0] == "time split" else 1  # compute, comm, idle, data, eval
+            assert len(matched) == want, (key, run, matched)
+    for run in RUNS:  # per rank only the split itself: 5 tags a rank, not 8
+        per_rank = [t for t in tags[run] if re.fullmatch(r"time/\w+_s/rank\d+", t)]
+        assert len(per_rank) == 5 * 4, per_rank
+
+
+def test_by_samples_steps_are_global_samples(server: str, sweep: Path):
+    for run in RUNS:
+        rows = [json.loads(line) for line in
+                (sweep / Path(run).parent / "metrics.jsonl").read_text().splitlines()]
+        evals = [r for r in rows if r["split"] == "eval"]
+        points = get(server, "data/plugin/scalars/scalars", run=run,
+                     tag="by_samples/eval/top1")
+        assert [step for _, step, _ in points] == [r["samples"] for r in evals]
+        assert [value for _, _, value in points] == pytest.approx([r["top1"] for r in evals])
+        by_step = get(server, "data/plugin/scalars/scalars", run=run, tag="eval/top1")
+        assert [step for _, step, _ in by_step] == [r["step"] for r in evals]
+
+
+def test_hparams_of_every_run(server: str, sweep: Path):
+    experiment = post(server, "data/plugin/hparams/experiment", {"experimentName": ""})
+    names = {h["name"] for h in experiment["hparamInfos"]}
+    # adpsgd's own options appear although ssgd has none (no run's experiment hides them).
+    assert {"algo", "algo.pattern", "algo.delay_by_one", "topology", "nprocs",
+            "launcher.procs_per_node", "comm.backend", "trainer.batch_size", "status"} <= names
+    metrics = {m["name"]["tag"] for m in experiment["metricInfos"]}
+    assert {"hparam/top1", "hparam/samples_per_s", "hparam/wall_s",
+            "hparam/status_code"} <= metrics
+    groups = post(server, "data/plugin/hparams/session_groups", {
+        "experimentName": "", "startIndex": 0, "sliceSize": 10, "colParams": [],
+        "allowedStatuses": ["STATUS_SUCCESS", "STATUS_FAILURE", "STATUS_RUNNING",
+                            "STATUS_UNKNOWN"]})["sessionGroups"]
+    assert sorted(g["name"] for g in groups) == sorted(RUNS)
+    for group in groups:
+        summary = json.loads((sweep / Path(group["name"]).parent / "summary.json").read_text())
+        assert group["hparams"]["algo"] == RUNS[group["name"]]
+        assert group["hparams"]["status"] == "completed"
+        assert group["sessions"][0]["status"] == "STATUS_SUCCESS"
+        values = {m["name"]["tag"]: m["value"] for m in group["metricValues"]}
+        assert values["hparam/status_code"] == 0
+        assert values["hparam/samples_per_s"] == pytest.approx(summary["samples_per_s"])
+        assert values["hparam/top1"] == pytest.approx(summary["top1"])
+
+
+def test_composed_config_is_a_text_panel(server: str):
+    assert get(server, "data/plugin/text/tags") == {
+        run: ["config/text_summary"] for run in RUNS}
+    for run, algo in RUNS.items():
+        [panel] = get(server, "data/plugin/text/text", run=run, tag="config/text_summary")
+        assert "<pre><code" in panel["text"] and f"name: {algo}" in panel["text"]
