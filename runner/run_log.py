@@ -79,10 +79,8 @@ class RunLog:
 
     def hparams(self, params: dict[str, Any], metrics: dict[str, Any], status: str) -> None:
         """The run's hparams session in tb/ itself (SummaryWriter.add_hparams would open a
-        subdir, i.e. another run), with ``metrics`` as ``hparam/<name>`` scalars."""
+        subdir, i.e. another run)."""
         write_hparams(self.writer._get_file_writer(), params, metrics, status)
-        for tag, value in hparam_metrics(metrics, status).items():
-            self.writer.add_scalar(tag, value)
 
     def record_evaluation(self, results: dict[str, dict[str, float]], consensus: float,
                           per_rank: list[dict[str, Any]], where: dict[str, Any],
@@ -196,12 +194,13 @@ def hparam_metrics(metrics: dict[str, Any], status: str) -> dict[str, float]:
 
 def write_hparams(file_writer: Any, params: dict[str, Any], metrics: dict[str, Any],
                   status: str) -> None:
-    """A session start (the hparams, ``status`` among them) and end. No experiment entry:
-    TensorBoard takes one run's experiment as everyone's, which would hide the options of
-    other algorithms; without one it collects the hparams of every run."""
+    """A session start (the hparams, ``status`` among them), its end, and ``metrics`` as
+    ``hparam/<name>`` scalars (the plugin reads a session's metrics from its scalars). No
+    experiment entry: TensorBoard takes one run's experiment as everyone's, which would hide
+    the options of other algorithms; without one it collects the hparams of every run."""
     from tensorboard.compat.proto.summary_pb2 import Summary
     from tensorboard.plugins.hparams import api_pb2, metadata, plugin_data_pb2
-    from torch.utils.tensorboard.summary import hparams
+    from torch.utils.tensorboard.summary import hparams, scalar
 
     clean = {k: "none" if v is None else v if isinstance(v, (int, float, str, bool))
              else str(v) for k, v in {**params, "status": status}.items()}
@@ -215,6 +214,8 @@ def write_hparams(file_writer: Any, params: dict[str, Any], metrics: dict[str, A
         metadata=metadata.create_summary_metadata(content))])
     file_writer.add_summary(session_start)
     file_writer.add_summary(session_end)
+    for tag, value in hparam_metrics(metrics, status).items():
+        file_writer.add_summary(scalar(tag, value))
 
 
 class ProgressBar:
@@ -315,22 +316,32 @@ def session_summary(run_dir: str | Path) -> dict[str, Any] | None:
     return None
 
 
-def write_failure_summary(run_dir: str | Path, algo: str, recipe: str, nprocs: int,
-                          exit_status: int, status: str = "failed") -> None:
+def write_failure_summary(run_dir: str | Path, cfg: Any, exit_status: int,
+                          status: str = "failed") -> None:
     """summary.json of a job that ended without a summary of its own (a rank failed or died,
     or a second Ctrl-C stopped it at once): ``status``, the exit status and the checkpoint to
-    resume from, so that a script scanning run dirs sees every run's outcome. A summary the
-    ranks wrote in this session is kept (then they got far enough to say more)."""
+    resume from, so that a script scanning run dirs sees every run's outcome; and its
+    TensorBoard hparams session, with the last evaluation's metrics. A summary the ranks
+    wrote in this session is kept (then they got far enough to say more)."""
+    from torch.utils.tensorboard.writer import FileWriter
+
     from .checkpoint_files import complete_checkpoints
 
     if session_summary(run_dir) is not None:
         return
     checkpoints = complete_checkpoints(run_dir)
     evals = [r for r in read_metrics(run_dir) if r.get("split") == "eval"]
+    nprocs = cfg.launcher.nprocs
     write_json_atomic(Path(run_dir) / "summary.json", {
-        "status": status, "exit_status": exit_status, "algo": algo, "recipe": recipe,
-        "nprocs": nprocs, "checkpoint": str(checkpoints[-1].path) if checkpoints else None,
+        "status": status, "exit_status": exit_status, "algo": cfg.algo.name,
+        "recipe": cfg.recipe.name, "nprocs": nprocs,
+        "checkpoint": str(checkpoints[-1].path) if checkpoints else None,
         "last_eval": evals[-1] if evals else None, "logs": str(Path(run_dir) / "logs")})
+    last = {k: v for k, v in (evals[-1] if evals else {}).items()
+            if k not in ("epoch", "step", "samples", "split")}
+    writer = FileWriter(str(Path(run_dir) / "tb"))
+    write_hparams(writer, hparams_of(cfg, nprocs), last, status)
+    writer.close()
 
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:

@@ -4,7 +4,9 @@ server and its HTTP data API (the endpoints its dashboards call), not the event 
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import subprocess
 import time
 import urllib.parse
@@ -17,16 +19,30 @@ import pytest
 
 from conftest import BIN, run_cli
 
-RUNS = {"0-algo=ssgd/tb": "ssgd", "1-algo=adpsgd/tb": "adpsgd"}
+COMPLETED = {"0-algo=ssgd/tb": "ssgd", "1-algo=adpsgd/tb": "adpsgd"}
+RUNS = {**COMPLETED, "stopped/tb": "dpsgd"}  # TensorBoard's run names: dir of the events
 
 
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory) -> Path:
-    """Two simulated runs (one process, about 10 s): ssgd and adpsgd on 4 learners."""
+    """Two simulated runs (one process, about 10 s): ssgd and adpsgd on 4 learners; and a
+    dpsgd run stopped by Ctrl-C while it trains."""
     root = tmp_path_factory.mktemp("tb")
     run_cli(["-m", "recipe=digit_images", "algo=ssgd,adpsgd", "launcher=sim",
              "launcher.nprocs=4", "trainer.epochs=1", "trainer.eval_every=5",
              "hydra.sweep.dir=sweep"], cwd=root)
+    proc = subprocess.Popen([str(BIN / "adpsgd-run"), "recipe=digit_images", "algo=dpsgd",
+                             "launcher=sim", "launcher.nprocs=4", "trainer.epochs=20",
+                             "hydra.run.dir=sweep/stopped"], cwd=root,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    err = b""
+    while b"(sim)" not in err:  # the progress bar: the simulation is training
+        chunk = os.read(proc.stderr.fileno(), 4096)
+        assert chunk, err.decode()
+        err += chunk
+    proc.send_signal(signal.SIGINT)
+    _, rest = proc.communicate(timeout=60)
+    assert proc.returncode == 130, (err + rest).decode()
     return root / "sweep"
 
 
@@ -77,17 +93,17 @@ def test_custom_scalars_chart_tags_the_runs_write(server: str):
         ("by global samples", "held-out top1"), ("by global samples", "held-out loss"),
         ("time split", "seconds per split, mean over ranks")}
     for key, patterns in charts.items():
-        for run in RUNS:  # every chart overlays every run
+        for run in COMPLETED:  # every chart overlays every run
             matched = [t for t in tags[run] if any(re.search(p, t) for p in patterns)]
             want = 5 if key[0] == "time split" else 1  # compute, comm, idle, data, eval
             assert len(matched) == want, (key, run, matched)
-    for run in RUNS:  # per rank only the split itself: 5 tags a rank, not 8
+    for run in COMPLETED:  # per rank only the split itself: 5 tags a rank, not 8
         per_rank = [t for t in tags[run] if re.fullmatch(r"time/\w+_s/rank\d+", t)]
         assert len(per_rank) == 5 * 4, per_rank
 
 
 def test_by_samples_steps_are_global_samples(server: str, sweep: Path):
-    for run in RUNS:
+    for run in COMPLETED:
         rows = [json.loads(line) for line in
                 (sweep / Path(run).parent / "metrics.jsonl").read_text().splitlines()]
         evals = [r for r in rows if r["split"] == "eval"]
@@ -116,12 +132,18 @@ def test_hparams_of_every_run(server: str, sweep: Path):
     for group in groups:
         summary = json.loads((sweep / Path(group["name"]).parent / "summary.json").read_text())
         assert group["hparams"]["algo"] == RUNS[group["name"]]
-        assert group["hparams"]["status"] == "completed"
-        assert group["sessions"][0]["status"] == "STATUS_SUCCESS"
+        assert group["hparams"]["status"] == summary["status"]
         values = {m["name"]["tag"]: m["value"] for m in group["metricValues"]}
-        assert values["hparam/status_code"] == 0
-        assert values["hparam/samples_per_s"] == pytest.approx(summary["samples_per_s"])
-        assert values["hparam/top1"] == pytest.approx(summary["top1"])
+        if group["name"] in COMPLETED:
+            assert summary["status"] == "completed"
+            assert group["sessions"][0]["status"] == "STATUS_SUCCESS"
+            assert values["hparam/status_code"] == 0
+            assert values["hparam/samples_per_s"] == pytest.approx(summary["samples_per_s"])
+            assert values["hparam/top1"] == pytest.approx(summary["top1"])
+        else:  # Ctrl-C: adpsgd-run wrote its summary and session
+            assert summary["status"] == "stopped"
+            assert group["sessions"][0]["status"] == "STATUS_FAILURE"
+            assert values["hparam/status_code"] == 1
 
 
 def test_composed_config_is_a_text_panel(server: str):

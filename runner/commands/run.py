@@ -163,8 +163,7 @@ def run_job(cfg: DictConfig) -> None:
         report_user_stop(typed, run_dir)
         raise SystemExit(status)
     if status != 0 and launcher.blocking:
-        write_failure_summary(run_dir, typed.algo.name, typed.recipe.name,
-                              typed.launcher.nprocs, status)
+        write_failure_summary(run_dir, typed, status)
     if status != 0:
         print(f"adpsgd-run: job failed (exit status {status}); logs in {run_dir / 'logs'}",
               file=sys.stderr)
@@ -183,8 +182,7 @@ def report_user_stop(typed: DictConfig, run_dir: Path) -> None:
     graceful = summary.get("status") == "stopped"
     if not graceful:  # a second Ctrl-C: nothing half-written stays behind
         remove_partial_checkpoints(run_dir)
-        write_failure_summary(run_dir, typed.algo.name, typed.recipe.name,
-                              typed.launcher.nprocs, EXIT_STOPPED, status="stopped")
+        write_failure_summary(run_dir, typed, EXIT_STOPPED, status="stopped")
     checkpoints = complete_checkpoints(run_dir)
     if not graceful:
         how = "at once"
