@@ -62,7 +62,8 @@ def check_tensorboard(command: str, cwd) -> None:
             if runs:
                 break
             time.sleep(1)
-        assert any(run.endswith("tb") for run in runs), runs
+        # adpsgd-report's links: runs named by their labels, not by paths ending in tb.
+        assert runs and not any(run.endswith("tb") for run in runs), runs
     finally:
         server.terminate()
         server.wait(timeout=30)

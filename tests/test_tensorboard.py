@@ -6,12 +6,14 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import time
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -19,21 +21,22 @@ import pytest
 
 from conftest import BIN, run_cli
 
-COMPLETED = {"0-algo=ssgd/tb": "ssgd", "1-algo=adpsgd/tb": "adpsgd"}
-RUNS = {**COMPLETED, "stopped/tb": "dpsgd"}  # TensorBoard's run names: dir of the events
+# TensorBoard's run names (the directory of the events, relative to the log dir) and algos.
+COMPLETED = {"sweep/0-algo=ssgd/tb": "ssgd", "sweep/1-algo=adpsgd/tb": "adpsgd"}
+RUNS = {**COMPLETED, "stopped/tb": "dpsgd"}
 
 
 @pytest.fixture(scope="module")
-def sweep(tmp_path_factory) -> Path:
-    """Two simulated runs (one process, about 10 s): ssgd and adpsgd on 4 learners; and a
-    dpsgd run stopped by Ctrl-C while it trains."""
+def root(tmp_path_factory) -> Path:
+    """Two simulated runs in a sweep (one process, about 10 s): ssgd and adpsgd on 4
+    learners; and a dpsgd run stopped by Ctrl-C while it trains."""
     root = tmp_path_factory.mktemp("tb")
     run_cli(["-m", "recipe=digit_images", "algo=ssgd,adpsgd", "launcher=sim",
              "launcher.nprocs=4", "trainer.epochs=1", "trainer.eval_every=5",
              "hydra.sweep.dir=sweep"], cwd=root)
     proc = subprocess.Popen([str(BIN / "adpsgd-run"), "recipe=digit_images", "algo=dpsgd",
                              "launcher=sim", "launcher.nprocs=4", "trainer.epochs=20",
-                             "hydra.run.dir=sweep/stopped"], cwd=root,
+                             "hydra.run.dir=stopped"], cwd=root,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     err = b""
     while b"(sim)" not in err:  # the progress bar: the simulation is training
@@ -43,13 +46,14 @@ def sweep(tmp_path_factory) -> Path:
     proc.send_signal(signal.SIGINT)
     _, rest = proc.communicate(timeout=60)
     assert proc.returncode == 130, (err + rest).decode()
-    return root / "sweep"
+    return root
 
 
-@pytest.fixture(scope="module")
-def server(sweep: Path) -> Iterator[str]:
-    """``tensorboard --logdir SWEEP --port 0`` (a free port); its URL once both runs load."""
-    proc = subprocess.Popen([str(BIN / "tensorboard"), "--logdir", str(sweep), "--port", "0"],
+@contextmanager
+def tensorboard(logdir: Path, runs: list[str]) -> Iterator[str]:
+    """``tensorboard --logdir LOGDIR --port 0`` (a free port): its URL once it lists
+    ``runs``; stopped on leaving."""
+    proc = subprocess.Popen([str(BIN / "tensorboard"), "--logdir", str(logdir), "--port", "0"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         url, output = None, ""
@@ -60,13 +64,19 @@ def server(sweep: Path) -> Iterator[str]:
             match = re.search(r"(http://\S+?:\d+/)", line)
             url = match.group(1) if match else None
         assert url, output
-        while sorted(get(url, "data/runs")) != sorted(RUNS):  # the first scan takes a moment
+        while sorted(get(url, "data/runs")) != sorted(runs):  # the first scan takes a moment
             assert time.monotonic() < deadline, get(url, "data/runs")
             time.sleep(0.5)
         yield url
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def server(root: Path) -> Iterator[str]:
+    with tensorboard(root, list(RUNS)) as url:
+        yield url
 
 
 def get(url: str, path: str, **query: str) -> Any:
@@ -102,10 +112,10 @@ def test_custom_scalars_chart_tags_the_runs_write(server: str):
         assert len(per_rank) == 5 * 4, per_rank
 
 
-def test_by_samples_steps_are_global_samples(server: str, sweep: Path):
+def test_by_samples_steps_are_global_samples(server: str, root: Path):
     for run in COMPLETED:
         rows = [json.loads(line) for line in
-                (sweep / Path(run).parent / "metrics.jsonl").read_text().splitlines()]
+                (root / Path(run).parent / "metrics.jsonl").read_text().splitlines()]
         evals = [r for r in rows if r["split"] == "eval"]
         points = get(server, "data/plugin/scalars/scalars", run=run,
                      tag="by_samples/eval/top1")
@@ -115,7 +125,7 @@ def test_by_samples_steps_are_global_samples(server: str, sweep: Path):
         assert [step for _, step, _ in by_step] == [r["step"] for r in evals]
 
 
-def test_hparams_of_every_run(server: str, sweep: Path):
+def test_hparams_of_every_run(server: str, root: Path):
     experiment = post(server, "data/plugin/hparams/experiment", {"experimentName": ""})
     names = {h["name"] for h in experiment["hparamInfos"]}
     # adpsgd's own options appear although ssgd has none (no run's experiment hides them).
@@ -130,7 +140,7 @@ def test_hparams_of_every_run(server: str, sweep: Path):
                             "STATUS_UNKNOWN"]})["sessionGroups"]
     assert sorted(g["name"] for g in groups) == sorted(RUNS)
     for group in groups:
-        summary = json.loads((sweep / Path(group["name"]).parent / "summary.json").read_text())
+        summary = json.loads((root / Path(group["name"]).parent / "summary.json").read_text())
         assert group["hparams"]["algo"] == RUNS[group["name"]]
         assert group["hparams"]["status"] == summary["status"]
         values = {m["name"]["tag"]: m["value"] for m in group["metricValues"]}
@@ -152,3 +162,27 @@ def test_composed_config_is_a_text_panel(server: str):
     for run, algo in RUNS.items():
         [panel] = get(server, "data/plugin/text/text", run=run, tag="config/text_summary")
         assert "<pre><code" in panel["text"] and f"name: {algo}" in panel["text"]
+
+
+def report(*paths: Path, out: Path) -> str:
+    proc = subprocess.run([str(BIN / "adpsgd-report"), *map(str, paths), "--out", str(out)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def test_report_names_runs_shortly_across_days(root: Path, tmp_path: Path):
+    """adpsgd-report's tb/ names each run by its label: a sweep's by the settings that
+    differ, others by their dir, with the parent's name where two would clash (the same
+    run name on two days)."""
+    day2 = tmp_path / "day2"
+    shutil.copytree(root / "stopped", day2 / "stopped")  # another day's run of that name
+    out = tmp_path / "report"
+    printed = report(root / "stopped", day2 / "stopped", out=out)
+    assert f"tensorboard --logdir {out / 'tb'}" in printed
+    with tensorboard(out / "tb", [f"{root.name}/stopped", "day2/stopped"]):
+        pass
+    # Another report into the same dir replaces the links: no run of the first lingers.
+    report(root / "sweep", out=out)
+    with tensorboard(out / "tb", ["algo=ssgd", "algo=adpsgd"]) as url:
+        assert "eval/top1" in get(url, "data/plugin/scalars/tags")["algo=adpsgd"]

@@ -9,7 +9,10 @@ Usage: ``adpsgd-report RUN_DIR [RUN_DIR ...] --out DIR [--rank0]``. Reads each r
 * ``throughput.png``: samples/s per run, and the mean seconds per rank spent computing,
   communicating (what overlap did not hide) and idle (waiting for slower ranks);
 * ``table.md``: run, algo, recipe, ranks, final metric, samples/s, compute/comm/idle seconds,
-  consensus distance, status (also printed).
+  consensus distance, status (also printed);
+* ``tb/LABEL``: a link to each run's ``tb/``, so that ``tensorboard --logdir DIR/tb`` names
+  the runs by these labels (TensorBoard names a run by its event directory relative to the
+  log dir: ``--logdir runs`` shows ``2026-11-23/21-21-22-digit_images-dpsgd/tb``).
 
 A RUN_DIR may also be a sweep dir as ``adpsgd-run -m`` leaves it (``hydra.sweep.dir``, with
 Hydra's ``multirun.yaml``): its run dirs are read in job order, every other entry is skipped
@@ -299,10 +302,29 @@ def write_report(run_dirs: Sequence[Path], out: Path, rank0: bool = False,
         plot_throughput(runs, paths["throughput"])
         paths["table"].write_text(markdown_table(
             runs, [key for key in settings if key not in SHOWN_SETTINGS]))
+        paths["tb"] = link_event_dirs(runs, out / "tb")
     except OSError as ex:
         raise UserError(f"cannot write the report to {out}: {one_line(ex)}",
                         "give --out a writable directory") from None
     return paths
+
+
+def link_event_dirs(runs: list[Run], board: Path) -> Path:
+    """``board/LABEL`` -> each run's ``tb/`` (absolute, so the report can move); the links
+    of an earlier report there are replaced, so that its runs do not linger."""
+    if board.is_dir():
+        for old in sorted(board.rglob("*"), reverse=True):  # links first, then their dirs
+            if old.is_symlink():
+                old.unlink()
+            elif old.is_dir() and not any(old.iterdir()):
+                old.rmdir()
+    for run in runs:
+        events = run.path / "tb"
+        if events.is_dir():
+            link = board / run.label  # a clash-free label may hold one '/': a subdir
+            link.parent.mkdir(parents=True, exist_ok=True)
+            link.symlink_to(events.resolve(), target_is_directory=True)
+    return board
 
 
 # ---- command line ----------------------------------------------------------------------------
@@ -312,7 +334,8 @@ def build_parser() -> argparse.ArgumentParser:
                             "adpsgd-report runs/multirun/2026-11-23/10-00-00 --out report")
     parser.add_argument("run_dirs", nargs="+", type=Path, metavar="RUN_DIR",
                         help="run dirs, or sweep dirs of adpsgd-run -m (hydra.sweep.dir)")
-    parser.add_argument("--out", type=Path, required=True, help="directory for PNGs and table.md")
+    parser.add_argument("--out", type=Path, required=True,
+                        help="directory for PNGs, table.md and tb/ (links for TensorBoard)")
     parser.add_argument("--rank0", action="store_true",
                         help="also draw rank 0's own model (split eval_rank0), dashed")
     return parser
@@ -327,6 +350,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(paths["table"].read_text(), end="")
         for path in paths.values():
             print(f"wrote {path}")
+        print(f"compare them in TensorBoard: tensorboard --logdir {paths['tb']}")
         return 0
 
     return command_status(PROG, body)
