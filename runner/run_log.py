@@ -159,10 +159,10 @@ def custom_scalars_layout(metric: str) -> dict[str, dict[str, list[Any]]]:
             f"held-out {metric}": ["Multiline", [f"^by_samples/eval/{metric}$"]],
             "held-out loss": ["Multiline", ["^by_samples/eval/loss$"]],
         },
-        "time split": {
-            "seconds per split, mean over ranks": [
-                "Multiline", [f"^time/({'|'.join(TIME_SPLIT)})_s$"]],
-        },
+        # One small chart per split (cumulative seconds, mean over ranks): in a single chart
+        # the five lines of a run share its colour and cannot be told apart.
+        "time split": {f"{name} s": ["Multiline", [f"^time/{name}_s$"]]
+                       for name in TIME_SPLIT},
     }
 
 
