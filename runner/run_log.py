@@ -51,9 +51,11 @@ class RunLog:
         self.run_dir = Path(run_dir)
         self.writer = SummaryWriter(log_dir=str(self.run_dir / "tb"), purge_step=purge_step)
         self.metrics_path = self.run_dir / "metrics.jsonl"
-        if purge_step is None:  # a resumed run has both in its first session's events
+        if purge_step is None:  # a resumed run has these in its first session's events
             self.writer.add_custom_scalars(custom_scalars_layout(metric))
             self.text("config", config_markdown(cfg), 0)
+            write_session_start(self.writer._get_file_writer(),
+                                hparams_of(cfg, cfg.launcher.nprocs))
 
     def scalars(self, values: dict[str, float], step: int) -> None:
         for tag, value in values.items():
@@ -76,11 +78,6 @@ class RunLog:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self.metrics_path)
-
-    def hparams(self, params: dict[str, Any], metrics: dict[str, Any], status: str) -> None:
-        """The run's hparams session in tb/ itself (SummaryWriter.add_hparams would open a
-        subdir, i.e. another run)."""
-        write_hparams(self.writer._get_file_writer(), params, metrics, status)
 
     def record_evaluation(self, results: dict[str, dict[str, float]], consensus: float,
                           per_rank: list[dict[str, Any]], where: dict[str, Any],
@@ -123,10 +120,10 @@ class RunLog:
         write_json_atomic(self.run_dir / "summary.json",
                           {k: _finite(v) for k, v in payload.items()})
 
-    def finish(self, summary: dict[str, Any], cfg: Any, nprocs: int) -> None:
-        """summary.json, and the hparams session with the final metrics and the status (a
-        stopped or preempted run's too: its metrics are those of its last evaluation)."""
-        self.hparams(hparams_of(cfg, nprocs), {
+    def finish(self, summary: dict[str, Any]) -> None:
+        """summary.json, and the hparams session's metrics and status (a stopped or preempted
+        run's too: its metrics are those of its last evaluation)."""
+        write_session_end(self.writer._get_file_writer(), {
             **summary["final"], "samples_per_s": summary.get("samples_per_s"),
             "wall_s": summary.get("wall_s")}, summary["status"])
         self.summary(summary)
@@ -192,30 +189,39 @@ def hparam_metrics(metrics: dict[str, Any], status: str) -> dict[str, float]:
     return {**clean, "hparam/status_code": float(STATUS_CODES.get(status, len(STATUS_CODES)))}
 
 
-def write_hparams(file_writer: Any, params: dict[str, Any], metrics: dict[str, Any],
-                  status: str) -> None:
-    """A session start (the hparams, ``status`` among them), its end, and ``metrics`` as
-    ``hparam/<name>`` scalars (the plugin reads a session's metrics from its scalars). No
-    experiment entry: TensorBoard takes one run's experiment as everyone's, which would hide
-    the options of other algorithms; without one it collects the hparams of every run."""
-    from tensorboard.compat.proto.summary_pb2 import Summary
-    from tensorboard.plugins.hparams import api_pb2, metadata, plugin_data_pb2
-    from torch.utils.tensorboard.summary import hparams, scalar
+def write_session_start(file_writer: Any, params: dict[str, Any]) -> None:
+    """The run's hparams session, written when the run starts: a running, killed or resumed
+    run is in the HParams table too. TensorBoard keeps the first session start of a run (a
+    resumed run's would be ignored), so it holds only what resuming does not change: the
+    config, not the status. No experiment entry: TensorBoard takes one run's experiment as
+    everyone's, which would hide the options of other algorithms; without one it collects
+    the hparams of every run."""
+    from torch.utils.tensorboard.summary import hparams
 
     clean = {k: "none" if v is None else v if isinstance(v, (int, float, str, bool))
-             else str(v) for k, v in {**params, "status": status}.items()}
-    _, session_start, _ = hparams(clean, hparam_metrics(metrics, status))
-    # The plugin's statuses have no 'stopped': a run stopped early did not succeed.
-    ended = api_pb2.STATUS_SUCCESS if status == "completed" else api_pb2.STATUS_FAILURE
-    content = plugin_data_pb2.HParamsPluginData(
-        session_end_info=plugin_data_pb2.SessionEndInfo(status=ended))
-    session_end = Summary(value=[Summary.Value(
-        tag=metadata.SESSION_END_INFO_TAG,
-        metadata=metadata.create_summary_metadata(content))])
+             else str(v) for k, v in params.items()}
+    _, session_start, _ = hparams(clean, {})
     file_writer.add_summary(session_start)
-    file_writer.add_summary(session_end)
+
+
+def write_session_end(file_writer: Any, metrics: dict[str, Any], status: str) -> None:
+    """``metrics`` and the status code as ``hparam/<name>`` scalars (the plugin shows a
+    session's last value of each, so a resumed run's replace its stopped session's), and
+    for a completed run the session's end as a success. A stopped, preempted or failed run
+    may be resumed, and TensorBoard would keep a first 'failure' for good: its session stays
+    open, its outcome in ``hparam/status_code``."""
+    from tensorboard.compat.proto.summary_pb2 import Summary
+    from tensorboard.plugins.hparams import api_pb2, metadata, plugin_data_pb2
+    from torch.utils.tensorboard.summary import scalar
+
     for tag, value in hparam_metrics(metrics, status).items():
         file_writer.add_summary(scalar(tag, value))
+    if status == "completed":
+        content = plugin_data_pb2.HParamsPluginData(
+            session_end_info=plugin_data_pb2.SessionEndInfo(status=api_pb2.STATUS_SUCCESS))
+        file_writer.add_summary(Summary(value=[Summary.Value(
+            tag=metadata.SESSION_END_INFO_TAG,
+            metadata=metadata.create_summary_metadata(content))]))
 
 
 class ProgressBar:
@@ -340,7 +346,8 @@ def write_failure_summary(run_dir: str | Path, cfg: Any, exit_status: int,
     last = {k: v for k, v in (evals[-1] if evals else {}).items()
             if k not in ("epoch", "step", "samples", "split")}
     writer = FileWriter(str(Path(run_dir) / "tb"))
-    write_hparams(writer, hparams_of(cfg, nprocs), last, status)
+    write_session_start(writer, hparams_of(cfg, nprocs))  # none if the run died before
+    write_session_end(writer, last, status)
     writer.close()
 
 

@@ -389,6 +389,6 @@ class Trainer:
                    "resumed_from": str(self.resumed_from.path) if self.resumed_from else None}
             summary = build_summary(status, self.cfg, self.world, run, self.state.history,
                                     per_rank, digests, self.recipe, recipe_reports)
-            self.runlog.finish(summary, self.cfg, self.world.size)
+            self.runlog.finish(summary)
         self.comm.barrier()
         return summary

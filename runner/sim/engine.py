@@ -360,7 +360,7 @@ class Simulation:
                         "host_eval_s": self.host_eval_s,
                         "learner_steps_per_host_s": float(
                             sum(self.driver.steps_per_learner())) / max(host_s, 1e-9)})
-        self.runlog.finish(summary, self.cfg, self.n)
+        self.runlog.finish(summary)
         self.comm.close()
         return summary
 
