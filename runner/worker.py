@@ -203,9 +203,9 @@ def _run_rank(run_dir: Path, in_process: bool) -> int:
                  world.node, world.local_rank, world.local_size, os.getpid())
         device = resolve_device(cfg.trainer.device, world.local_rank)
         backend = _tensor_backend(cfg.comm.backend, device.type)
-        node_group = None
+        node_group, started_torch_group = None, False
         if backend != "mpi":
-            init_torch_distributed(world_mpi, backend)
+            started_torch_group = init_torch_distributed(world_mpi, backend)
             members = world_mpi.allgather(world.node)
             groups = [[r for r, n in enumerate(members) if n == node]
                       for node in range(world.num_nodes)]
@@ -218,7 +218,8 @@ def _run_rank(run_dir: Path, in_process: bool) -> int:
         trainer.run()
         comm.close()
         node_comm.close()
-        shutdown_torch_distributed()
+        if started_torch_group:
+            shutdown_torch_distributed()
         status = {None: 0, PREEMPTED: EXIT_PREEMPTED, STOPPED: EXIT_STOPPED}[
             trainer.stop_status]
         log.info("rank %d %s", world.rank, f"stopped ({trainer.stop_status})"

@@ -136,7 +136,7 @@ def max_difference(ssgd_dir: Path, ddp_model: Path) -> float:
 def rank_job(spec_path: Path) -> None:
     """Warm-up of each, then the timed runs in alternating order; rank 0 writes the DDP
     numbers next to the spec (SSGD's are in its run dirs' summaries)."""
-    from runner.comm.communicator import init_torch_distributed
+    from runner.comm.communicator import init_torch_distributed, shutdown_torch_distributed
     from runner.compute_path import resolve_device
     from runner.worker import load_run_config, run_rank
 
@@ -165,6 +165,7 @@ def rank_job(spec_path: Path) -> None:
     if world_mpi.Get_rank() == 0:
         results["max_abs_difference"] = max_difference(warmup_dir, ddp_model)
         (spec_path.parent / "ddp_results.json").write_text(json.dumps(results, indent=2))
+    shutdown_torch_distributed()
 
 
 # ---- the driver ------------------------------------------------------------------------------

@@ -243,14 +243,16 @@ def shutdown_torch_distributed() -> None:
         dist.destroy_process_group()
 
 
-def init_torch_distributed(mpi_comm, backend: str, timeout_s: float = 600.0) -> None:
-    """Start torch.distributed (NCCL or gloo) with the rendezvous address shared over MPI."""
+def init_torch_distributed(mpi_comm, backend: str, timeout_s: float = 600.0) -> bool:
+    """Start torch.distributed (NCCL or gloo) with the rendezvous address shared over MPI.
+    False if it was running already (a caller's own group, e.g. a benchmark running the
+    worker in its process): then the caller, not the worker, shuts it down."""
     import datetime
 
     import torch.distributed as dist
 
     if dist.is_initialized():
-        return
+        return False
     address = None
     if mpi_comm.Get_rank() == 0:
         host = os.environ.get("MASTER_ADDR") or socket.gethostbyname(socket.gethostname())
@@ -261,6 +263,7 @@ def init_torch_distributed(mpi_comm, backend: str, timeout_s: float = 600.0) -> 
     dist.init_process_group(backend, init_method=f"tcp://{host}:{port}",
                             rank=mpi_comm.Get_rank(), world_size=mpi_comm.Get_size(),
                             timeout=datetime.timedelta(seconds=timeout_s))
+    return True
 
 
 def torch_subgroups(groups: Sequence[Sequence[int]]) -> list:
