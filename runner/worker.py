@@ -265,11 +265,36 @@ def _run_rank(run_dir: Path, in_process: bool) -> int:
     return status
 
 
+def exit_at_once(status: int) -> None:
+    """End a rank that finished or stopped gracefully without Python's own shutdown, which
+    with torch loaded takes about a second (4 ranks on 2 cores: 1.1-1.4 s of every job's wall
+    time) and frees nothing the OS would not. Logs and streams are flushed and MPI finalized
+    first. Not with child processes alive (data loader workers): their shutdown is Python's."""
+    import multiprocessing
+
+    from mpi4py import MPI
+
+    if multiprocessing.active_children():
+        return
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed or broken stream: nothing more to say
+            pass
+    if MPI.Is_initialized() and not MPI.Is_finalized():
+        MPI.Finalize()
+    os._exit(status)
+
+
 def main() -> None:
     if len(sys.argv) != 2:
         print("usage: python -m runner.worker RUN_DIR", file=sys.stderr)
         raise SystemExit(2)
-    raise SystemExit(run_rank(sys.argv[1]))
+    status = run_rank(sys.argv[1])
+    if status in (0, EXIT_PREEMPTED, EXIT_STOPPED):  # every rank ended normally
+        exit_at_once(status)
+    raise SystemExit(status)
 
 
 if __name__ == "__main__":
