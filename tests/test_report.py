@@ -107,13 +107,20 @@ def test_the_run_ends_with_its_replicas_scores_and_consensus(two_runs):
     assert ssgd_tail.startswith("ssgd on digit_images, 1 ranks: ") and "consensus" not in ssgd_tail
     summary = json.loads((run_dirs[1] / "summary.json").read_text())
     averaged, own = summary["final"]["top1"], summary["final_rank0"]["top1"]
-    assert summary["consensus_distance"] > 0
-    expected = f"consensus distance {summary['consensus_distance']:.3g}"
+    distance = summary["consensus_distance"]
+    # Two AD-PSGD ranks whose last exchange came after their last steps hold the same model
+    # (a CI run ended so): then there is nothing to add, as for SSGD.
+    parts = []
     if f"{averaged:.2f}" != f"{own:.2f}":
-        expected = (f"held-out top1 {averaged:.2f} (averaged model), {own:.2f} (rank 0's own); "
-                    + expected)
+        parts.append(f"held-out top1 {averaged:.2f} (averaged model), {own:.2f} (rank 0's own)")
+    if distance > 0:
+        parts.append(f"consensus distance {distance:.3g}")
     tail = printed["adpsgd"].strip().splitlines()
-    assert tail[-2].startswith("adpsgd on digit_images, 2 ranks: ") and tail[-1] == expected
+    if parts:
+        assert tail[-2].startswith("adpsgd on digit_images, 2 ranks: ")
+        assert tail[-1] == "; ".join(parts)
+    else:
+        assert distance == 0 and tail[-1].startswith("adpsgd on digit_images, 2 ranks: ")
 
 
 def test_missing_and_empty_run_dirs_are_one_line_errors(tmp_path, capsys):
