@@ -54,8 +54,7 @@ class RunLog:
         if purge_step is None:  # a resumed run has these in its first session's events
             self.writer.add_custom_scalars(custom_scalars_layout(metric))
             self.text("config", config_markdown(cfg), 0)
-            write_session_start(self.writer._get_file_writer(),
-                                hparams_of(cfg, cfg.launcher.nprocs))
+            write_session_start(self.writer._get_file_writer(), hparams_of(cfg))
 
     def scalars(self, values: dict[str, float], step: int) -> None:
         for tag, value in values.items():
@@ -170,13 +169,14 @@ def config_markdown(cfg: Any) -> str:
     return f"```yaml\n{OmegaConf.to_yaml(cfg)}```"
 
 
-def hparams_of(cfg: Any, nprocs: int) -> dict[str, Any]:
+def hparams_of(cfg: Any) -> dict[str, Any]:
     """What a run's hparams entry is filtered and sorted by: the algorithm with its own
     options (``algo.*``), the topology, the layout of ranks, the batch and the rate."""
     algo = {f"algo.{k}": v for k, v in cfg.algo.items()
             if k != "name" and isinstance(v, (int, float, str, bool))}
     return {"recipe": cfg.recipe.name, "algo": cfg.algo.name, **algo,
-            "topology": cfg.topology.name, "launcher": cfg.launcher.name, "nprocs": nprocs,
+            "topology": cfg.topology.name, "launcher": cfg.launcher.name,
+            "nprocs": cfg.launcher.nprocs,
             "launcher.procs_per_node": cfg.launcher.get("procs_per_node"),
             "comm.backend": cfg.comm.backend, "trainer.batch_size": cfg.trainer.batch_size,
             "trainer.epochs": cfg.trainer.epochs, "optim.lr": cfg.optim.lr, "seed": cfg.seed}
@@ -346,7 +346,7 @@ def write_failure_summary(run_dir: str | Path, cfg: Any, exit_status: int,
     last = {k: v for k, v in (evals[-1] if evals else {}).items()
             if k not in ("epoch", "step", "samples", "split")}
     writer = FileWriter(str(Path(run_dir) / "tb"))
-    write_session_start(writer, hparams_of(cfg, nprocs))  # none if the run died before
+    write_session_start(writer, hparams_of(cfg))  # none if the run died before
     write_session_end(writer, last, status)
     writer.close()
 
