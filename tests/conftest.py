@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -27,14 +28,25 @@ def run_cli(args: list[str], cwd: Path | str, timeout: float = 300, check: bool 
     return proc
 
 
-def run_mpi(nprocs: int, script: str, *args: str, timeout: float = 180
-            ) -> subprocess.CompletedProcess:
+def run_mpi(nprocs: int, script: str, *args: str, timeout: float = 180, check: bool = True,
+            env: dict | None = None) -> subprocess.CompletedProcess:
     """Run tests/mpi/SCRIPT on ``nprocs`` real ranks with the venv's mpiexec."""
     cmd = [str(BIN / "mpiexec"), "-n", str(nprocs), sys.executable, str(MPI_SCRIPTS / script),
            *args]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
-    if proc.returncode != 0:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
+    # A session of its own: on a time-out the whole job (mpiexec, its proxies, the ranks) is
+    # killed, not mpiexec alone, and what the ranks printed so far is shown.
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          env=env, start_new_session=True) as job:
+        try:
+            stdout, stderr = job.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(job.pid, signal.SIGKILL)
+            stdout, stderr = job.communicate()
+            pytest.fail(f"{' '.join(cmd)} still ran after {timeout:.0f} s (killed)\n"
+                        f"stdout:\n{stdout[-4000:]}\nstderr:\n{stderr[-4000:]}")
+    proc = subprocess.CompletedProcess(cmd, job.returncode, stdout, stderr)
+    if check and proc.returncode != 0:
         pytest.fail(f"{' '.join(cmd)} exited {proc.returncode}\n"
                     f"stdout:\n{proc.stdout[-4000:]}\nstderr:\n{proc.stderr[-4000:]}")
     return proc

@@ -2,8 +2,10 @@
 
 import hashlib
 import json
+import os
 import sys
 import threading
+import time
 import traceback
 
 import torch
@@ -29,26 +31,69 @@ def run_cases_on_ranks(check) -> None:
     """Run ``check(world_comm, run_dir, overrides)`` for every case of one job.
 
     ``sys.argv[1]`` is a run dir and ``sys.argv[2]`` a JSON object {case: [override, ...]}.
-    Starting ranks costs seconds (imports), so one job runs many cases. A failed assertion
-    after training is reported (``case NAME: FAILED ...``) and the next case runs: the ranks
-    are still in step. Any other exception may leave peers inside a collective, so it aborts
-    the job.
+    Starting ranks costs seconds (imports), so one job runs many cases. Each rank prints its
+    own line per case (``rank R: case NAME: MESSAGE`` or ``... FAILED ...``) as soon as it has
+    one, then the ranks agree on every rank's outcome before the next case starts:
+
+    * all passed, or only assertions failed: the ranks are in step, the next case runs;
+    * some rank raised anything else: every rank has reported, the job aborts;
+    * some rank does not end the case within ``CASE_AGREE_S`` of the first one that did (a
+      rank that failed early left its peers inside a collective it never joined): the ranks
+      that did end it say which ranks are missing, and the job aborts instead of hanging.
     """
     world = mpi().COMM_WORLD
+    # Outcomes travel on a communicator of their own, so that they can never be matched
+    # with a collective that a case left pending on the world communicator.
+    outcomes = world.Dup()
     run_dir, cases = sys.argv[1], json.loads(sys.argv[2])
-    for name, overrides in cases.items():
+    for case_number, (name, overrides) in enumerate(cases.items()):
+        fatal = ""  # the traceback of an error other than a failed assertion
         try:
             message = check(world, f"{run_dir}/{name}", overrides)
         except AssertionError as failure:
-            report(world, name, f"FAILED {failure}")
+            message = f"FAILED {failure}"
         except BaseException:  # noqa: BLE001 - any other failure must end the job
-            print(f"rank {world.Get_rank()}: case {name}: FAILED", flush=True)
-            traceback.print_exc()
+            message, fatal = "FAILED with the traceback below", traceback.format_exc()
+        report(world, name, message)
+        if fatal:
+            sys.stderr.write(fatal)
             sys.stderr.flush()
+        missing, fatal_anywhere = agree(outcomes, case_number, fatal)
+        if missing:
+            report(world, name, f"FAILED rank(s) {', '.join(map(str, missing))} did not end "
+                   f"this case within {CASE_AGREE_S:.0f} s of rank {world.Get_rank()}: they "
+                   "wait in a collective that a failed rank left; aborting the job")
+        if missing or fatal_anywhere:
             world.Abort(1)
-            sys.exit(1)
-        else:
-            report(world, name, message)
+            sys.exit(1)  # in case Abort returns before the process is killed
+    outcomes.Free()
+
+
+# How long a rank that ended a case waits for the others to end it too. Ranks of one case end
+# within seconds of each other (they share collectives); this only bounds a broken case.
+CASE_AGREE_S = float(os.environ.get("ADPSGD_TEST_CASE_AGREE_S", "120"))
+
+
+def agree(outcomes, case_number: int, fatal: bool | str) -> tuple[list[int], bool]:
+    """Tell every rank whether this rank's case ended in a fatal error and hear theirs, with
+    point-to-point messages so that a rank that never comes is seen, by name. Returns the
+    ranks not heard from within CASE_AGREE_S and whether any rank heard from was fatal."""
+    me, size = outcomes.Get_rank(), outcomes.Get_size()
+    sends = [outcomes.isend(bool(fatal), dest=r, tag=case_number) for r in range(size) if r != me]
+    pending = {r: outcomes.irecv(source=r, tag=case_number) for r in range(size) if r != me}
+    fatal_anywhere = bool(fatal)
+    deadline = time.monotonic() + CASE_AGREE_S
+    while pending and time.monotonic() < deadline:
+        for r, request in list(pending.items()):
+            done, theirs = request.test()
+            if done:
+                fatal_anywhere |= bool(theirs)
+                del pending[r]
+        time.sleep(0.02)
+    if not pending:
+        for request in sends:
+            request.wait()
+    return sorted(pending), fatal_anywhere
 
 
 def report(world, case: str, message: str) -> None:
