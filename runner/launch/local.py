@@ -256,6 +256,7 @@ class LocalLauncher(Launcher):
         with StopForwarding(watchdog) as forwarding:
             proc = subprocess.Popen(self.command(run_dir), env=env, start_new_session=True,
                                     stdout=subprocess.PIPE, text=True, errors="replace")
+            watchdog.watch_mpiexec(proc.pid)
             output = MpiexecOutput(proc.stdout, run_dir / "logs" / "mpiexec.log")
             grace = 0.0 if "-disable-auto-cleanup" in proc.args else MPIEXEC_GRACE_S
             try:
@@ -290,7 +291,7 @@ class LocalLauncher(Launcher):
             # the instant between fork and its own session, and it dies of it at once.
             return EXIT_STOPPED
         dead = self.dead_rank(watchdog, output)
-        if status < 0 and (dead is None or dead.when >= ended or self.mpiexec_killed_first):
+        if status < 0 and self.mpiexec_ended_first(watchdog, dead, ended):
             # mpiexec itself was killed from outside; its ranks went down after it.
             self.report_mpiexec_killed(run_dir, proc.pid, -status)
             return 128 - status
@@ -332,6 +333,19 @@ class LocalLauncher(Launcher):
                 return status
             if time.monotonic() - seen_dead >= grace_s:
                 return self.end_job(proc, watchdog)
+
+    def mpiexec_ended_first(self, watchdog: RankWatchdog, dead: DeadRank | None,
+                            ended: float) -> bool:
+        """Whether mpiexec ended before the first rank that died (it then took its ranks
+        down). The watchdog's thread saw both ends, in order, unless they came while it
+        waited for the CPU; without it, what this thread saw decides, which a loaded machine
+        can get wrong (the ranks die milliseconds after mpiexec, before its wait returns)."""
+        if dead is None:
+            return True
+        seen = watchdog.mpiexec_ended_first(dead)
+        if seen is not None:
+            return seen
+        return dead.when >= ended or self.mpiexec_killed_first
 
     @staticmethod
     def end_job(proc: subprocess.Popen, watchdog: RankWatchdog) -> int:

@@ -219,6 +219,9 @@ class DeadRank:
     rank: int
     pid: int
     when: float  # time.time() at which the watchdog saw it end
+    # Which wake-up of the watchdog's thread saw it end (-1: not seen by it). Deaths seen in
+    # one wake-up happened while the thread waited for the CPU: their order is unknown.
+    wakeup: int = -1
 
 
 class RankWatchdog:
@@ -229,7 +232,9 @@ class RankWatchdog:
     def __init__(self, run_dir: str | Path, nprocs: int):
         self.run_dir, self.nprocs = Path(run_dir), nprocs
         self.pids: dict[int, int] = {}  # rank -> pid, once its pid file appeared
-        self.deaths: list[tuple[float, int]] = []  # (time.time(), rank) in order of death
+        self.deaths: list[tuple[float, int, int]] = []  # (time.time(), rank, wake-up), in order
+        self.mpiexec_wakeup: int | None = None  # the wake-up that saw mpiexec end
+        self._mpiexec_fd: int | None = None
         self._lock = threading.Lock()
         self._running = True
         self._thread = threading.Thread(target=self._watch, name="rank-deaths", daemon=True)
@@ -245,9 +250,30 @@ class RankWatchdog:
                     new.append(rank)
         return new
 
+    def watch_mpiexec(self, pid: int) -> None:
+        """Also watch ``pid`` (mpiexec), to tell whether it ended before the first rank did.
+        Call it right after starting the process: its pidfd is opened here, before anyone
+        reaps it."""
+        try:
+            self._mpiexec_fd = os.pidfd_open(pid)
+        except (AttributeError, OSError):
+            self._mpiexec_fd = None
+
+    def mpiexec_ended_first(self, dead: DeadRank) -> bool | None:
+        """Whether mpiexec ended before ``dead`` (or in the same wake-up of the watchdog, so
+        that their order is unknown); None when the watchdog did not see mpiexec end."""
+        with self._lock:
+            if self.mpiexec_wakeup is None or dead.wakeup < 0:
+                return None
+            return self.mpiexec_wakeup <= dead.wakeup
+
     def _watch(self) -> None:
         poller, fds, watched = select.poll(), {}, set()
+        wakeup, mpiexec_fd = 0, None
         while self._running:
+            if mpiexec_fd is None and self._mpiexec_fd is not None:
+                mpiexec_fd = self._mpiexec_fd
+                poller.register(mpiexec_fd, select.POLLIN)
             self.refresh()
             for rank, pid in list(self.pids.items()):
                 if rank in watched:
@@ -257,36 +283,45 @@ class RankWatchdog:
                 except (AttributeError, OSError):  # no pidfd here: look again next round
                     if not process_alive(pid):
                         watched.add(rank)
-                        self._died(rank)
+                        self._died(rank, -1)
                     continue
                 watched.add(rank)
                 fds[fd] = rank
                 poller.register(fd, select.POLLIN)
-            for fd, _ in poller.poll(self.POLL_MS):
-                self._died(fds[fd])
+            ready = poller.poll(self.POLL_MS)
+            wakeup += 1
+            for fd, _ in ready:
                 poller.unregister(fd)
+                if fd == mpiexec_fd:
+                    with self._lock:
+                        self.mpiexec_wakeup = wakeup
+                else:
+                    self._died(fds[fd], wakeup)
         for fd in fds:
             os.close(fd)
 
-    def _died(self, rank: int) -> None:
+    def _died(self, rank: int, wakeup: int) -> None:
         with self._lock:
-            self.deaths.append((time.time(), rank))
+            self.deaths.append((time.time(), rank, wakeup))
 
     def stop(self) -> None:
         self._running = False
         self._thread.join(timeout=2)
+        if self._mpiexec_fd is not None and not self._thread.is_alive():
+            os.close(self._mpiexec_fd)
+            self._mpiexec_fd = None
 
     def check(self) -> DeadRank | None:
         """The first rank that ended without an exit record, if one did and no rank had
         failed with a message before (ranks that fail because a peer died come after it)."""
         with self._lock:
             deaths = list(self.deaths)
-        for when, rank in deaths:
+        for when, rank, wakeup in deaths:
             if exit_status(self.run_dir, rank) is None:
                 failed = failure_times(self.run_dir, self.nprocs)
                 if any(t < when for t in failed.values()):
                     return None  # an error came first: that rank's message explains it
-                return DeadRank(rank, self.pids[rank], when)
+                return DeadRank(rank, self.pids[rank], when, wakeup)
         return None
 
     def stalled(self, timeout_s: float) -> StalledRank | None:
