@@ -150,10 +150,17 @@ class NonfiniteLossConfig:
 
 
 @dataclass
+class SigkillConfig:
+    ranks: list[int] = field(default_factory=list)  # these ranks kill -9 themselves...
+    step: Optional[int] = None  # ...as they start this step (tests of launcher.max_restarts)
+
+
+@dataclass
 class FaultsConfig(Section):
     straggler: StragglerConfig = field(default_factory=StragglerConfig)
     delay_s: float = 0.0  # every step of every rank sleeps a random time in [0, delay_s]
     nonfinite_loss: NonfiniteLossConfig = field(default_factory=NonfiniteLossConfig)
+    sigkill: SigkillConfig = field(default_factory=SigkillConfig)
     # Every rank sleeps this long inside each checkpoint write, after writing its temporary
     # file and before renaming it: lets a test kill a rank in the middle of a write.
     checkpoint_write_delay_s: float = 0.0
@@ -165,10 +172,14 @@ class FaultsConfig(Section):
         require(self.straggler.factor >= 1, f"{prefix}.straggler.factor",
                 f"must be >= 1, got {self.straggler.factor}", f"{prefix}.straggler.factor=4")
         for key, ranks in (("straggler", self.straggler.ranks),
-                           ("nonfinite_loss", self.nonfinite_loss.ranks)):
+                           ("nonfinite_loss", self.nonfinite_loss.ranks),
+                           ("sigkill", self.sigkill.ranks)):
             bad = [r for r in ranks if not 0 <= r < nprocs]
             require(not bad, f"{prefix}.{key}.ranks", f"ranks {bad} do not exist with "
                     f"launcher.nprocs={nprocs}", f"{prefix}.{key}.ranks=[{nprocs - 1}]")
+        require(self.sigkill.step is None or self.sigkill.step >= 1, f"{prefix}.sigkill.step",
+                f"must be >= 1 (steps count from 1), got {self.sigkill.step}",
+                f"{prefix}.sigkill.step=10")
         require(self.checkpoint_write_delay_s >= 0, f"{prefix}.checkpoint_write_delay_s",
                 "must be >= 0", self.hint(prefix, "checkpoint_write_delay_s"))
 

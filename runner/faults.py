@@ -1,11 +1,14 @@
-"""Faults injected on purpose (``faults.*``): a straggler, random per-step delays, a NaN loss.
+"""Faults injected on purpose (``faults.*``): a straggler, random per-step delays, a NaN loss,
+a rank that kills itself at a step.
 Tests and benchmarks use them to show what an algorithm does when a rank is slow or diverges;
 the slow checkpoint write (``faults.checkpoint_write_delay_s``) lives with the writes
 (runner/checkpoint_files.py)."""
 
 from __future__ import annotations
 
+import os
 import random
+import signal
 import time
 from typing import Any
 
@@ -20,10 +23,17 @@ class FaultInjector:
         self.rng = random.Random(seed * 7919 + rank)  # the delays (a checkpoint keeps it)
         nan = cfg.nonfinite_loss
         self.poisoned_steps = set(nan.steps) if rank in nan.ranks else set()
+        self.sigkill_step = cfg.sigkill.step if rank in cfg.sigkill.ranks else None
 
     def poison(self, loss: torch.Tensor, step: int) -> torch.Tensor:
         """NaN at the steps ``faults.nonfinite_loss`` names for this rank."""
         return loss * float("nan") if step in self.poisoned_steps else loss
+
+    def crash(self, step: int) -> None:
+        """kill -9 of this rank as it starts ``faults.sigkill.step``: a crash that leaves no
+        word, the same at every attempt (a resumed run reaches that step again)."""
+        if step == self.sigkill_step:
+            os.kill(os.getpid(), signal.SIGKILL)
 
     def straggle(self, started: float) -> None:
         """A straggler does the same work ``factor`` times slower: sleep the difference."""

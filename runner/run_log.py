@@ -21,6 +21,19 @@ from typing import Any
 
 import numpy as np
 
+# The launcher's record of the restarts of a run (launcher.max_restarts, runner/launch/
+# restart.py); summary.json repeats it as ``restarts``.
+RESTARTS = Path("logs") / "restarts.json"
+
+
+def read_restarts(run_dir: str | Path) -> list[dict[str, Any]]:
+    """Every restart of the run so far: cause, at_samples, resumed_from_samples, seconds_down
+    (null until the restarted job trained again)."""
+    try:
+        return list(json.loads((Path(run_dir) / RESTARTS).read_text())["restarts"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+
 
 def _finite(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
@@ -342,7 +355,8 @@ def write_failure_summary(run_dir: str | Path, cfg: Any, exit_status: int,
         "status": status, "exit_status": exit_status, "algo": cfg.algo.name,
         "recipe": cfg.recipe.name, "nprocs": nprocs,
         "checkpoint": str(checkpoints[-1].path) if checkpoints else None,
-        "last_eval": evals[-1] if evals else None, "logs": str(Path(run_dir) / "logs")})
+        "last_eval": evals[-1] if evals else None, "logs": str(Path(run_dir) / "logs"),
+        "restarts": read_restarts(run_dir)})
     last = {k: v for k, v in (evals[-1] if evals else {}).items()
             if k not in ("epoch", "step", "samples", "split")}
     writer = FileWriter(str(Path(run_dir) / "tb"))

@@ -37,7 +37,7 @@ from .lr_schedule import LRSchedule
 from .nonfinite import BatchSkipper, nonfinite_error, refuse_poisoned_state
 from .optim import parameter_groups
 from .preemption import STOP_CHECK_STEPS, STOPPED, StopAgreement
-from .run_log import ProgressBar, RunLog, build_summary, host_record
+from .run_log import ProgressBar, RunLog, build_summary, host_record, read_restarts
 from .run_milestones import CHECKPOINT, EVALUATE, STOP_CHECK, Milestones
 from .run_state import RunState
 from .timers import Timers
@@ -234,6 +234,7 @@ class Trainer:
     def train_step(self, batch: Any, local_count: int, global_count: int) -> None:
         state, algo, skipper = self.state, self.algo, self.skipper
         state.step += 1
+        self.faults.crash(state.step)
         self.lr = self.schedule.lr_at(state.samples)
         for group in self.optimizer.param_groups:
             group["lr"] = self.lr
@@ -386,7 +387,8 @@ class Trainer:
                    "wall_s": time.perf_counter() - self.start_time,
                    # The newest checkpoint, and the one this session resumed from (if any).
                    "checkpoint": str(last) if last else None,
-                   "resumed_from": str(self.resumed_from.path) if self.resumed_from else None}
+                   "resumed_from": str(self.resumed_from.path) if self.resumed_from else None,
+                   "restarts": read_restarts(self.run_dir)}
             summary = build_summary(status, self.cfg, self.world, run, self.state.history,
                                     per_rank, digests, self.recipe, recipe_reports)
             self.runlog.finish(summary)

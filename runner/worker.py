@@ -164,11 +164,14 @@ def _run_rank(run_dir: Path, in_process: bool) -> int:
     MPI = mpi()
     world_mpi = MPI.COMM_WORLD
     rank = world_mpi.Get_rank()
+    trainer = None
     try:
         console = setup_logging(run_dir, rank, redirect_fds=not in_process)
         if not in_process:
             write_pid_file(run_dir, rank)
-            start_heartbeat(run_dir, rank)
+            # The samples this rank has seen, for a launcher that restarts a failed job.
+            start_heartbeat(run_dir, rank,
+                            lambda: trainer.state.samples if trainer is not None else None)
             hold_shared(run_dir)
     except OSError as ex:  # nowhere to write: say it on the terminal, end the job
         print(f"adpsgd-run: error: {start_failure(ex, run_dir)}", file=sys.stderr, flush=True)
@@ -192,7 +195,6 @@ def _run_rank(run_dir: Path, in_process: bool) -> int:
         world_mpi.Abort(EXIT_PEER_LOST)
 
     DEADLINES.on_expired = give_up
-    trainer = None
     try:
         cfg = load_run_config(run_dir)
         threads = os.environ.get("OMP_NUM_THREADS")

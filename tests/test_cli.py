@@ -53,6 +53,18 @@ BAD_COMMANDS = [
     (["algo=local_sgd", "algo.period=0"], "algo.period: must be >= 1", "algo.period=8"),
     (["faults.straggler.ranks=[7]"], "ranks [7] do not exist", "faults.straggler.ranks=[3]"),
     (["faults.delay_s=-1"], "faults.delay_s: must be >= 0", "faults.delay_s=0"),
+    (["faults.sigkill.ranks=[1]", "faults.sigkill.step=0"], "faults.sigkill.step: must be >= 1",
+     "faults.sigkill.step=10"),
+    # Restarts: a count, and only where there is a job to start again.
+    (["launcher.max_restarts=-1"], "launcher.max_restarts: must be >= 0",
+     "launcher.max_restarts=3"),
+    (["launcher.nprocs=1", "launcher.max_restarts=2"], "runs the rank inside adpsgd-run",
+     "launcher.nprocs=2 or more"),
+    (["launcher=sim", "launcher.max_restarts=2"], "no rank to lose or restart",
+     "launcher.max_restarts=0"),
+    (["launcher=slurm", "launcher.max_restarts=2"], "launcher=slurm does not restart",
+     "launcher.max_restarts=0"),
+    (["launcher.max_restart=2"], "unknown key 'launcher.max_restart'", "launcher.max_restarts"),
 ]
 
 

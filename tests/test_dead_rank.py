@@ -212,11 +212,14 @@ def test_an_asynchronous_run_killed_and_resumed_reaches_the_uninterrupted_accura
 
 
 def test_a_nonfinite_loss_stops_with_one_line_and_keeps_the_last_good_checkpoint(tmp_path):
+    """...and is not restarted (a user's error: it would fail again), restarts or not."""
     run_dir = tmp_path / "run"
     proc = run_cli([*EXACT, "trainer.epochs=2", "trainer.checkpoint_every=4",
                     "faults.nonfinite_loss.ranks=[1]", "faults.nonfinite_loss.steps=[6]",
-                    f"hydra.run.dir={run_dir}"], cwd=tmp_path, check=False, timeout=120)
+                    "launcher.max_restarts=2", f"hydra.run.dir={run_dir}"], cwd=tmp_path,
+                   check=False, timeout=120)
     assert proc.returncode == 2, proc.stderr
+    assert "restart" not in proc.stderr, proc.stderr
     errors = [line for line in proc.stderr.splitlines() if line.startswith("adpsgd-run: error:")]
     assert len(errors) == 1 and "non-finite training loss" in errors[0], proc.stderr
     assert "Fix: lower optim.lr" in errors[0] and "Traceback" not in proc.stderr
@@ -227,7 +230,7 @@ def test_a_nonfinite_loss_stops_with_one_line_and_keeps_the_last_good_checkpoint
         assert all(torch.isfinite(v).all() for v in model.values())
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "failed" and summary["exit_status"] == 2
-    assert summary["checkpoint"] == str(checkpoint.path)
+    assert summary["checkpoint"] == str(checkpoint.path) and summary["restarts"] == []
 
 
 def test_a_stop_signal_to_the_launcher_checkpoints_exits_75_and_resume_finishes(tmp_path):

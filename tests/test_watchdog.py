@@ -18,6 +18,14 @@ def sleeper() -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
 
 
+def seen(condition, what: str):
+    deadline = time.monotonic() + 10
+    while not (value := condition()) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert value, f"the watchdog never saw {what}"
+    return value
+
+
 @pytest.fixture
 def job(tmp_path):
     """A stand-in mpiexec and one rank (real processes with a pid file), and the watchdog."""
@@ -26,7 +34,10 @@ def job(tmp_path):
     (tmp_path / "logs" / "rank0.pid").write_text(f"{rank.pid} {socket.gethostname()}\n")
     watchdog = RankWatchdog(tmp_path, 1)
     watchdog.watch_mpiexec(mpiexec.pid)
-    time.sleep(3 * RankWatchdog.POLL_MS / 1000)  # the thread has registered both
+    # Two wake-ups after it read the pid file, the thread watches the rank and mpiexec.
+    seen(lambda: 0 in watchdog.pids, "the pid file")
+    start = watchdog.wakeups
+    seen(lambda: watchdog.wakeups >= start + 2, "two wake-ups")
     yield watchdog, mpiexec, rank
     for proc in (mpiexec, rank):
         proc.kill()
@@ -37,14 +48,6 @@ def job(tmp_path):
 def kill(proc: subprocess.Popen) -> None:
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-
-
-def seen(condition, what: str):
-    deadline = time.monotonic() + 10
-    while not (value := condition()) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert value, f"the watchdog never saw {what}"
-    return value
 
 
 def first_death(watchdog: RankWatchdog):

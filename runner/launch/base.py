@@ -17,10 +17,15 @@ class LauncherConfig(Section):
     name: str = ""
     nprocs: int = 1  # total ranks
     procs_per_node: Optional[int] = None  # ranks per node (emulated when launched locally)
+    # Start a job that lost a rank, its node or its mpiexec again from the newest complete
+    # checkpoint, at most this often (runner/launch/restart.py); 0: never.
+    max_restarts: int = 0
 
     def check(self, prefix: str, cfg: DictConfig) -> None:
         require(self.nprocs >= 1, f"{prefix}.nprocs", f"must be >= 1, got {self.nprocs}",
                 f"{prefix}.nprocs=2")
+        require(self.max_restarts >= 0, f"{prefix}.max_restarts",
+                f"must be >= 0, got {self.max_restarts}", f"{prefix}.max_restarts=3")
         if self.procs_per_node is not None:
             require(self.procs_per_node >= 1, f"{prefix}.procs_per_node",
                     f"must be >= 1, got {self.procs_per_node}", f"{prefix}.procs_per_node=2")

@@ -39,6 +39,7 @@ from ..errors import EXIT_PEER_LOST, EXIT_PREEMPTED, EXIT_STOPPED, ConfigError
 from ..schema import require
 from .base import Launcher, LauncherConfig
 from .registry import LAUNCHERS
+from .restart import JobFailure, Restarts
 from .watchdog import (
     HEARTBEAT_S,
     LAUNCHER_PID,
@@ -48,6 +49,7 @@ from .watchdog import (
     clear_rank_files,
     failure_records,
     failure_times,
+    rank_progress,
 )
 
 POLL_S = 0.25  # how often the watchdog looks at the ranks
@@ -77,6 +79,9 @@ class LocalConfig(LauncherConfig):
                 f"{prefix}.stall_timeout_s", f"must be 0 (never) or at least "
                 f"{3 * HEARTBEAT_S:.0f} s (ranks beat every {HEARTBEAT_S:.0f} s), got "
                 f"{self.stall_timeout_s}", f"{prefix}.stall_timeout_s=60")
+        require(self.max_restarts == 0 or self.nprocs > 1, f"{prefix}.max_restarts",
+                "launcher.nprocs=1 runs the rank inside adpsgd-run, which cannot restart "
+                "itself", f"{prefix}.max_restarts=0, or {prefix}.nprocs=2 or more")
         if self.nprocs > 1:
             find_mpiexec(self.mpiexec, key=f"{prefix}.mpiexec")
 
@@ -247,6 +252,23 @@ class LocalLauncher(Launcher):
             from ..worker import run_rank
 
             return run_rank(run_dir, in_process=True)
+        restarts = Restarts(run_dir, self.cfg.max_restarts)
+        while True:
+            status, failure = self.run_job(run_dir, restarts)
+            if failure is None:
+                return status
+            progress = [rank_progress(run_dir, r) for r in range(self.cfg.nprocs)]
+            try:
+                restarting = restarts.decide(failure, progress)
+            except KeyboardInterrupt:  # between two jobs: no rank to forward it to
+                return EXIT_STOPPED
+            if not restarting:
+                failure.report()
+                return status
+
+    def run_job(self, run_dir: Path, restarts: Restarts) -> tuple[int, JobFailure | None]:
+        """Run the MPI job once; its exit status, and how it failed (None: it completed or
+        stopped as asked)."""
         clear_rank_files(run_dir, self.cfg.nprocs)
         watchdog = RankWatchdog(run_dir, self.cfg.nprocs)
         # The ranks stop if this process dies, and leave printing their failures to it.
@@ -260,7 +282,7 @@ class LocalLauncher(Launcher):
             output = MpiexecOutput(proc.stdout, run_dir / "logs" / "mpiexec.log")
             grace = 0.0 if "-disable-auto-cleanup" in proc.args else MPIEXEC_GRACE_S
             try:
-                status = self.supervise(proc, watchdog, forwarding, grace)
+                status = self.supervise(proc, watchdog, forwarding, grace, restarts)
             except (ForcedStop, KeyboardInterrupt):
                 print("adpsgd-run: second Ctrl-C: stopping every rank at once", file=sys.stderr,
                       flush=True)
@@ -268,45 +290,62 @@ class LocalLauncher(Launcher):
                 watchdog.kill_leftovers()
                 watchdog.stop()
                 remove_partial_checkpoints(run_dir)
-                return EXIT_STOPPED
+                return EXIT_STOPPED, None
         ended = time.time()
         output.join()
         watchdog.kill_leftovers()  # a rank that outlived mpiexec would be an orphan
         time.sleep(2 * RankWatchdog.POLL_MS / 1000)  # the last deaths reach the record
         watchdog.stop()
         if self.stalled is not None:
-            self.report_stalled(run_dir, self.stalled)
-            return 128 + signal.SIGKILL
+            stalled = self.stalled
+            return 128 + signal.SIGKILL, JobFailure(
+                f"rank {stalled.rank} stalled (no heartbeat for launcher.stall_timeout_s="
+                f"{self.cfg.stall_timeout_s:g} s)", True, ended,
+                lambda: self.report_stalled(run_dir, stalled))
         if status == 0:
             if forwarding.received:  # the signal came after the last chance to stop
                 names = ", ".join(signal.Signals(s).name for s in forwarding.received)
                 print(f"adpsgd-run: the run completed before the stop ({names}) took effect: "
                       "it is finished, nothing to resume", file=sys.stderr, flush=True)
-            return 0
+            return 0, None
         statuses = set(watchdog.exit_statuses().values())
         if statuses in ({EXIT_PREEMPTED}, {EXIT_STOPPED}):  # every rank stopped gracefully
-            return statuses.pop()
+            return statuses.pop(), None
         if status == -signal.SIGINT and signal.SIGINT in forwarding.received:
             # The user's Ctrl-C itself: a Ctrl-C while mpiexec is being spawned reaches it in
             # the instant between fork and its own session, and it dies of it at once.
-            return EXIT_STOPPED
+            return EXIT_STOPPED, None
         dead = self.dead_rank(watchdog, output)
         if status < 0 and self.mpiexec_ended_first(watchdog, dead, ended):
             # mpiexec itself was killed from outside; its ranks went down after it.
-            self.report_mpiexec_killed(run_dir, proc.pid, -status)
-            return 128 - status
+            name = signal.Signals(-status).name
+            return 128 - status, JobFailure(
+                f"mpiexec was killed by signal {-status} ({name}) from outside", True, ended,
+                lambda: self.report_mpiexec_killed(run_dir, proc.pid, -status))
         if dead is not None:
-            self.report_dead_rank(run_dir, dead, output)
             # The shell's convention for "killed by a signal", whether mpiexec or the watchdog
             # ended the job (mpiexec would return the bare signal number).
             code = output.bad_code if output.bad_pid == dead.pid else None
-            return 128 + (code if code is not None and 0 < code < 65 else signal.SIGKILL)
+            signum = code if code is not None and 0 < code < 65 else None
+            how = (f"was killed by signal {signum} ({signal.Signals(signum).name})" if signum
+                   else "died without reporting an error")
+            return 128 + (signum or signal.SIGKILL), JobFailure(
+                f"rank {dead.rank} {how}", True, dead.when,
+                lambda: self.report_dead_rank(run_dir, dead, output))
         status = 128 - status if status < 0 else status
-        self.report_failure(run_dir, status, self.mpiexec_report(watchdog, output))
-        return status
+        mpiexec_said = self.mpiexec_report(watchdog, output)
+        records = [r for r in failure_records(run_dir, self.cfg.nprocs) if r.message]
+        if records:
+            cause = records[0].message.removeprefix("adpsgd-run: ")
+            # A user's error (status 2: config, data, a non-finite loss) fails again.
+            restartable = records[0].status != 2
+        else:
+            cause, restartable = f"the MPI job exited with status {status}", True
+        return status, JobFailure(cause, restartable, ended,
+                                  lambda: self.report_failure(run_dir, status, mpiexec_said))
 
     def supervise(self, proc: subprocess.Popen, watchdog: RankWatchdog,
-                  forwarding: StopForwarding, grace_s: float) -> int:
+                  forwarding: StopForwarding, grace_s: float, restarts: Restarts) -> int:
         """Wait for mpiexec; if a rank dies and mpiexec does not end the job within
         ``grace_s``, or a rank stalls (no heartbeat for ``stall_timeout_s``), end it here.
         Returns mpiexec's status."""
@@ -319,6 +358,9 @@ class LocalLauncher(Launcher):
             except subprocess.TimeoutExpired:
                 pass
             forwarding.deliver()
+            if restarts.waiting:  # a restarted job: is it training again?
+                restarts.poll([rank_progress(watchdog.run_dir, r)
+                               for r in range(self.cfg.nprocs)])
             if self.cfg.stall_timeout_s and (stalled := watchdog.stalled(
                     self.cfg.stall_timeout_s)) is not None:
                 self.stalled = stalled

@@ -122,6 +122,11 @@ class SlurmConfig(LauncherConfig):
                 f"{max(1, limit // 10)} or a longer {prefix}.time")
         require(self.max_requeues >= 0, f"{prefix}.max_requeues", "must be >= 0",
                 f"{prefix}.max_requeues=3")
+        require(self.max_restarts == 0, f"{prefix}.max_restarts",
+                "launcher=slurm does not restart a job that lost a rank or node yet (a "
+                "preempted job requeues itself: launcher.max_requeues)",
+                f"{prefix}.max_restarts=0, and after a failure submit RUN_DIR/job.sbatch again "
+                "(it continues from the newest complete checkpoint)")
         require(self.rank_launcher in RANK_LAUNCHERS, f"{prefix}.rank_launcher",
                 f"must be srun or mpiexec, got {self.rank_launcher!r}",
                 f"{prefix}.rank_launcher=srun")

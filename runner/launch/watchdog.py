@@ -32,6 +32,7 @@ import signal
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -102,17 +103,30 @@ def watch_launcher(pid: int, on_gone) -> None:
     threading.Thread(target=watch, name="launcher-watch", daemon=True).start()
 
 
-def start_heartbeat(run_dir: str | Path, rank: int) -> None:
-    """A daemon thread that touches the rank's pid file every HEARTBEAT_S (a file's time
-    changes even on a full disk)."""
+def start_heartbeat(run_dir: str | Path, rank: int,
+                    progress: Callable[[], int | None] = lambda: None) -> None:
+    """A daemon thread that touches the rank's pid file every HEARTBEAT_S. Once
+    ``progress()`` (the global samples the rank has seen) has a value, each beat rewrites the
+    file with it as a third field, which a launcher that restarts a failed job reads (see
+    ``rank_progress``); on a full disk the beat only touches the file (its time changes)."""
     path = _path(run_dir, rank, "pid")
+    tmp = path.with_name(path.name + ".beat")
+    identity = f"{os.getpid()} {socket.gethostname()}"
 
     def beat() -> None:
         while True:
             try:
-                os.utime(path)
+                samples = progress()
+                if samples is None:
+                    os.utime(path)
+                else:
+                    tmp.write_text(f"{identity} {samples}\n")
+                    os.replace(tmp, path)
             except OSError:
-                pass
+                try:
+                    os.utime(path)
+                except OSError:
+                    pass
             time.sleep(HEARTBEAT_S)
 
     threading.Thread(target=beat, name="heartbeat", daemon=True).start()
@@ -191,6 +205,15 @@ def rank_pid(run_dir: str | Path, rank: int) -> int | None:
     return int(pid) if host == socket.gethostname() else None
 
 
+def rank_progress(run_dir: str | Path, rank: int) -> int | None:
+    """The global samples the rank had seen at its last heartbeat (None: none reported)."""
+    try:
+        fields = _path(run_dir, rank, "pid").read_text().split()
+        return int(fields[2]) if len(fields) > 2 else None
+    except (OSError, ValueError):
+        return None
+
+
 def process_alive(pid: int) -> bool:
     """True for a running process; False once it is gone or a zombie (dead, not yet reaped
     by mpiexec's proxy)."""
@@ -234,6 +257,7 @@ class RankWatchdog:
         self.pids: dict[int, int] = {}  # rank -> pid, once its pid file appeared
         self.deaths: list[tuple[float, int, int]] = []  # (time.time(), rank, wake-up), in order
         self.mpiexec_wakeup: int | None = None  # the wake-up that saw mpiexec end
+        self.wakeups = 0  # of the thread, so far
         self._mpiexec_fd: int | None = None
         self._lock = threading.Lock()
         self._running = True
@@ -269,7 +293,7 @@ class RankWatchdog:
 
     def _watch(self) -> None:
         poller, fds, watched = select.poll(), {}, set()
-        wakeup, mpiexec_fd = 0, None
+        mpiexec_fd = None
         while self._running:
             if mpiexec_fd is None and self._mpiexec_fd is not None:
                 mpiexec_fd = self._mpiexec_fd
@@ -289,7 +313,8 @@ class RankWatchdog:
                 fds[fd] = rank
                 poller.register(fd, select.POLLIN)
             ready = poller.poll(self.POLL_MS)
-            wakeup += 1
+            self.wakeups += 1
+            wakeup = self.wakeups
             for fd, _ in ready:
                 poller.unregister(fd)
                 if fd == mpiexec_fd:

@@ -350,7 +350,8 @@ class Simulation:
         last = self.checkpointer.last
         run = {"steps": self.step, "samples": int(self.samples), "train_s": self.clocks.now(),
                "wall_s": self.clocks.now(), "checkpoint": str(last) if last else None,
-               "resumed_from": str(self.resumed_from.path) if self.resumed_from else None}
+               "resumed_from": str(self.resumed_from.path) if self.resumed_from else None,
+               "restarts": []}  # one process in virtual time: nothing to restart
         summary = build_summary("completed", self.cfg, self.world, run, self.history,
                                 self.rank_reports(), digests, self.recipe,
                                 [self.recipe.rank_report()])

@@ -47,6 +47,9 @@ def run_cases_on_ranks(check) -> None:
     outcomes = world.Dup()
     run_dir, cases = sys.argv[1], json.loads(sys.argv[2])
     for case_number, (name, overrides) in enumerate(cases.items()):
+        # The ranks start each case together (the first after imports that take seconds
+        # more on one rank than another), so that ending it measures only the case.
+        outcomes.Barrier()
         fatal = ""  # the traceback of an error other than a failed assertion
         try:
             message = check(world, f"{run_dir}/{name}", overrides)
