@@ -16,6 +16,7 @@ import json
 import math
 import os
 import platform
+import time
 from pathlib import Path
 from typing import Any
 
@@ -27,12 +28,27 @@ RESTARTS = Path("logs") / "restarts.json"
 
 
 def read_restarts(run_dir: str | Path) -> list[dict[str, Any]]:
-    """Every restart of the run so far: cause, at_samples, resumed_from_samples, seconds_down
-    (null until the restarted job trained again)."""
+    """Every restart of the run so far: cause, at_samples, resumed_from_samples, failed_at
+    (time.time() of the failure) and seconds_down (null until the restarted job resumed)."""
     try:
         return list(json.loads((Path(run_dir) / RESTARTS).read_text())["restarts"])
     except (OSError, ValueError, KeyError, TypeError):
         return []
+
+
+def write_restarts(run_dir: str | Path, records: list[dict[str, Any]]) -> None:
+    path = Path(run_dir) / RESTARTS
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(path, {"restarts": records})
+
+
+def record_training_again(run_dir: str | Path) -> None:
+    """Rank 0 of a job that resumed after a restart: the run was down from the failure until
+    now (its state is loaded; the next step trains)."""
+    records = read_restarts(run_dir)
+    if records and records[-1].get("seconds_down") is None and "failed_at" in records[-1]:
+        records[-1]["seconds_down"] = round(time.time() - records[-1]["failed_at"], 1)
+        write_restarts(run_dir, records)
 
 
 def _finite(value: Any) -> Any:

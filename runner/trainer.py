@@ -37,7 +37,14 @@ from .lr_schedule import LRSchedule
 from .nonfinite import BatchSkipper, nonfinite_error, refuse_poisoned_state
 from .optim import parameter_groups
 from .preemption import STOP_CHECK_STEPS, STOPPED, StopAgreement
-from .run_log import ProgressBar, RunLog, build_summary, host_record, read_restarts
+from .run_log import (
+    ProgressBar,
+    RunLog,
+    build_summary,
+    host_record,
+    read_restarts,
+    record_training_again,
+)
 from .run_milestones import CHECKPOINT, EVALUATE, STOP_CHECK, Milestones
 from .run_state import RunState
 from .timers import Timers
@@ -115,6 +122,8 @@ class Trainer:
         self.stop_status: str | None = None  # preempted or stopped (runner/preemption.py)
         if self.resumed_from:
             self._restore(resume_state)
+        if world.is_main:  # after a restart (launcher.max_restarts): the run trains again
+            record_training_again(self.run_dir)
         self.lr = self.schedule.lr_at(self.state.samples)
         # A resumed run continues the same TensorBoard run: events past the checkpoint's step
         # (written after it by the interrupted session) are purged.

@@ -104,7 +104,7 @@ def kill_one_rank(work_dir: Path, algo: str, nprocs: int, victim: int | None,
         else:
             pid = int((run_dir / "logs" / f"rank{victim}.pid").read_text().split()[0])
         os.kill(pid, signum)
-        killed = time.monotonic()
+        killed, killed_at = time.monotonic(), time.time()
         verdict_s = None
         while job.poll() is None and time.monotonic() - killed < 120:
             if verdict_s is None and "died without reporting" in stderr_path.read_text():
@@ -119,7 +119,7 @@ def kill_one_rank(work_dir: Path, algo: str, nprocs: int, victim: int | None,
     verdict_s = verdict_s if verdict_s is not None else (
         exit_s if "died without reporting" in text else None)
     return {"algo": algo, "nprocs": nprocs, "killed_rank": victim, "pid": pid, "status": status,
-            "verdict_s": verdict_s, "exit_s": exit_s, "stderr": text,
+            "verdict_s": verdict_s, "exit_s": exit_s, "killed_at": killed_at, "stderr": text,
             "leftover_pids": worker_pids(run_dir),
             "checkpoint": newest_checkpoint_loads(run_dir), "run_dir": str(run_dir)}
 

@@ -62,8 +62,6 @@ BAD_COMMANDS = [
      "launcher.nprocs=2 or more"),
     (["launcher=sim", "launcher.max_restarts=2"], "no rank to lose or restart",
      "launcher.max_restarts=0"),
-    (["launcher=slurm", "launcher.max_restarts=2"], "launcher=slurm does not restart",
-     "launcher.max_restarts=0"),
     (["launcher.max_restart=2"], "unknown key 'launcher.max_restart'", "launcher.max_restarts"),
 ]
 

@@ -21,7 +21,6 @@ import torch
 
 from runner.checkpoint_files import complete_checkpoints, load_rank_state
 from runner.errors import EXIT_PREEMPTED
-from runner.launch.watchdog import HEARTBEAT_S
 
 from conftest import BIN, REPO, read_run, run_cli
 
@@ -100,9 +99,13 @@ def test_a_stopped_rank_with_default_timeouts_ends_the_job_by_its_heartbeat(tmp_
                                  signum=signal.SIGSTOP)
     stderr = result["stderr"]
     print(f"ssgd: rank 1 stopped; job ended after {result['exit_s']:.1f} s")
-    # The stall is counted from the last heartbeat, which came up to HEARTBEAT_S before the
-    # stop (the suite once measured 9.2 s).
-    assert result["status"] != 0 and 10 - HEARTBEAT_S <= result["exit_s"] < 30, stderr
+    # The stall is counted from the last heartbeat (the pid file's time, untouched since the
+    # stop), which came HEARTBEAT_S or more before the stop: more on a loaded machine, where
+    # the heartbeat thread waits for a core (the suite once measured 9.2 s).
+    last_beat = (Path(result["run_dir"]) / "logs" / "rank1.pid").stat().st_mtime
+    before_stop = result["killed_at"] - last_beat
+    assert result["status"] != 0 and result["exit_s"] < 30, stderr
+    assert result["exit_s"] >= 10 - before_stop - 0.5, (result["exit_s"], before_stop)
     lines = [line for line in stderr.splitlines() if line.startswith("adpsgd-run: ")]
     assert lines[0].startswith(f"adpsgd-run: rank 1 (pid {result['pid']}) stopped responding: "
                                "no heartbeat for 1"), stderr

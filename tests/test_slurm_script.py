@@ -46,9 +46,11 @@ def test_dry_run_writes_a_readable_script_for_a_2_node_4_gpu_hadpsgd_job(tmp_pat
     lines = script.splitlines()
     assert lines.index("module load cuda/12.4") + 1 == lines.index("source /opt/env.sh")
     assert f"RUN_DIR={run_dir}" in lines and "MAX_REQUEUES=5" in lines
+    steps = [line.strip() for line in lines]  # the ranks' steps are inside the restart loop
     assert ('srun --mpi=pmi2 --ntasks-per-node=4 --cpus-per-task=8 "$PYTHON" -m runner.worker '
-            '"$RUN_DIR" &') in lines
-    assert '"$PYTHON" -m runner.launch.restart "$RUN_DIR" || exit 1' in lines
+            '"$RUN_DIR" &') in steps
+    assert '"$PYTHON" -m runner.launch.restart "$RUN_DIR" || exit 1' in steps
+    assert any(line.startswith("MAX_RESTARTS=0 ") for line in lines)
     assert "trap 'forward USR1' USR1" in lines and "trap 'forward TERM' TERM" in lines
     assert 'scontrol requeue "$SLURM_JOB_ID" && exit 0' in script
     assert subprocess.run(["bash", "-n", str(script_path)]).returncode == 0
@@ -134,7 +136,7 @@ def write_run_config(run_dir: Path, resume: str | None) -> Path:
 
 @pytest.mark.parametrize("resume", [None, "/data/pretrained/checkpoints/samples-0000000100"])
 def test_a_job_that_runs_again_resumes_from_its_own_newest_checkpoint(tmp_path, resume):
-    from runner.launch.restart import prepare_restart
+    from runner.launch.restarts import prepare_restart
 
     path = write_run_config(tmp_path, resume)
     # First start: nothing to continue, the user's choice stands.

@@ -39,7 +39,7 @@ from ..errors import EXIT_PEER_LOST, EXIT_PREEMPTED, EXIT_STOPPED, ConfigError
 from ..schema import require
 from .base import Launcher, LauncherConfig
 from .registry import LAUNCHERS
-from .restart import JobFailure, Restarts
+from .restarts import JobFailure, Restarts
 from .watchdog import (
     HEARTBEAT_S,
     LAUNCHER_PID,
@@ -254,7 +254,7 @@ class LocalLauncher(Launcher):
             return run_rank(run_dir, in_process=True)
         restarts = Restarts(run_dir, self.cfg.max_restarts)
         while True:
-            status, failure = self.run_job(run_dir, restarts)
+            status, failure = self.run_job(run_dir)
             if failure is None:
                 return status
             progress = [rank_progress(run_dir, r) for r in range(self.cfg.nprocs)]
@@ -266,7 +266,7 @@ class LocalLauncher(Launcher):
                 failure.report()
                 return status
 
-    def run_job(self, run_dir: Path, restarts: Restarts) -> tuple[int, JobFailure | None]:
+    def run_job(self, run_dir: Path) -> tuple[int, JobFailure | None]:
         """Run the MPI job once; its exit status, and how it failed (None: it completed or
         stopped as asked)."""
         clear_rank_files(run_dir, self.cfg.nprocs)
@@ -282,7 +282,7 @@ class LocalLauncher(Launcher):
             output = MpiexecOutput(proc.stdout, run_dir / "logs" / "mpiexec.log")
             grace = 0.0 if "-disable-auto-cleanup" in proc.args else MPIEXEC_GRACE_S
             try:
-                status = self.supervise(proc, watchdog, forwarding, grace, restarts)
+                status = self.supervise(proc, watchdog, forwarding, grace)
             except (ForcedStop, KeyboardInterrupt):
                 print("adpsgd-run: second Ctrl-C: stopping every rank at once", file=sys.stderr,
                       flush=True)
@@ -345,7 +345,7 @@ class LocalLauncher(Launcher):
                                   lambda: self.report_failure(run_dir, status, mpiexec_said))
 
     def supervise(self, proc: subprocess.Popen, watchdog: RankWatchdog,
-                  forwarding: StopForwarding, grace_s: float, restarts: Restarts) -> int:
+                  forwarding: StopForwarding, grace_s: float) -> int:
         """Wait for mpiexec; if a rank dies and mpiexec does not end the job within
         ``grace_s``, or a rank stalls (no heartbeat for ``stall_timeout_s``), end it here.
         Returns mpiexec's status."""
@@ -358,9 +358,6 @@ class LocalLauncher(Launcher):
             except subprocess.TimeoutExpired:
                 pass
             forwarding.deliver()
-            if restarts.waiting:  # a restarted job: is it training again?
-                restarts.poll([rank_progress(watchdog.run_dir, r)
-                               for r in range(self.cfg.nprocs)])
             if self.cfg.stall_timeout_s and (stalled := watchdog.stalled(
                     self.cfg.stall_timeout_s)) is not None:
                 self.stalled = stalled

@@ -122,11 +122,6 @@ class SlurmConfig(LauncherConfig):
                 f"{max(1, limit // 10)} or a longer {prefix}.time")
         require(self.max_requeues >= 0, f"{prefix}.max_requeues", "must be >= 0",
                 f"{prefix}.max_requeues=3")
-        require(self.max_restarts == 0, f"{prefix}.max_restarts",
-                "launcher=slurm does not restart a job that lost a rank or node yet (a "
-                "preempted job requeues itself: launcher.max_requeues)",
-                f"{prefix}.max_restarts=0, and after a failure submit RUN_DIR/job.sbatch again "
-                "(it continues from the newest complete checkpoint)")
         require(self.rank_launcher in RANK_LAUNCHERS, f"{prefix}.rank_launcher",
                 f"must be srun or mpiexec, got {self.rank_launcher!r}",
                 f"{prefix}.rank_launcher=srun")
@@ -185,6 +180,7 @@ def render_script(cfg: SlurmConfig, run_cfg: DictConfig, run_dir: Path, workdir:
 RUN_DIR={q(str(run_dir))}
 PYTHON={q(python)}
 MAX_REQUEUES={cfg.max_requeues}
+MAX_RESTARTS={cfg.max_restarts}  # ranks started again in this allocation after a lost rank
 PREEMPTED={EXIT_PREEMPTED}  # the ranks' status after a checkpoint on USR1/TERM
 
 # Environment set-up (launcher.setup):
@@ -194,29 +190,42 @@ export PYTHONUNBUFFERED=1
 export OMP_NUM_THREADS=${{SLURM_CPUS_PER_TASK:-1}}
 restarts=${{SLURM_RESTART_COUNT:-0}}
 echo "adpsgd: job $SLURM_JOB_ID start $((restarts + 1)) on $SLURM_JOB_NODELIST at $(date -Is)"
-# Before the ranks: continue from the newest checkpoint of this run dir when there is one.
-"$PYTHON" -m runner.launch.restart "$RUN_DIR" || exit 1
-
 # SLURM's warning (--signal=B:USR1) and a preemption's SIGTERM reach this shell; pass them
 # on to the ranks, which checkpoint at the next safe point and exit with $PREEMPTED.
 step=""
 interrupted=0
+signalled=0
 forward() {{
     interrupted=1
+    signalled=1
     echo "adpsgd: SIG$1 at $(date -Is): the ranks checkpoint and stop"
     [ -n "$step" ] && kill -s "$1" "$step" 2>/dev/null
 }}
 trap 'forward USR1' USR1
 trap 'forward TERM' TERM
 
-{ranks_line} &
-step=$!
-wait "$step"; status=$?
-while [ "$interrupted" = 1 ]; do  # a trapped signal ends `wait` early: wait for the ranks
-    interrupted=0
+taken=0
+while true; do
+    # Before the ranks: continue from the newest checkpoint of this run dir when there is one.
+    "$PYTHON" -m runner.launch.restart "$RUN_DIR" || exit 1
+    {ranks_line} &
+    step=$!
     wait "$step"; status=$?
+    while [ "$interrupted" = 1 ]; do  # a trapped signal ends `wait` early: wait for the ranks
+        interrupted=0
+        wait "$step"; status=$?
+    done
+    step=""
+    echo "adpsgd: ranks exited with status $status at $(date -Is)"
+    # Completed, preempted, stopped, a user's error, or a signal to this job: no restart here.
+    case "$status" in 0|"$PREEMPTED"|130|2) break ;; esac
+    [ "$signalled" = 1 ] && break
+    # A lost rank or node: start the ranks again in this allocation (launcher.max_restarts),
+    # unless the failure repeats before a newer checkpoint (runner/launch/restart.py).
+    "$PYTHON" -m runner.launch.restart "$RUN_DIR" --after-failure "$status" \
+        --max-restarts "$MAX_RESTARTS" --taken "$taken" || break
+    taken=$((taken + 1))
 done
-echo "adpsgd: ranks exited with status $status at $(date -Is)"
 
 if [ "$status" -eq "$PREEMPTED" ]; then
     if [ "$restarts" -lt "$MAX_REQUEUES" ]; then

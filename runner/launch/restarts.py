@@ -1,0 +1,152 @@
+"""Continuing a run in a job that starts again: restarts without a person, and batch reruns.
+
+``launcher.max_restarts=N`` (the local launcher; under SLURM, the job script inside its
+allocation): a job that lost a rank (killed, crashed, its node gone, or hung until the
+watchdog's stall timeout) or its mpiexec is started again from
+the newest complete checkpoint of the same run dir, up to N times (``Restarts``). Each restart
+prints one line (cause, checkpoint, samples lost, attempt k of N) and is recorded in
+logs/restarts.json, which summary.json repeats as ``restarts``; metrics.jsonl and TensorBoard
+continue as one run, as after ``resume=auto``. Never restarted: a user's error (status 2: bad
+config, missing data, a non-finite loss), Ctrl-C, a preemption; nor a failure that repeats
+with the same cause before the run saved a newer checkpoint (a crash at a given step, bad
+data): the job then ends with that cause, as without restarts.
+
+``prepare_restart``: a batch job runs again in the same run dir when SLURM requeues it (after
+a preemption or its time limit's warning, see runner/launch/slurm.py) or when the user
+resubmits its job.sbatch. The ranks read ``RUN_DIR/.hydra/run.yaml``; once the run dir holds
+a checkpoint, this sets its ``resume`` to ``auto`` (the newest complete checkpoint of the run
+dir), so the job continues where it stopped instead of starting over. On the first start
+nothing changes: ``resume`` stays what the user asked for (null for a fresh start, or a
+checkpoint to start from).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from omegaconf import OmegaConf, open_dict
+
+from ..checkpoint_files import complete_checkpoints
+from ..run_log import read_restarts, write_restarts
+from .watchdog import exit_record, failure_records
+
+CHECKPOINTS = "checkpoints"
+
+
+def has_checkpoint(run_dir: Path) -> bool:
+    """Whether the run dir holds a checkpoint (one subdirectory of checkpoints/ each; ``auto``
+    then picks the newest complete one, or starts fresh when a crash left none complete)."""
+    folder = run_dir / CHECKPOINTS
+    return folder.is_dir() and any(entry.is_dir() for entry in folder.iterdir())
+
+
+def prepare_restart(run_dir: str | Path) -> str | None:
+    """Set run.yaml's ``resume`` to ``auto`` when the run dir holds a checkpoint; return the
+    value the ranks will read."""
+    from ..worker import RUN_CONFIG  # the worker imports this package
+
+    run_dir = Path(run_dir)
+    path = run_dir / RUN_CONFIG
+    cfg = OmegaConf.load(path)
+    resume = cfg.get("resume")
+    if resume == "auto" or not has_checkpoint(run_dir):
+        return resume
+    with open_dict(cfg):
+        cfg.resume = "auto"
+    tmp = path.with_name(path.name + ".tmp")
+    OmegaConf.save(cfg, tmp)
+    os.replace(tmp, path)  # a job killed here leaves the old or the new file, never half of one
+    return "auto"
+
+
+@dataclass(frozen=True)
+class JobFailure:
+    """How a job ended badly, as its launcher saw it."""
+
+    cause: str  # one phrase without pids, e.g. "rank 1 was killed by signal 9 (SIGKILL)"
+    restartable: bool  # a lost rank, process or node; False for a user's error
+    when: float  # time.time() of the failure
+    report: Callable[[], None]  # the launcher's full report, when the job is not restarted
+
+
+class Restarts:
+    """The restarts of one run (see the module docstring): the launcher calls ``decide`` after
+    each failed job; the restarted job's rank 0 records when it trained again
+    (runner/run_log.py, ``record_training_again``)."""
+
+    def __init__(self, run_dir: Path, max_restarts: int, taken: int = 0):
+        """``taken``: restarts already made by this launcher (a batch job's script counts
+        them across the calls it makes)."""
+        self.run_dir, self.max_restarts, self.taken = Path(run_dir), max_restarts, taken
+        self.records = read_restarts(run_dir)  # a resumed run keeps its earlier restarts
+        last = self.records[-1] if self.records else None
+        # (cause, resumed_from_samples) of the last restart: the same again is no progress.
+        self._last = (last["cause"], last["resumed_from_samples"]) if last else None
+
+    def decide(self, failure: JobFailure, progress: list[int | None]) -> bool:
+        """Whether to start the job again after ``failure``; if so, say so in one line and
+        prepare the run dir. ``progress``: each rank's samples at its last heartbeat."""
+        if not failure.restartable or self.max_restarts == 0:
+            return False
+        checkpoints = complete_checkpoints(self.run_dir)
+        resumed_from = checkpoints[-1].samples if checkpoints else 0
+        if self._last == (failure.cause, resumed_from):
+            say(f"not restarting: {failure.cause} again before the run saved a checkpoint past "
+                f"{resumed_from} samples: the failure repeats at the same point")
+            return False
+        if self.taken >= self.max_restarts:
+            say(f"not restarting: all {self.max_restarts} restarts "
+                f"(launcher.max_restarts={self.max_restarts}) are used")
+            return False
+        self.taken += 1
+        self._last = (failure.cause, resumed_from)
+        known = [p for p in progress if p is not None]
+        at = max([resumed_from, *known]) if known else None
+        if checkpoints:
+            prepare_restart(self.run_dir)
+            where = f"continuing from {checkpoints[-1].path} ({resumed_from} samples)"
+        else:
+            start_over(self.run_dir)
+            where = "starting over: no checkpoint was complete"
+        lost = f"{at - resumed_from} samples lost" if at is not None else "samples lost unknown"
+        say(f"restart {self.taken} of {self.max_restarts}: {failure.cause}; {where}, {lost}")
+        self.records.append({"cause": failure.cause, "at_samples": at,
+                             "resumed_from_samples": resumed_from, "failed_at": failure.when,
+                             "seconds_down": None})
+        write_restarts(self.run_dir, self.records)
+        return True
+
+
+def start_over(run_dir: Path) -> None:
+    """Before a job that starts the run again from nothing: what the failed one wrote (its
+    evaluations, TensorBoard events, a summary) would be read as this run's."""
+    for name in ("metrics.jsonl", "summary.json"):
+        (run_dir / name).unlink(missing_ok=True)
+    shutil.rmtree(run_dir / "tb", ignore_errors=True)
+    (run_dir / "tb").mkdir(exist_ok=True)
+
+
+def say(line: str) -> None:
+    print(f"adpsgd-run: {line}", file=sys.stderr, flush=True)
+
+
+def failure_of_batch_step(run_dir: Path, nprocs: int, status: int) -> JobFailure:
+    """How a batch job's ranks ended, from their exit records (srun or mpiexec inside the
+    allocation: no watchdog saw the order of the deaths, so every silent rank is named)."""
+    failed = [r for r in failure_records(run_dir, nprocs) if r.message]
+    if failed:
+        return JobFailure(failed[0].message.removeprefix("adpsgd-run: "), failed[0].status != 2,
+                          time.time(), lambda: None)
+    silent = [r for r in range(nprocs) if exit_record(run_dir, r) is None]
+    if silent:
+        ranks = ", ".join(map(str, silent))
+        return JobFailure(f"rank(s) {ranks} ended without a word (killed, crashed, or their "
+                          "node was lost)", True, time.time(), lambda: None)
+    return JobFailure(f"the ranks' job step exited with status {status}", True, time.time(),
+                      lambda: None)
