@@ -58,10 +58,6 @@ BAD_COMMANDS = [
     # Restarts: a count, and only where there is a job to start again.
     (["launcher.max_restarts=-1"], "launcher.max_restarts: must be >= 0",
      "launcher.max_restarts=3"),
-    (["launcher.nprocs=1", "launcher.max_restarts=2"], "runs the rank inside adpsgd-run",
-     "launcher.nprocs=2 or more"),
-    (["launcher=sim", "launcher.max_restarts=2"], "no rank to lose or restart",
-     "launcher.max_restarts=0"),
     (["launcher.max_restart=2"], "unknown key 'launcher.max_restart'", "launcher.max_restarts"),
 ]
 

@@ -189,6 +189,33 @@ def test_preempted_job_checkpoints_requeues_and_resumes(slurm_env, uninterrupted
     assert summary["top1"] > 80, summary
 
 
+def test_a_killed_rank_restarts_inside_the_allocation_and_the_run_completes(slurm_env,
+                                                                            tmp_path):
+    """kill -9 of rank 1 once a checkpoint is complete, launcher.max_restarts=2: srun takes
+    the step down (--kill-on-bad-exit), the job script starts the ranks again in the same
+    allocation from the checkpoint, and the run ends with every evaluation once."""
+    from runner.checkpoint_files import complete_checkpoints
+
+    [(job_id, run_dir)] = submit([*JOB, "trainer.checkpoint_every=8", "launcher.max_restarts=2",
+                                  f"hydra.run.dir={tmp_path}/run"], tmp_path, slurm_env)
+    deadline = time.monotonic() + 180
+    while not complete_checkpoints(run_dir):
+        assert time.monotonic() < deadline, job_fields(job_id, slurm_env)
+        assert job_fields(job_id, slurm_env).get("JobState") not in FINAL_STATES
+        time.sleep(0.2)
+    os.kill(int((run_dir / "logs" / "rank1.pid").read_text().split()[0]), 9)
+    fields = wait_for_job(job_id, slurm_env, timeout=300)
+    log = slurm_log(run_dir, job_id)
+    assert fields["JobState"] == "COMPLETED" and fields["Restarts"] == "0", (fields, log)
+    assert "ranks exited with status 137" in log and "ranks exited with status 0" in log, log
+    restarts = [line for line in log.splitlines() if "restart 1 of 2: " in line]
+    assert len(restarts) == 1 and "continuing from" in restarts[0], log
+    metrics, summary = read_run(run_dir)
+    assert summary["status"] == "completed" and len(summary["restarts"]) == 1, summary
+    assert summary["restarts"][0]["seconds_down"] > 0, summary["restarts"]
+    assert eval_epochs(metrics) == [1, 2, 3, 4], metrics
+
+
 def test_sweep_submits_one_job_per_combination(slurm_env, tmp_path):
     """Each combination gets its own run dir, job.sbatch and job; the jobs are cancelled once
     SLURM has them (the end-to-end test shows that such a job runs)."""

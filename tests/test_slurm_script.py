@@ -3,6 +3,7 @@ one-line errors, the restart step of a requeued job, and the rank placement chec
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 import shutil
@@ -47,8 +48,8 @@ def test_dry_run_writes_a_readable_script_for_a_2_node_4_gpu_hadpsgd_job(tmp_pat
     assert lines.index("module load cuda/12.4") + 1 == lines.index("source /opt/env.sh")
     assert f"RUN_DIR={run_dir}" in lines and "MAX_REQUEUES=5" in lines
     steps = [line.strip() for line in lines]  # the ranks' steps are inside the restart loop
-    assert ('srun --mpi=pmi2 --ntasks-per-node=4 --cpus-per-task=8 "$PYTHON" -m runner.worker '
-            '"$RUN_DIR" &') in steps
+    assert ('srun --mpi=pmi2 --kill-on-bad-exit=1 --ntasks-per-node=4 --cpus-per-task=8 '
+            '"$PYTHON" -m runner.worker "$RUN_DIR" &') in steps
     assert '"$PYTHON" -m runner.launch.restart "$RUN_DIR" || exit 1' in steps
     assert any(line.startswith("MAX_RESTARTS=0 ") for line in lines)
     assert "trap 'forward USR1' USR1" in lines and "trap 'forward TERM' TERM" in lines
@@ -157,7 +158,12 @@ def test_the_restart_step_prints_what_it_does(tmp_path):
     restart = [sys.executable, "-m", "runner.launch.restart", str(tmp_path)]
     first = subprocess.run(restart, capture_output=True, text=True, timeout=60)
     assert first.returncode == 0 and first.stdout == "", first.stderr
-    (tmp_path / "checkpoints" / "samples-0000000064").mkdir(parents=True)
+    checkpoint = tmp_path / "checkpoints" / "samples-0000000064"
+    checkpoint.mkdir(parents=True)  # a write that a kill interrupted: no marker
+    again = subprocess.run(restart, capture_output=True, text=True, timeout=60)
+    assert again.returncode == 0 and "no checkpoint is complete yet" in again.stdout
+    (checkpoint / "COMPLETE").write_text(json.dumps(
+        {"step": 2, "samples": 64, "epoch": 0.04, "nprocs": 2, "config": {}}))
     again = subprocess.run(restart, capture_output=True, text=True, timeout=60)
     assert again.returncode == 0 and "resume=auto: continuing from" in again.stdout
     missing = subprocess.run([*restart[:-1], str(tmp_path / "nowhere")], capture_output=True,

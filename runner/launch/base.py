@@ -18,7 +18,8 @@ class LauncherConfig(Section):
     nprocs: int = 1  # total ranks
     procs_per_node: Optional[int] = None  # ranks per node (emulated when launched locally)
     # Start a job that lost a rank, its node or its mpiexec again from the newest complete
-    # checkpoint, at most this often (runner/launch/restart.py); 0: never.
+    # checkpoint, at most this often (runner/launch/restarts.py); 0: never. launcher=sim has
+    # no rank to lose: it accepts the key (the cluster presets set it) and never restarts.
     max_restarts: int = 0
 
     def check(self, prefix: str, cfg: DictConfig) -> None:

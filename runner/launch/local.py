@@ -79,9 +79,6 @@ class LocalConfig(LauncherConfig):
                 f"{prefix}.stall_timeout_s", f"must be 0 (never) or at least "
                 f"{3 * HEARTBEAT_S:.0f} s (ranks beat every {HEARTBEAT_S:.0f} s), got "
                 f"{self.stall_timeout_s}", f"{prefix}.stall_timeout_s=60")
-        require(self.max_restarts == 0 or self.nprocs > 1, f"{prefix}.max_restarts",
-                "launcher.nprocs=1 runs the rank inside adpsgd-run, which cannot restart "
-                "itself", f"{prefix}.max_restarts=0, or {prefix}.nprocs=2 or more")
         if self.nprocs > 1:
             find_mpiexec(self.mpiexec, key=f"{prefix}.mpiexec")
 
@@ -251,6 +248,10 @@ class LocalLauncher(Launcher):
         if self.cfg.nprocs == 1:
             from ..worker import run_rank
 
+            if self.cfg.max_restarts:
+                print("adpsgd-run: note: launcher.max_restarts does not apply to "
+                      "launcher.nprocs=1 (the rank runs inside adpsgd-run)", file=sys.stderr,
+                      flush=True)
             return run_rank(run_dir, in_process=True)
         restarts = Restarts(run_dir, self.cfg.max_restarts)
         while True:

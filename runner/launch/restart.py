@@ -17,6 +17,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from ..checkpoint_files import complete_checkpoints
 from ..worker import RUN_CONFIG
 from .restarts import CHECKPOINTS, Restarts, failure_of_batch_step, has_checkpoint, prepare_restart
 from .watchdog import clear_rank_files, rank_progress
@@ -51,7 +52,9 @@ def main(argv: list[str] | None = None) -> None:
     resume = prepare_restart(run_dir)
     if resume == "auto" and has_checkpoint(run_dir):
         print(f"adpsgd: resume=auto: continuing from the newest complete checkpoint in "
-              f"{run_dir / CHECKPOINTS}", flush=True)
+              f"{run_dir / CHECKPOINTS}" if complete_checkpoints(run_dir) else
+              "adpsgd: resume=auto: no checkpoint is complete yet: the run starts over",
+              flush=True)
 
 
 if __name__ == "__main__":

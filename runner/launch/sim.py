@@ -40,9 +40,6 @@ class SimConfig(LauncherConfig):
 
     def check(self, prefix, cfg):
         super().check(prefix, cfg)
-        require(self.max_restarts == 0, f"{prefix}.max_restarts",
-                "launcher=sim runs every learner in this one process: there is no rank to "
-                "lose or restart", f"{prefix}.max_restarts=0")
         require(self.nprocs <= 4096, f"{prefix}.nprocs", f"the simulator runs at most 4096 "
                 f"learners, got {self.nprocs}", f"{prefix}.nprocs=1024")
         require(self.model_bytes is None or self.model_bytes > 0, f"{prefix}.model_bytes",

@@ -163,7 +163,10 @@ def render_script(cfg: SlurmConfig, run_cfg: DictConfig, run_dir: Path, workdir:
 
     python = cfg.python or sys.executable
     if cfg.rank_launcher == "srun":
-        ranks = ["srun", f"--mpi={cfg.srun_mpi}", f"--ntasks-per-node={cfg.procs_per_node}",
+        # --kill-on-bad-exit: a rank that dies takes its step down at once (as mpiexec's
+        # clean-up does) instead of leaving its peers waiting for it until a timeout.
+        ranks = ["srun", f"--mpi={cfg.srun_mpi}", "--kill-on-bad-exit=1",
+                 f"--ntasks-per-node={cfg.procs_per_node}",
                  f"--cpus-per-task={cfg.cpus_per_task}", *cfg.srun_args]
     else:
         ranks = [find_mpiexec(cfg.mpiexec), "-n", str(cfg.nprocs), "-ppn",
