@@ -44,9 +44,9 @@ def test_the_command_runs_beside_the_hogs_and_its_status_is_returned():
 def test_killing_the_script_stops_its_hogs():
     proc = subprocess.Popen([*SCRIPT, "--hogs", "2", "--", "sleep", "60"],
                             stdout=subprocess.PIPE, text=True)
+    hogs, command = [], []
     try:
         assert proc.stdout.readline().startswith("under_load: 2 busy")
-        hogs, command = [], []
         while len(hogs) < 2 or not command:
             children = subprocess.run(["pgrep", "-a", "-P", str(proc.pid)],
                                       capture_output=True, text=True).stdout.splitlines()
