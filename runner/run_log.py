@@ -22,17 +22,25 @@ from typing import Any
 
 import numpy as np
 
+from .errors import one_line
+
 # The launcher's record of the restarts of a run (launcher.max_restarts, runner/launch/
-# restart.py); summary.json repeats it as ``restarts``.
+# restarts.py); summary.json repeats it as ``restarts``.
 RESTARTS = Path("logs") / "restarts.json"
 
 
-def read_restarts(run_dir: str | Path) -> list[dict[str, Any]]:
+def read_restarts(run_dir: str | Path, strict: bool = False) -> list[dict[str, Any]]:
     """Every restart of the run so far: cause, at_samples, resumed_from_samples, failed_at
-    (time.time() of the failure) and seconds_down (null until the restarted job resumed)."""
+    (time.time() of the failure) and seconds_down (null until the restarted job resumed).
+    None yet: []; a damaged file: [] too, or ValueError with ``strict``."""
+    path = Path(run_dir) / RESTARTS
+    if not path.exists():
+        return []
     try:
-        return list(json.loads((Path(run_dir) / RESTARTS).read_text())["restarts"])
-    except (OSError, ValueError, KeyError, TypeError):
+        return list(json.loads(path.read_text())["restarts"])
+    except (OSError, ValueError, KeyError, TypeError) as ex:
+        if strict:
+            raise ValueError(f"{path} is unreadable ({one_line(ex)})") from None
         return []
 
 

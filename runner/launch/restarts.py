@@ -84,7 +84,11 @@ class Restarts:
         """``taken``: restarts already made by this launcher (a batch job's script counts
         them across the calls it makes)."""
         self.run_dir, self.max_restarts, self.taken = Path(run_dir), max_restarts, taken
-        self.records = read_restarts(run_dir)  # a resumed run keeps its earlier restarts
+        try:  # a resumed run keeps its earlier restarts
+            self.records = read_restarts(run_dir, strict=True)
+        except ValueError as ex:
+            say(f"warning: {ex}: the run's earlier restarts are not kept")
+            self.records = []
         last = self.records[-1] if self.records else None
         # (cause, resumed_from_samples) of the last restart: the same again is no progress.
         self._last = (last["cause"], last["resumed_from_samples"]) if last else None
