@@ -17,6 +17,9 @@ While the job runs the launcher supervises it (runner/launch/watchdog.py):
   once (after a SIGTERM, which now means "checkpoint and stop"), which hides which rank died
   first; the watchdog sees that rank alone die and ends the job itself. Other mpiexecs keep
   their clean-up, and the watchdog steps in after MPIEXEC_GRACE_S.
+* with ``launcher.max_restarts=N``, a job that lost a rank or its mpiexec runs again from the
+  newest complete checkpoint (runner/launch/restarts.py decides, and says so in one line);
+  the failure is reported as above only when it is not restarted.
 """
 
 from __future__ import annotations
