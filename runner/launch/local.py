@@ -42,7 +42,7 @@ from ..errors import EXIT_PEER_LOST, EXIT_PREEMPTED, EXIT_STOPPED, ConfigError
 from ..schema import require
 from .base import Launcher, LauncherConfig
 from .registry import LAUNCHERS
-from .restarts import JobFailure, Restarts
+from .restarts import JobFailure, Restarts, reported_failure
 from .watchdog import (
     HEARTBEAT_S,
     LAUNCHER_PID,
@@ -338,13 +338,8 @@ class LocalLauncher(Launcher):
                 lambda: self.report_dead_rank(run_dir, dead, output))
         status = 128 - status if status < 0 else status
         mpiexec_said = self.mpiexec_report(watchdog, output)
-        records = [r for r in failure_records(run_dir, self.cfg.nprocs) if r.message]
-        if records:
-            cause = records[0].message.removeprefix("adpsgd-run: ")
-            # A user's error (status 2: config, data, a non-finite loss) fails again.
-            restartable = records[0].status != 2
-        else:
-            cause, restartable = f"the MPI job exited with status {status}", True
+        cause, restartable = (reported_failure(run_dir, self.cfg.nprocs)
+                              or (f"the MPI job exited with status {status}", True))
         return status, JobFailure(cause, restartable, ended,
                                   lambda: self.report_failure(run_dir, status, mpiexec_said))
 

@@ -140,13 +140,21 @@ def say(line: str) -> None:
     print(f"adpsgd-run: {line}", file=sys.stderr, flush=True)
 
 
+def reported_failure(run_dir: Path, nprocs: int) -> tuple[str, bool] | None:
+    """The first rank's own failure line, as a cause, and whether it is worth a restart (not
+    a user's error, status 2: a bad config, missing data, a non-finite loss fail again);
+    None when no rank reported one."""
+    failed = [r for r in failure_records(run_dir, nprocs) if r.message]
+    if not failed:
+        return None
+    return failed[0].message.removeprefix("adpsgd-run: "), failed[0].status != 2
+
+
 def failure_of_batch_step(run_dir: Path, nprocs: int, status: int) -> JobFailure:
     """How a batch job's ranks ended, from their exit records (srun or mpiexec inside the
     allocation: no watchdog saw the order of the deaths, so every silent rank is named)."""
-    failed = [r for r in failure_records(run_dir, nprocs) if r.message]
-    if failed:
-        return JobFailure(failed[0].message.removeprefix("adpsgd-run: "), failed[0].status != 2,
-                          time.time(), lambda: None)
+    if (reported := reported_failure(run_dir, nprocs)) is not None:
+        return JobFailure(*reported, time.time(), lambda: None)
     silent = [r for r in range(nprocs) if exit_record(run_dir, r) is None]
     if silent:
         ranks = ", ".join(map(str, silent))
