@@ -5,6 +5,7 @@
 #   scripts/slurm_local.sh down     stop the daemons and delete their directory
 #   scripts/slurm_local.sh status   say whether the cluster answers (exit 1 if not)
 #   scripts/slurm_local.sh env      print the `export SLURM_CONF=...` line for `eval`
+#   scripts/slurm_local.sh clean-shm  remove MPICH's /dev/shm segments that no process maps
 #
 # Everything (slurm.conf, munge key and socket, state, spool, logs, pid files) lives in one
 # directory, $SLURM_LOCAL_DIR (default /tmp/adpsgd-slurm); nothing under /etc is touched, so
@@ -12,6 +13,12 @@
 # only. `up` and `down` are idempotent. Runs as root: slurmd starts tasks as the submitting
 # user. Settings that work without systemd or cgroups: ProctrackType=proctrack/linuxproc,
 # TaskPlugin=task/none, no cgroup.conf; MpiDefault=pmi2 (the pip MPICH speaks SLURM's PMI-2).
+#
+# Job ids never repeat across bring-ups (FirstJobId from the clock): under PMI-2, MPICH names
+# its shared-memory segment after the job and step id, and a rank killed with -9 leaves that
+# segment in /dev/shm. A later step with the same ids would open the stale segment and fail in
+# MPI_Init ("Message truncated"). `up` and `down` also remove MPICH segments that no process
+# maps, as a cluster's epilog does.
 set -euo pipefail
 
 DIR=${SLURM_LOCAL_DIR:-/tmp/adpsgd-slurm}
@@ -32,6 +39,15 @@ answers() {  # the controller replies and the node is usable
 }
 
 alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
+
+remove_stale_mpi_segments() {  # MPICH's /dev/shm segments that no process maps, older than 1 min
+    local segment removed=0
+    while IFS= read -r segment; do
+        grep -qsF "$segment" /proc/[0-9]*/maps && continue
+        rm -f "$segment" && removed=$((removed + 1))
+    done < <(find /dev/shm -maxdepth 1 -name 'mpich_*' -mmin +1 2>/dev/null)
+    [ "$removed" -eq 0 ] || say "removed $removed stale MPICH segment(s) from /dev/shm (killed ranks leave them)"
+}
 
 install_packages() {
     local missing=()
@@ -85,6 +101,7 @@ JobAcctGatherType=jobacct_gather/none
 JobCompType=jobcomp/none
 ReturnToService=2
 JobRequeue=1
+FirstJobId=$(( $(date +%s) % 60000000 + 1 ))
 MinJobAge=600
 KillWait=10
 SchedulerParameters=sched_interval=2
@@ -122,6 +139,7 @@ up() {
     install_packages
     [ "$(id -u)" -eq 0 ] || die "run as root: slurmd starts each job's tasks as the user who submitted it"
     stop_daemons  # leftovers of a half-started cluster
+    remove_stale_mpi_segments
     mkdir -p "$DIR"/{state,spool,log,run,munge}
     chmod 0700 "$DIR/munge"
     write_config
@@ -158,6 +176,7 @@ down() {
         sleep 1
     fi
     stop_daemons
+    remove_stale_mpi_segments
     rm -rf "$DIR"
     say "stopped; removed $DIR"
 }
@@ -166,6 +185,7 @@ case "${1:-}" in
     up) up ;;
     down) down ;;
     status) if answers; then say "up: export SLURM_CONF=$CONF"; else say "not running"; exit 1; fi ;;
+    clean-shm) remove_stale_mpi_segments ;;
     env) answers || die "not running; start it with scripts/slurm_local.sh up"; echo "export SLURM_CONF=$CONF" ;;
-    *) echo "usage: $0 up|down|status|env" >&2; exit 2 ;;
+    *) echo "usage: $0 up|down|status|env|clean-shm" >&2; exit 2 ;;
 esac

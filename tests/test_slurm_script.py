@@ -4,11 +4,14 @@ one-line errors, the restart step of a requeued job, and the rank placement chec
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import shutil
 import socket
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -324,3 +327,29 @@ def test_sbatch_failures_tell_an_unreachable_slurm_from_a_bad_key(tmp_path, outp
     unreachable = "could not reach" in str(caught.value)
     assert ("scripts/slurm_local.sh up" in caught.value.fix) == unreachable
     assert ("#SBATCH" in caught.value.fix) != unreachable
+
+
+def test_the_local_cluster_removes_stale_mpich_segments_and_keeps_mapped_ones(tmp_path):
+    """A rank killed with -9 leaves its MPICH segment in /dev/shm; a later step whose job and
+    step ids repeat would open it and fail in MPI_Init. scripts/slurm_local.sh removes the
+    segments no process maps (on up, down and clean-shm) and keeps those a live rank maps."""
+    stale, live = (Path(f"/dev/shm/mpich_shm_adpsgdtest{os.getpid()}_{i}") for i in (0, 1))
+    for segment in (stale, live):
+        segment.write_bytes(b"\0" * 4096)
+        os.utime(segment, (time.time() - 600, time.time() - 600))
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import mmap, sys, time; f = open(sys.argv[1], 'r+b'); "
+         "m = mmap.mmap(f.fileno(), 0); f.close(); print(flush=True); time.sleep(60)", str(live)],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        holder.stdout.readline()  # the segment is mapped
+        out = subprocess.run(["bash", str(REPO / "scripts" / "slurm_local.sh"), "clean-shm"],
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        assert not stale.exists() and live.exists(), out.stdout
+        assert "removed" in out.stdout and "stale MPICH segment" in out.stdout, out.stdout
+    finally:
+        holder.kill()
+        holder.wait()
+        for segment in (stale, live):
+            segment.unlink(missing_ok=True)
