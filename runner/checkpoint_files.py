@@ -136,13 +136,9 @@ def _flat(node: Any, prefix: str = "") -> dict[str, Any]:
 
 def check_compatible(checkpoint: Checkpoint, cfg: Mapping[str, Any], averaged: bool) -> None:
     """Raise ConfigError (naming the first differing key) when ``checkpoint`` was written by a
-    job whose state cannot continue in the job configured by ``cfg``."""
-    nprocs = cfg["launcher"]["nprocs"]
-    if checkpoint.nprocs != nprocs and not averaged:
-        raise ConfigError("resume", f"checkpoint {checkpoint.path} was written by "
-                          f"{checkpoint.nprocs} ranks, this job has launcher.nprocs={nprocs}",
-                          f"launcher.nprocs={checkpoint.nprocs}, or resume_averaged=true to "
-                          f"start every rank from the average of its {checkpoint.nprocs} models")
+    job whose state cannot continue in the job configured by ``cfg``. Another number of ranks
+    is fine (runner/resize.py), except for a simulated run; ``averaged``
+    (``resume_averaged``) also lets everything but the recipe change."""
     theirs, ours = _flat(checkpoint.config), _flat(cfg)
     simulated = theirs.get("launcher.name") == "sim"
     if simulated != (ours.get("launcher.name") == "sim"):  # one file of every learner, or not
@@ -151,6 +147,12 @@ def check_compatible(checkpoint: Checkpoint, cfg: Mapping[str, Any], averaged: b
                           f"this job has launcher={ours.get('launcher.name')}",
                           f"resume with {written}, or start a new run dir (hydra.run.dir="
                           "NEW_DIR)")
+    nprocs = cfg["launcher"]["nprocs"]
+    if simulated and checkpoint.nprocs != nprocs:
+        raise ConfigError("resume", f"checkpoint {checkpoint.path} holds {checkpoint.nprocs} "
+                          f"simulated learners, this job has launcher.nprocs={nprocs}",
+                          f"launcher.nprocs={checkpoint.nprocs} (a simulated run resumes with "
+                          "its own learners), or start a new run dir (hydra.run.dir=NEW_DIR)")
     keys = ("recipe",) if averaged else IDENTITY_KEYS
     # Group choices (algo.name...) first: another algorithm's options differ as a consequence.
     for key in sorted((k for k in set(theirs) | set(ours)
@@ -350,18 +352,3 @@ def load_rank_state(checkpoint: Checkpoint, rank: int) -> dict[str, Any]:
     fix = (f"resume={older.path}, the newest intact checkpoint before it" if older else
            "start a new run dir without resume")
     raise DamagedCheckpoint(path, problem, fix) from None
-
-
-def averaged_model_state(checkpoint: Checkpoint) -> dict[str, Any]:
-    """The mean over the checkpoint's ranks of their model states (floating entries; integer
-    ones, such as BatchNorm's batch counter, are rank 0's)."""
-    total: dict[str, Any] = {}
-    for rank in range(checkpoint.nprocs):
-        model = load_rank_state(checkpoint, rank)["model"]
-        for key, value in model.items():
-            if rank == 0:
-                total[key] = value.double() if value.is_floating_point() else value
-            elif value.is_floating_point():
-                total[key] += value.double()
-    return {key: value / checkpoint.nprocs if value.is_floating_point() else value
-            for key, value in total.items()}

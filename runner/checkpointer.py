@@ -16,9 +16,9 @@ checkpoint_files.py owns the files. A rank's file holds everything that decides 
   TensorBoard events after the checkpoint's step are purged), so a resumed run continues the
   same files.
 
-Lockstep algorithms therefore resume bit for bit. ``resume_averaged=true`` instead starts every
-rank from the mean of the checkpoint's models at its global sample count (fresh optimizer and
-algorithm state): the way to continue with another number of ranks.
+Lockstep algorithms therefore resume bit for bit. A job with another number of ranks (or
+``resume_averaged=true``) starts every rank from the mean of the checkpoint's states instead,
+and deals the unread rest of the epoch over the new ranks (runner/resize.py).
 """
 
 from __future__ import annotations
@@ -38,7 +38,6 @@ from .checkpoint_files import MARKER as CHECKPOINT_MARKER
 from .checkpoint_files import (
     Checkpoint,
     DamagedCheckpoint,
-    averaged_model_state,
     check_compatible,
     checkpoint_path,
     complete_before,
@@ -53,6 +52,7 @@ from .checkpoint_files import (
 )
 from .comm import Communicator, World
 from .errors import UserError, one_line
+from .resize import merge_ranks
 from .timers import Timers
 
 log = logging.getLogger("adpsgd")
@@ -90,26 +90,33 @@ class Checkpointer:
         self.last: Path | None = None  # the newest checkpoint written or resumed from
 
     # ---- resume ------------------------------------------------------------------------
-    def resolve(self) -> tuple[Checkpoint | None, dict[str, Any] | None]:
+    def resolve(self, train_size: int) -> tuple[Checkpoint | None, dict[str, Any] | None]:
         """The checkpoint ``resume`` selects, chosen by rank 0 for everyone (``auto`` must
         mean the same directory on every rank), after checking it fits this job and that
-        every rank's file is intact (each rank checks its own against the marker's checksum);
-        with this rank's state read from it (None for ``resume_averaged``). ``resume=auto``
-        falls back to the newest intact checkpoint, saying so; an explicit checkpoint that is
-        damaged is an error naming the file."""
+        every rank's file is intact (each rank checks its own against the marker's checksum),
+        with the state this rank starts from: its own, or, when the checkpoint was written
+        by another number of ranks (or ``resume_averaged``), the merged state rank 0 built
+        from every file (runner/resize.py). ``resume=auto`` falls back to the newest intact
+        checkpoint, saying so; an explicit checkpoint that is damaged is an error naming the
+        file."""
         if not self.cfg.resume:
             return None, None
         found = self._agree(lambda: resolve_resume(self.cfg.resume, self.run_dir))
         while found is not None:
-            if self.cfg.resume_averaged:  # rank 0 reads (and checks) every file to average
-                return self._resumed(found), None
+            resized = found.nprocs != self.world.size or self.cfg.resume_averaged
             problem, state = None, None
             try:
-                state = load_rank_state(found, self.world.rank)
+                if not resized:
+                    state = load_rank_state(found, self.world.rank)
+                elif self.world.is_main:
+                    state = merge_ranks(found, train_size, self.cfg.trainer.batch_size,
+                                        self.cfg.seed)
             except DamagedCheckpoint as ex:
                 problem = (ex.cause, ex.fix, f"{ex.path} is damaged ({ex.problem})")
             damaged = [p for p in self.comm.allgather_objects(problem) if p]
             if not damaged:
+                if resized:
+                    state = self.comm.bcast_object(state)
                 return self._resumed(found), state
             if self.cfg.resume != "auto":
                 error = UserError(*damaged[0][:2])
@@ -156,22 +163,6 @@ class Checkpointer:
                     log.warning("%s is past the checkpoint resumed from; no longer used",
                                 later.path)
         return checkpoint
-
-    def averaged_model(self, checkpoint: Checkpoint) -> dict[str, Any] | None:
-        """Rank 0 only: the mean of the checkpoint's models (``resume_averaged``)."""
-        return averaged_model_state(checkpoint) if self.world.is_main else None
-
-    def averaged_resume(self, checkpoint: Checkpoint) -> dict[str, Any]:
-        """What a ``resume_averaged`` run keeps of the checkpoint's rank 0: its evaluation
-        history (rank 0), and the time its samples took (every rank), which samples/s must
-        count (rank 0's clock, with its evaluation and checkpoint seconds)."""
-        first = load_rank_state(checkpoint, 0) if self.world.is_main else None
-        kept = self.comm.bcast_object(first and {
-            "elapsed_s": first["trainer"]["elapsed_s"],
-            "timers": {k: first["trainer"]["timers"].get(k, 0.0)
-                       for k in ("eval", "checkpoint")}})
-        kept["history"] = first.get("history", []) if first else []
-        return kept
 
     # ---- save --------------------------------------------------------------------------
     def save(self, samples: int, step: int, epoch: float, reason: str,

@@ -86,6 +86,9 @@ class OptimConfig(Section):
     reference_batch: int = 256
     scaling: str = "linear"  # linear: lr * global_batch / reference_batch; none: lr as given
     warmup_epochs: float = 0.0  # ramp from `lr` to the scaled rate over this many epochs
+    # resumed with more ranks (a larger global batch, so a higher scaled rate): climb from
+    # the rate the checkpoint ran at to the new one over this many epochs (0: at once)
+    resize_warmup_epochs: float = 0.5
     momentum: float = 0.9
     nesterov: bool = False
     weight_decay: float = 0.0
@@ -103,6 +106,8 @@ class OptimConfig(Section):
                 f"must be linear or none, got {self.scaling!r}", self.hint(prefix, "scaling"))
         require(self.warmup_epochs >= 0, f"{prefix}.warmup_epochs", "must be >= 0",
                 self.hint(prefix, "warmup_epochs"))
+        require(self.resize_warmup_epochs >= 0, f"{prefix}.resize_warmup_epochs",
+                "must be >= 0", self.hint(prefix, "resize_warmup_epochs"))
         require(0 <= self.momentum < 1, f"{prefix}.momentum",
                 f"must be in [0, 1), got {self.momentum}", self.hint(prefix, "momentum"))
         require(not self.nesterov or self.momentum > 0, f"{prefix}.nesterov",

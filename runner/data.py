@@ -9,6 +9,10 @@ draw, which is what makes SSGD on n ranks equal to one process. Shards differ by
 sample, so late batches can be short or empty; every rank still takes the same number of steps
 (``ceil(N / (n*b))``), which keeps collectives matched.
 
+After a resume with another number of ranks (runner/resize.py) one epoch is a *partial pass*:
+the samples the old ranks had not reached yet in the epoch they were in, dealt round-robin to
+the new ranks in the same way; the epochs after it are whole again.
+
 A :class:`~runner.errors.UserError` raised while loading (a damaged data file) reaches the
 trainer as itself, also from loader worker processes (see :class:`WorkerUserError`).
 """
@@ -35,31 +39,60 @@ class ShardedBatches:
         self.n_items, self.rank, self.size = dataset_size, rank, size
         self.batch_size, self.seed, self.shuffle = batch_size, seed, shuffle
         self.steps_per_epoch = math.ceil(dataset_size / (size * batch_size))
+        # (epoch, the dataset indices of that epoch's pass, in dealing order): a partial pass
+        self.partial: tuple[int, np.ndarray] | None = None
 
-    def shard_size(self, rank: int) -> int:
-        return len(range(rank, self.n_items, self.size))
-
-    def local_count(self, rank: int, step: int) -> int:
-        return max(0, min(self.batch_size, self.shard_size(rank) - step * self.batch_size))
-
-    def counts(self, step: int) -> list[int]:
-        """Samples of every rank at step ``step`` of an epoch."""
-        return [self.local_count(rank, step) for rank in range(self.size)]
-
-    def global_count(self, step: int) -> int:
-        """Samples that all ranks together consume at step ``step`` of an epoch."""
-        return min(self.size * self.batch_size,
-                   max(0, self.n_items - step * self.size * self.batch_size))
-
-    def order(self, epoch: int) -> np.ndarray:
+    def pass_order(self, epoch: int) -> np.ndarray:
+        """The dataset indices that epoch ``epoch`` deals, in order."""
+        if self.partial is not None and self.partial[0] == epoch:
+            return self.partial[1]
         if not self.shuffle:
             return np.arange(self.n_items)
         return np.random.default_rng([self.seed, epoch]).permutation(self.n_items)
 
+    def _pass_size(self, epoch: int | None) -> int:
+        if epoch is not None and self.partial is not None and self.partial[0] == epoch:
+            return len(self.partial[1])
+        return self.n_items
+
+    def steps_in(self, epoch: int) -> int:
+        """Steps of epoch ``epoch``, the same on every rank."""
+        return math.ceil(self._pass_size(epoch) / (self.size * self.batch_size))
+
+    def shard_size(self, rank: int, epoch: int | None = None) -> int:
+        return len(range(rank, self._pass_size(epoch), self.size))
+
+    def local_count(self, rank: int, step: int, epoch: int | None = None) -> int:
+        return max(0, min(self.batch_size,
+                          self.shard_size(rank, epoch) - step * self.batch_size))
+
+    def counts(self, step: int, epoch: int | None = None) -> list[int]:
+        """Samples of every rank at step ``step`` of an epoch."""
+        return [self.local_count(rank, step, epoch) for rank in range(self.size)]
+
+    def global_count(self, step: int, epoch: int | None = None) -> int:
+        """Samples that all ranks together consume at step ``step`` of an epoch."""
+        return min(self.size * self.batch_size,
+                   max(0, self._pass_size(epoch) - step * self.size * self.batch_size))
+
     def epoch_batches(self, epoch: int, rank: int | None = None) -> list[np.ndarray]:
-        shard = self.order(epoch)[self.rank if rank is None else rank::self.size]
+        shard = self.pass_order(epoch)[self.rank if rank is None else rank::self.size]
         b = self.batch_size
-        return [shard[k * b:(k + 1) * b] for k in range(self.steps_per_epoch)]
+        return [shard[k * b:(k + 1) * b] for k in range(self.steps_in(epoch))]
+
+    def unread(self, epoch: int, step: int, rank: int) -> np.ndarray:
+        """What rank ``rank`` had still to read of epoch ``epoch`` before its step ``step``."""
+        return self.pass_order(epoch)[rank::self.size][step * self.batch_size:]
+
+    def state_dict(self) -> dict[str, Any]:
+        if self.partial is None:
+            return {}
+        return {"partial_epoch": self.partial[0],
+                "partial_order": torch.from_numpy(self.partial[1].astype(np.int64))}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.partial = ((state["partial_epoch"], state["partial_order"].numpy())
+                        if "partial_epoch" in state else None)
 
 
 class EpochBatchSampler:

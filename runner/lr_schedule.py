@@ -2,6 +2,12 @@
 
 Driving the schedule by samples rather than by local steps lets asynchronous algorithms, whose
 ranks advance at different rates, use an estimate of global progress.
+
+A job resumed with more ranks than its checkpoint's (runner/resize.py) has a larger global
+batch, so a higher scaled rate: jumping to it from a state trained at the lower one can
+diverge (seen on the digits: resumed from 2 ranks on 4 at twice the rate, a run fell to
+chance level), so the rate climbs from the old one to the new over
+``optim.resize_warmup_epochs``, as GOYAL's warmup does at the start.
 """
 
 from __future__ import annotations
@@ -24,8 +30,26 @@ class LRSchedule:
         # scaling it starts from 0.
         self.start = min(optim.lr, self.peak) if optim.scaling == "linear" else 0.0
         self.warmup_samples = optim.warmup_epochs * train_size
+        # (samples where it starts, the factor on the schedule's rate there): after a resize
+        self.ramp: tuple[float, float] | None = None
+
+    def start_ramp(self, samples: float, from_rate: float) -> None:
+        """Climb from ``from_rate`` (the rate before a resize) at ``samples`` to this
+        schedule's rate over ``optim.resize_warmup_epochs``; a lower rate applies at once."""
+        factor = from_rate / self.scheduled(samples)
+        self.ramp = ((samples, factor) if factor < 1 and self.optim.resize_warmup_epochs > 0
+                     else None)
 
     def lr_at(self, samples: float) -> float:
+        rate = self.scheduled(samples)
+        if self.ramp is not None:
+            start, factor = self.ramp
+            done = (samples - start) / (self.optim.resize_warmup_epochs * self.train_size)
+            rate *= factor + (1 - factor) * min(1.0, max(0.0, done))
+        return rate
+
+    def scheduled(self, samples: float) -> float:
+        """The rate without a resize's ramp."""
         if samples < self.warmup_samples:
             return self.start + (self.peak - self.start) * samples / self.warmup_samples
         epoch = samples / self.train_size

@@ -92,8 +92,3 @@ class Milestones:
             return
         key = (last[0], _ORDER[last[1]])
         self.passed = sum(1 for m in self.points if (m.samples, _ORDER[m.kind]) <= key)
-
-    def resume_at(self, samples: int) -> None:
-        """Count every milestone at or below ``samples`` as passed (a resume that only knows
-        the sample count)."""
-        self.passed = sum(1 for m in self.points if m.samples <= samples)

@@ -61,20 +61,3 @@ class RunState:
         self.loss_sum, self.loss_steps = state["loss_sum"], state["loss_steps"]
         self.skipped_batches = state["skipped_batches"]
         self.elapsed_before = state["elapsed_s"]
-
-    def restore_at(self, samples: int, step: int, train_size: int, steps_per_epoch: int,
-                   global_batch: int, rank: int, size: int) -> int:
-        """Counters and data position at a global sample count (lockstep view: the next
-        batch of the epoch that ``samples`` falls in, rounded up to a whole step), for a
-        resume that only knows the count (``resume_averaged``); returns the samples consumed
-        there."""
-        epoch, within = divmod(samples, train_size)
-        k = math.ceil(within / global_batch)
-        if k >= steps_per_epoch:
-            epoch, k = epoch + 1, 0
-        consumed = epoch * train_size + min(k * global_batch, train_size)
-        self.step, self.samples, self.lockstep_samples = step, consumed, consumed
-        share, extra = divmod(consumed, size)
-        self.local_samples = share + (rank < extra)
-        self.position = (epoch, k)
-        return consumed

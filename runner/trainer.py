@@ -37,6 +37,7 @@ from .lr_schedule import LRSchedule
 from .nonfinite import BatchSkipper, nonfinite_error, refuse_poisoned_state
 from .optim import parameter_groups
 from .preemption import STOP_CHECK_STEPS, STOPPED, StopAgreement
+from .resize import RESIZED, start_here
 from .run_log import (
     ProgressBar,
     RunLog,
@@ -79,13 +80,11 @@ class Trainer:
         broadcast_model(self.model, self.param_buffers, comm)
         self.checkpointer = Checkpointer(cfg, self.run_dir, world, comm, self.timers,
                                          progress_stream)
-        self.resumed_from, resume_state = self.checkpointer.resolve()
-        if self.resumed_from and cfg.resume_averaged:
-            averaged = self.checkpointer.averaged_model(self.resumed_from)
-            if averaged is not None:
-                load_model(self.model, averaged, self.resumed_from)
-            broadcast_model(self.model, self.param_buffers, comm)
-        seed_everything(cfg.seed + 1_000_003 * (world.rank + 1))  # per rank from here on
+        self.resumed_from, resume_state = self.checkpointer.resolve(len(self.train_set))
+        # Per rank from here on (a resized resume: fresh streams from its sample count).
+        seed_everything(cfg.seed + 1_000_003 * (world.rank + 1) + (
+            resume_state["trainer"]["samples"] if resume_state and RESIZED in resume_state
+            else 0))
         self.compute = ComputePath.from_config(tcfg, device)
         self.compute.prepare_model(self.model)
         self.optimizer = torch.optim.SGD(
@@ -154,7 +153,7 @@ class Trainer:
         collective and happen when the count crosses a milestone, which every rank does in
         the same order. A resumed run starts at the checkpoint's epoch and batch.
         """
-        state, steps = self.state, self.shards.steps_per_epoch
+        state = self.state
         shown = self.world.is_main and self.cfg.trainer.progress
         self.progress = ProgressBar(self.progress_stream if shown else None,
                                     self.milestones.budget, state.samples,
@@ -168,13 +167,15 @@ class Trainer:
         epoch, first = state.position
         while not (self.milestones.done or self.stop_status):
             batches = self.shards.epoch_batches(epoch)
+            steps = len(batches)  # a partial pass after a resize has fewer (runner/data.py)
             stream = self.fetch.iterate(batches[first:])
             for k in range(first, steps):
                 with self.timers.time("data"):
                     batch = next(stream)
-                self.ctx.step_counts = self.shards.counts(k)
-                self.train_step(batch, len(batches[k]), self.shards.global_count(k))
-                state.lockstep_samples += self.shards.global_count(k)
+                self.ctx.step_counts = self.shards.counts(k, epoch)
+                global_count = self.shards.global_count(k, epoch)
+                self.train_step(batch, len(batches[k]), global_count)
+                state.lockstep_samples += global_count
                 seen = self.algo.global_samples(state.local_samples, state.lockstep_samples)
                 state.samples = max(state.samples, int(seen))
                 state.position = (epoch, k + 1) if k + 1 < steps else (epoch + 1, 0)
@@ -336,38 +337,48 @@ class Trainer:
         """Everything that decides this rank's future (runner/checkpointer.py)."""
         saved = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                  "algo": self.algo.state_dict(), "rng": capture_rng(self.faults.rng),
+                 "data": self.shards.state_dict(),
                  "trainer": {**self.state.state_dict(),
                              "last_milestone": self.milestones.last_passed(),
+                             "lr": self.lr, "lr_ramp": self.schedule.ramp,
                              "elapsed_s": time.perf_counter() - self.start_time,
                              "timers": self.timers.snapshot()}}
         if self.world.is_main:
             saved["history"] = self.state.history
         return saved
 
-    def _restore(self, saved: dict[str, Any] | None) -> None:
+    def _restore(self, saved: dict[str, Any]) -> None:
         """Continue from the checkpoint resumed from (after the model, optimizer and
-        algorithm exist); ``saved``: this rank's state (None with resume_averaged)."""
+        algorithm exist): from this rank's own state, or from the state merged from every
+        rank's when the checkpoint was written by another number of ranks."""
         checkpoint, state = self.resumed_from, self.state
-        if saved is None:  # resume_averaged: the mean model at the checkpoint's count
-            consumed = state.restore_at(checkpoint.samples, checkpoint.step,
-                                        len(self.train_set), self.shards.steps_per_epoch,
-                                        self.world.size * self.cfg.trainer.batch_size,
-                                        self.world.rank, self.world.size)
-            self.milestones.resume_at(consumed)
-            kept = self.checkpointer.averaged_resume(checkpoint)
-            state.elapsed_before, state.history = kept["elapsed_s"], kept["history"]
-            self.timers.seconds.update(kept["timers"])
+        load_model(self.model, saved["model"], checkpoint)
+        self.optimizer.load_state_dict(saved["optimizer"])
+        if RESIZED in saved:
+            start_here(saved, state, self.shards)
+            if saved["algo_name"] == self.cfg.algo.name:
+                self.algo.load_merged_state(saved["algo"], state.step,
+                                            state.samples / len(self.train_set))
+            self.milestones.resume_after(saved["trainer"]["last_milestone"])
+            if saved["trainer"]["lr"] is not None:  # climb to a higher rate, not jump
+                self.schedule.start_ramp(state.samples, saved["trainer"]["lr"])
+            self.timers.seconds.update({k: saved["trainer"]["timers"].get(k, 0.0)
+                                        for k in ("eval", "checkpoint")})
+            # Asynchronous learners learn each other's counts in the new world.
+            self.algo.global_samples(state.local_samples, state.lockstep_samples)
+            self.algo.sync_global_samples(state.samples)
         else:
-            load_model(self.model, saved["model"], checkpoint)
-            self.optimizer.load_state_dict(saved["optimizer"])
             self.algo.load_state_dict(saved["algo"])
+            self.shards.load_state_dict(saved.get("data", {}))
             restore_rng(saved["rng"], self.faults.rng)
             state.load_state_dict(saved["trainer"])
             self.milestones.resume_after(saved["trainer"]["last_milestone"])
+            self.schedule.ramp = saved["trainer"].get("lr_ramp")
             self.timers.seconds.update(saved["trainer"]["timers"])
             state.history = saved.get("history", [])
-        log.info("resumed from %s: step %d, %d samples (epoch %.2f)", checkpoint.path,
-                 state.step, state.samples, state.samples / len(self.train_set))
+        log.info("resumed from %s: step %d, %d samples (epoch %.2f)%s", checkpoint.path,
+                 state.step, state.samples, state.samples / len(self.train_set),
+                 f", merged from {checkpoint.nprocs} ranks" if RESIZED in saved else "")
 
     # ---- summary -------------------------------------------------------------------------
     def _rank_report(self) -> dict[str, Any]:

@@ -1,5 +1,5 @@
 """What a run reports about itself at its edges: a stop signal that comes too late to act on,
-evaluations due several at once, and the throughput of a run resumed with resume_averaged."""
+evaluations due several at once, and the throughput of a run resumed on fewer ranks."""
 
 from __future__ import annotations
 
@@ -56,23 +56,26 @@ def test_evaluations_due_at_once_give_one_row(tmp_path):
     assert summary["status"] == "completed" and metrics[-1]["epoch"] >= 2
 
 
-def test_resume_averaged_counts_the_earlier_sessions_time(tmp_path):
-    """resume_averaged=true restarts every rank from the mean model at the checkpoint's
-    sample count: samples/s must count the time those samples took, not this session's
-    alone (41,825 samples/s was reported before)."""
+def test_a_resumed_run_on_fewer_ranks_counts_the_earlier_sessions_time(tmp_path):
+    """resume=auto with another launcher.nprocs starts every rank from the mean of the
+    checkpoint's states at its sample count (runner/resize.py): samples/s must count the time
+    those samples took, not this session's alone (41,825 samples/s was reported before)."""
     run_dir = tmp_path / "run"
     job = ["recipe=digit_images", "algo=dpsgd", "trainer.progress=false"]
     run_cli([*job, "launcher.nprocs=4", "trainer.epochs=4", f"hydra.run.dir={run_dir}"],
             cwd=tmp_path, timeout=300)
     _, first = read_run(run_dir)
-    run_cli([*job, "launcher.nprocs=2", "trainer.epochs=5", "resume=auto",
-             "resume_averaged=true", f"hydra.run.dir={run_dir}"], cwd=tmp_path, timeout=300)
+    proc = run_cli([*job, "launcher.nprocs=2", "trainer.epochs=5", "resume=auto",
+                    f"hydra.run.dir={run_dir}"], cwd=tmp_path, timeout=300)
+    assert "written by 4 ranks, so 2 start from the mean of their states" in proc.stdout, \
+        proc.stdout
     _, resumed = read_run(run_dir)
     assert resumed["status"] == "completed" and resumed["train_s"] > first["train_s"]
+    assert resumed["nprocs"] == 2 and resumed["samples"] == 5 * 1438
     # 4 of 5 epochs were trained at the first session's pace: the whole run's rate is close
     # to it, never the 5x that dividing all samples by the last epoch's time gives.
     ratio = resumed["samples_per_s"] / first["samples_per_s"]
-    print(f"samples/s: first session {first['samples_per_s']:.0f}, after the averaged resume "
+    print(f"samples/s: first session {first['samples_per_s']:.0f}, after the resume on 2 ranks "
           f"{resumed['samples_per_s']:.0f} (ratio {ratio:.2f})")
     assert 0.4 < ratio < 2.0, ratio
 

@@ -37,6 +37,8 @@ Checkpoints are taken with the gossip quiesced (``pause()``: no exchange in flig
 under the model lock: each learner stores x, its optimizer state, the progress counters, the
 exchange count (the peer schedule is a function of seed, learner and exchange count) and its
 staleness record.
+A job resumed with another number of ranks starts every learner from the mean of the saved
+x and momentum, with a fresh gossip among the new pairs (runner/resize.py).
 
 ``delay_by_one=true`` selects the delay-by-one scheme instead (delay_by_one.py;
 docs/algorithms.md, Delay-by-one).
@@ -322,6 +324,15 @@ class ADPSGD(Algorithm):
                 a.exchanges, a.version = gossip["exchanges"], gossip["version"]
                 a.partners = dict(gossip["partners"])
                 self._snapshot_version = self._shared_version = a.version
+        self._refresh_replica(force=True)
+
+    def load_merged_state(self, state, step, epoch):
+        # x is the model and optimizer_x holds its momentum: both the mean over the old
+        # learners. The gossip starts afresh among the new pairs.
+        with self.lock:
+            for mine, mean in zip(self.x, state["x"]):
+                mine.copy_(mean)
+            self.optimizer_x.load_state_dict(state["optimizer"])
         self._refresh_replica(force=True)
 
     def stats(self):

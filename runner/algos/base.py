@@ -168,3 +168,10 @@ class Algorithm:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         pass
+
+    def load_merged_state(self, state: dict[str, Any], step: int, epoch: float) -> None:
+        """Start from the mean over a checkpoint's ranks of their ``state_dict()`` (floating
+        tensors averaged, the rest old rank 0's) in a job with another number of ranks,
+        at ``step`` and ``epoch`` (runner/resize.py). Every replica starts from the same
+        averaged model, so by default the algorithm starts afresh; one whose state holds the
+        model, or counters that must go on, overrides this."""

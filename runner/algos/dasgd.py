@@ -21,7 +21,8 @@ the rank stops.
 
 Checkpoints: a reduction in flight is completed (every rank launched it at the same step) and
 stored unmerged, with its snapshot s and launch step; the resumed run merges it at t0 + delay,
-exactly as the uninterrupted run does.
+exactly as the uninterrupted run does. Resumed with another number of ranks, every rank starts
+from the mean of the saved models, with nothing in flight (runner/resize.py).
 
 Warning: the merge rule's match with the paper's equations is a reconstruction (see
 docs/algorithms.md, DaSGD); it is the rule this runner implements and tests.
@@ -147,6 +148,12 @@ class DaSGD(Algorithm):
             for mine, saved in zip(self.average, state["average"]):
                 mine.copy_(saved)
             self._handles = [Handle.completed(avg) for avg in self.average]
+
+    def load_merged_state(self, state, step, epoch):
+        # Merging the average in flight first would leave the mean model as it is
+        # (mean_i (abar + x_i - s_i) = mean_i x_i): the replicas start identical, none pending.
+        self.launches, self.merges = state["launches"], state["merges"]
+        self.merge_wait_s = state["merge_wait_s"]
 
     def stats(self):
         return {"launches": self.launches, "merges": self.merges,

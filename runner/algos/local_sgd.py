@@ -15,8 +15,10 @@ Invariants: after each averaging all replicas are identical and the mean model i
 before; H = 1 with plain SGD (no momentum) equals SSGD exactly, since models that are equal
 before a step differ only by their gradients. Momentum buffers stay local after the switch.
 
-Checkpoints keep whether the switch has happened, whether the replicas are in sync and the
-averaging count; the averaging schedule itself follows from the step counter.
+Checkpoints keep whether the switch has happened (and at which step), whether the replicas are
+in sync and the averaging count; the averaging schedule itself follows from the step counter.
+Resumed with another number of ranks, every rank starts from the mean model and a new period
+starts; a switch still to come is moved to the new world's steps (runner/resize.py).
 """
 
 from __future__ import annotations
@@ -77,12 +79,25 @@ class LocalSGD(SSGD):
         return None if self.local else self.comm
 
     def state_dict(self):
-        return {"local": self.local, "synced": self._synced, "averagings": self.averagings}
+        return {"local": self.local, "synced": self._synced, "averagings": self.averagings,
+                "switch_step": self.switch_step}
 
     def load_state_dict(self, state):
         if state["local"] and not self.local:
             self.buckets.remove()  # switched before the checkpoint: no gradient allreduce
         self.local, self._synced = state["local"], state["synced"]
+        self.averagings = state["averagings"]
+        # After a resize the step length changed: the saved switch step is the one in use.
+        self.switch_step = state.get("switch_step", self.switch_step)
+
+    def load_merged_state(self, state, step, epoch):
+        # Replicas start identical; a new period starts now. Before the switch, the switch
+        # epoch is counted in the new world's steps from here.
+        if state["local"]:
+            self.load_state_dict({**state, "synced": True, "switch_step": step})
+        else:
+            self.switch_step = step + max(0, round((self.cfg.switch_epoch - epoch)
+                                                   * self.ctx.steps_per_epoch))
         self.averagings = state["averagings"]
 
     def before_backward(self, step):

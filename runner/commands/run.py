@@ -64,8 +64,13 @@ def check_resume(typed: DictConfig, run_dir: Path | None) -> str | None:
     if checkpoint is None:
         return f"no complete checkpoint in {run_dir}: starting fresh"
     check_compatible(checkpoint, OmegaConf.to_container(typed), typed.resume_averaged)
+    nprocs = typed.launcher.nprocs
+    merged = (f"; written by {checkpoint.nprocs} ranks, so {nprocs} start from the mean of their "
+              "states and share the rest of the epoch" if checkpoint.nprocs != nprocs else
+              "; every rank starts from the mean of the ranks' states"
+              if typed.resume_averaged else "")
     return (f"resuming from {checkpoint.path} (step {checkpoint.step}, epoch "
-            f"{checkpoint.epoch:.2f})")
+            f"{checkpoint.epoch:.2f}){merged}")
 
 
 def check_output_dir(overrides: list[str], multirun: bool) -> None:

@@ -59,7 +59,7 @@ class SimData:
 
     def _order(self, epoch: int) -> np.ndarray:
         if epoch not in self._orders:
-            self._orders[epoch] = self.shards.order(epoch)
+            self._orders[epoch] = self.shards.pass_order(epoch)
             while len(self._orders) > 4:
                 self._orders.popitem(last=False)
         return self._orders[epoch]
@@ -143,7 +143,7 @@ class Simulation:
         self.history: list[dict[str, Any]] = []
         self.host_before = 0.0  # host seconds of the sessions before a resume
         self.host_eval_s = 0.0
-        self.resumed_from, saved = self.checkpointer.resolve()
+        self.resumed_from, saved = self.checkpointer.resolve(len(self.train_set))
         if self.resumed_from:
             self._restore(saved)
         self._last_log = (self.clocks.now(), self.samples)  # train/samples_per_s
