@@ -153,3 +153,24 @@ def test_ctrl_c_with_the_rank_in_the_launchers_process(tmp_path):
     assert "stopped by Ctrl-C after checkpointing" in stderr.splitlines()[-1], stderr
     assert partial_files(result["run_dir"]) == []
     assert json.loads((result["run_dir"] / "summary.json").read_text())["status"] == "stopped"
+
+
+def test_a_simulation_started_with_sigint_ignored_still_stops_on_ctrl_c(tmp_path):
+    """A job started with `&` from a script inherits SIGINT ignored (POSIX), and Python then
+    installs no handler: launcher=sim took a Ctrl-C for nothing and ran to the end. It stops
+    with status 130, as the local launcher's ranks do."""
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen(
+        [str(BIN / "adpsgd-run"), "recipe=digit_images", "algo=dpsgd", "launcher=sim",
+         "launcher.nprocs=4", "trainer.epochs=200", f"hydra.run.dir={run_dir}"],
+        cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    err = b""
+    while b"(sim)" not in err:  # the progress bar: the simulation is training
+        chunk = os.read(proc.stderr.fileno(), 4096)
+        assert chunk, err.decode()
+        err += chunk
+    proc.send_signal(signal.SIGINT)
+    _, rest = proc.communicate(timeout=120)
+    assert proc.returncode == EXIT_STOPPED, (err + rest).decode()[-2000:]
+    assert "stopped by Ctrl-C" in (err + rest).decode()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+import signal
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -74,6 +75,9 @@ class SimLauncher(Launcher):
         logger = logging.getLogger("adpsgd")
         logger.setLevel(logging.INFO)
         logger.addHandler(handler)
+        # Ctrl-C raises KeyboardInterrupt even where SIGINT came ignored (a job started with
+        # `&` from a script inherits that), as the local launcher's ranks also stop on it.
+        previous = signal.signal(signal.SIGINT, signal.default_int_handler)
         try:
             simulation = TimingSimulation if run_cfg.launcher.timing_only else Simulation
             simulation(run_cfg, run_dir, progress_stream=sys.stderr).run()
@@ -89,6 +93,7 @@ class SimLauncher(Launcher):
                             "(hydra.run.dir=...), then run it again (a simulation starts "
                             "over)") from None
         finally:
+            signal.signal(signal.SIGINT, previous)
             logger.removeHandler(handler)
             handler.close()
         return 0

@@ -67,6 +67,9 @@ def run_cases_on_ranks(check) -> None:
                    f"this case within {CASE_AGREE_S:.0f} s of rank {world.Get_rank()}: they "
                    "wait in a collective that a failed rank left; aborting the job")
         if missing or fatal_anywhere:
+            # Abort kills the job's output path too: give mpiexec time to pass on the lines
+            # just written (a loaded machine lost "did not end this case" without it).
+            time.sleep(2)
             world.Abort(1)
             sys.exit(1)  # in case Abort returns before the process is killed
     outcomes.Free()
