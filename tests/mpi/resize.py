@@ -23,11 +23,13 @@ from harness import build_trainer, compose_config, run_cases_on_ranks
 
 BASE = ["trainer.epochs=4", "trainer.batch_size=32", "trainer.checkpoint_every=5",
         "trainer.keep_checkpoints=100", "optim.momentum=0.9"]
-# Held-out top-1 (%) of C may fall this far below A's: 3 standard deviations of A's over seeds
-# 0-4, pooled over the five algorithms of tests/test_resize_mpi.py (measured on these 4 ranks:
-# per-algorithm deviations 0.5-2.2 points, pooled 1.29). Over those 25 resized runs the
-# largest shortfall against the same seed's A was 1.95 points (adpsgd).
-TOP1_SPREAD = 3.9
+# Held-out top-1 (%) of C may fall this far below A's. Both are single runs of a short budget
+# on 359 held-out digits: over 31 pairs (seeds 0-4 of the five algorithms, quiet and loaded
+# machine) C - A had mean +0.38 and standard deviation 1.75 points, its lowest -5.57 (AD-PSGD
+# on a loaded machine). The bound is 4 standard deviations. What it does not catch, the data
+# check above and tests/test_resize.py do: a resize that jumped to the doubled learning rate
+# lost 6-56 points in the same setting.
+TOP1_SPREAD = 7.0
 
 
 def train(mpi_comm, run_dir, overrides):
