@@ -28,6 +28,27 @@ def run_cli(args: list[str], cwd: Path | str, timeout: float = 300, check: bool 
     return proc
 
 
+def ctrl_c_simulation(cwd: Path | str, run_dir: Path | str, *args: str, timeout: float = 60,
+                      sigint_ignored: bool = False) -> tuple[int, str]:
+    """A dpsgd simulation on 4 learners, Ctrl-C'd once its progress bar shows it training;
+    returns its exit status and what it printed on stderr. ``sigint_ignored``: started as
+    ``&`` in a script starts it (SIGINT inherited ignored)."""
+    proc = subprocess.Popen(
+        [str(BIN / "adpsgd-run"), "recipe=digit_images", "algo=dpsgd", "launcher=sim",
+         "launcher.nprocs=4", f"hydra.run.dir={run_dir}", *args], cwd=cwd,
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if sigint_ignored
+        else None)
+    err = b""
+    while b"(sim)" not in err:  # the progress bar: the simulation is training
+        chunk = os.read(proc.stderr.fileno(), 4096)
+        assert chunk, err.decode()
+        err += chunk
+    proc.send_signal(signal.SIGINT)
+    _, rest = proc.communicate(timeout=timeout)
+    return proc.returncode, (err + rest).decode()
+
+
 def run_mpi(nprocs: int, script: str, *args: str, timeout: float = 180, check: bool = True,
             env: dict | None = None) -> subprocess.CompletedProcess:
     """Run tests/mpi/SCRIPT on ``nprocs`` real ranks with the venv's mpiexec."""

@@ -20,7 +20,7 @@ import pytest
 from runner.checkpoint_files import complete_checkpoints
 from runner.errors import EXIT_STOPPED
 
-from conftest import BIN, read_run, run_cli
+from conftest import BIN, ctrl_c_simulation, read_run, run_cli
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow]
 
@@ -159,18 +159,7 @@ def test_a_simulation_started_with_sigint_ignored_still_stops_on_ctrl_c(tmp_path
     """A job started with `&` from a script inherits SIGINT ignored (POSIX), and Python then
     installs no handler: launcher=sim took a Ctrl-C for nothing and ran to the end. It stops
     with status 130, as the local launcher's ranks do."""
-    run_dir = tmp_path / "run"
-    proc = subprocess.Popen(
-        [str(BIN / "adpsgd-run"), "recipe=digit_images", "algo=dpsgd", "launcher=sim",
-         "launcher.nprocs=4", "trainer.epochs=200", f"hydra.run.dir={run_dir}"],
-        cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
-    err = b""
-    while b"(sim)" not in err:  # the progress bar: the simulation is training
-        chunk = os.read(proc.stderr.fileno(), 4096)
-        assert chunk, err.decode()
-        err += chunk
-    proc.send_signal(signal.SIGINT)
-    _, rest = proc.communicate(timeout=120)
-    assert proc.returncode == EXIT_STOPPED, (err + rest).decode()[-2000:]
-    assert "stopped by Ctrl-C" in (err + rest).decode()
+    status, output = ctrl_c_simulation(tmp_path, tmp_path / "run", "trainer.epochs=200",
+                                       timeout=120, sigint_ignored=True)
+    assert status == EXIT_STOPPED, output[-2000:]
+    assert "stopped by Ctrl-C" in output

@@ -4,10 +4,8 @@ server and its HTTP data API (the endpoints its dashboards call), not the event 
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
-import signal
 import subprocess
 import time
 import urllib.parse
@@ -19,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from conftest import BIN, run_cli
+from conftest import BIN, ctrl_c_simulation, run_cli
 
 # TensorBoard's run names (the directory of the events, relative to the log dir) and algos.
 COMPLETED = {"sweep/0-algo=ssgd/tb": "ssgd", "sweep/1-algo=adpsgd/tb": "adpsgd",
@@ -29,17 +27,8 @@ RUNS = {**COMPLETED, "stopped/tb": "dpsgd"}
 
 def stop_while_training(cwd: Path, run_dir: str, *args: str) -> None:
     """A dpsgd simulation, Ctrl-C'd while it trains."""
-    proc = subprocess.Popen([str(BIN / "adpsgd-run"), "recipe=digit_images", "algo=dpsgd",
-                             "launcher=sim", "launcher.nprocs=4", f"hydra.run.dir={run_dir}",
-                             *args], cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    err = b""
-    while b"(sim)" not in err:  # the progress bar: the simulation is training
-        chunk = os.read(proc.stderr.fileno(), 4096)
-        assert chunk, err.decode()
-        err += chunk
-    proc.send_signal(signal.SIGINT)
-    _, rest = proc.communicate(timeout=60)
-    assert proc.returncode == 130, (err + rest).decode()
+    status, output = ctrl_c_simulation(cwd, run_dir, *args)
+    assert status == 130, output
 
 
 @pytest.fixture(scope="module")
