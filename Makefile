@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 PYTEST_ARGS ?= --durations=25
 DEMO_ARGS ?=
 
-.PHONY: install demo test test-loaded lint clean slurm-up slurm-down
+.PHONY: install demo test test-gpu test-loaded lint clean slurm-up slurm-down
 
 install: $(STAMP)
 
@@ -23,6 +23,10 @@ demo: install
 
 test: install
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The tests that need a CUDA GPU (tests/test_gpu.py); elsewhere they are skipped.
+test-gpu: install
+	$(BIN)/python -m pytest -m gpu -rs $(PYTEST_ARGS)
 
 # The suite beside LOAD_HOGS busy processes (default: one per core), as on a shared machine:
 # a test that passes only on a quiet machine fails here. The hogs stop with the suite.

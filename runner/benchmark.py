@@ -181,12 +181,14 @@ class TimedSteps:
 
 
 def time_training_steps(model: Any, recipe: Any, path: Any, optimizer: Any, host_batch: Any,
-                        warmup: int, steps: int) -> TimedSteps:
+                        warmup: int, steps: int,
+                        clip_grad_norm: float | None = None) -> TimedSteps:
     """The benchmarks' training step, as the trainer takes it on one rank: the host batch to
     the device (``path``: runner.compute_path.ComputePath), forward under autocast, backward,
-    optimizer step. ``warmup`` untimed steps first (compilation, cuDNN autotuning, allocator),
-    then ``steps`` timed ones; CUDA launches are asynchronous, so the device is synchronised
-    at both ends of each interval."""
+    gradient clipping where the recipe clips (``optim.clip_grad_norm``), optimizer step.
+    ``warmup`` untimed steps first (compilation, cuDNN autotuning, allocator), then ``steps``
+    timed ones; CUDA launches are asynchronous, so the device is synchronised at both ends of
+    each interval."""
     import torch
 
     cuda = path.device.type == "cuda"
@@ -197,6 +199,8 @@ def time_training_steps(model: Any, recipe: Any, path: Any, optimizer: Any, host
             loss = recipe.loss(model, batch)
         optimizer.zero_grad(set_to_none=False)
         loss.backward()
+        if clip_grad_norm:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip_grad_norm)
         optimizer.step()
         return loss
 

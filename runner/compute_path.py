@@ -35,15 +35,23 @@ from .errors import UserError
 AMP_CHOICES = ("none", "bf16", "auto")
 
 
-def resolve_device(name: str, local_rank: int) -> torch.device:
-    """``trainer.device`` for the rank with this local rank (GPUs shared round-robin)."""
+def resolve_device(name: str, host_rank: int) -> torch.device:
+    """``trainer.device`` for the rank with this index among its machine's ranks: the
+    machine's visible GPUs are dealt round-robin, so more ranks than GPUs share them."""
     if name == "cpu" or (name == "auto" and not torch.cuda.is_available()):
         return torch.device("cpu")
     if not torch.cuda.is_available():
         raise UserError("trainer.device=cuda but no GPU is visible", "use trainer.device=auto")
-    index = local_rank % torch.cuda.device_count()
+    index = host_rank % torch.cuda.device_count()
     torch.cuda.set_device(index)
     return torch.device("cuda", index)
+
+
+def device_record(device: torch.device) -> str:
+    """How summary.json names a rank's device: ``cpu`` or ``cuda:0 (NVIDIA H100 80GB HBM3)``."""
+    if device.type != "cuda":
+        return device.type
+    return f"{device} ({torch.cuda.get_device_name(device)})"
 
 
 def amp_dtype(amp: str, device: torch.device, dtype: torch.dtype) -> torch.dtype | None:

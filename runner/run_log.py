@@ -340,6 +340,13 @@ def build_summary(status: str, cfg: Any, world: Any, run: dict[str, Any],
         "algo_stats": {name: [stats.get(name) for stats in algo_stats]
                        for name in sorted({k for st in algo_stats for k in st})},
     }
+    devices = [report.get("device") for report in per_rank]
+    if any(devices):  # real ranks: where each computed and how its tensors travelled
+        summary["devices"] = devices
+        summary["comm_backend"] = per_rank[0].get("comm_backend")
+        staging = [report.get("comm_staging") for report in per_rank]
+        if any(staging):
+            summary["comm_staging"] = staging
     hosts = hosts_of(per_rank)
     if hosts:  # real ranks (simulated learners run on no host of their own)
         summary["hosts"] = hosts

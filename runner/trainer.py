@@ -28,7 +28,7 @@ from .algos import ALGORITHMS, TrainContext
 from .checkpointer import Checkpointer, capture_rng, load_model, restore_rng
 from .comm import Communicator, World
 from .comm.buffers import broadcast_model, flatten_parameters, parameter_digest
-from .compute_path import ComputePath
+from .compute_path import ComputePath, device_record
 from .data import BatchFetcher, ShardedBatches
 from .errors import UserError
 from .evaluation import Evaluator
@@ -385,7 +385,9 @@ class Trainer:
         return {"time": {**self.timers.snapshot(), "comm_busy": self.comm.busy_s},
                 "algo": self.algo.stats(), "steps": self.state.step,
                 "skipped_batches": self.state.skipped_batches,
-                "milestones": self.milestone_waits, "host": host_record()}
+                "milestones": self.milestone_waits, "host": host_record(),
+                "device": device_record(self.compute.device), "comm_backend": self.comm.backend,
+                "comm_staging": self.comm.staging_record()}
 
     def finalize(self, status: str = "completed") -> dict[str, Any]:
         """summary.json (status ``completed``, or ``preempted``/``stopped`` after a graceful

@@ -94,16 +94,6 @@ def log_error_to_file(message: str, *args: object) -> None:
         log.propagate = propagate
 
 
-def _tensor_backend(requested: str, device_type: str) -> str:
-    if requested == "auto":
-        return "nccl" if device_type == "cuda" else "mpi"
-    if requested == "mpi" and device_type == "cuda":
-        raise UserError("comm.backend=mpi cannot move GPU tensors", "use comm.backend=nccl")
-    if requested == "nccl" and device_type != "cuda":
-        raise UserError("comm.backend=nccl needs GPUs", "use comm.backend=auto on CPU")
-    return requested
-
-
 def comm_timeout_line(what: str) -> str:
     """The one line for a communication that got no answer (``what`` names rank and peers)."""
     return (f"adpsgd-run: error: {what}. Fix: look for the rank that stopped answering in the "
@@ -153,6 +143,7 @@ def _run_rank(run_dir: Path, in_process: bool) -> int:
         Communicator,
         init_torch_distributed,
         shutdown_torch_distributed,
+        tensor_backend,
         torch_subgroups,
     )
     from .comm.deadline import DEADLINES
@@ -203,8 +194,12 @@ def _run_rank(run_dir: Path, in_process: bool) -> int:
         world, node_mpi = detect_world(world_mpi, cfg.launcher.procs_per_node)
         log.info("rank %d of %d, node %d (local rank %d of %d), pid %d", world.rank, world.size,
                  world.node, world.local_rank, world.local_size, os.getpid())
-        device = resolve_device(cfg.trainer.device, world.local_rank)
-        backend = _tensor_backend(cfg.comm.backend, device.type)
+        device = resolve_device(cfg.trainer.device, world.host_rank)
+        gpus = torch.cuda.device_count() if device.type == "cuda" else 0
+        backend = tensor_backend(cfg.comm.backend, device.type, world.host_size, gpus)
+        if device.type == "cuda" and backend == "mpi" and world.rank == 0:
+            log.info("%d ranks share %d GPU(s) on a machine: NCCL needs one GPU per rank, so "
+                     "tensors go over MPI through pinned host memory", world.host_size, gpus)
         node_group, started_torch_group = None, False
         if backend != "mpi":
             started_torch_group = init_torch_distributed(world_mpi, backend)

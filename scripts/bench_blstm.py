@@ -108,7 +108,11 @@ def benchmark(args: argparse.Namespace) -> dict:
                        channels_last=False, compile=args.compile, compile_backend="inductor",
                        cudnn_benchmark=False)
     path.prepare_model(model)
-    optimizer = torch.optim.SGD(parameter_groups(model, 0.0, False), lr=0.01, momentum=0.9,
+    # The recipe's rate for this batch (optim.lr per optim.reference_batch samples) and its
+    # clipping: without them the summed CTC loss diverges to NaN within 20 steps.
+    optim = cfg.optim
+    lr = optim.lr * args.batch_size / optim.reference_batch
+    optimizer = torch.optim.SGD(parameter_groups(model, 0.0, False), lr=lr, momentum=0.9,
                                 nesterov=True)
     host = synthetic_batch(recipe, args.batch_size, args.frames, torch.Generator().manual_seed(0))
     if use_cuda:
@@ -116,7 +120,7 @@ def benchmark(args: argparse.Namespace) -> dict:
     frames = int(host[1].sum())
 
     timed = bench.time_training_steps(model, recipe, path, optimizer, host, args.warmup,
-                                      args.steps)
+                                      args.steps, clip_grad_norm=optim.clip_grad_norm)
     elapsed = timed.seconds
     m = cfg.recipe.model
     return record.finish({
@@ -129,7 +133,8 @@ def benchmark(args: argparse.Namespace) -> dict:
         "subsample": m.subsample, "input_dim": recipe.input_dim(),
         "outputs": recipe.head.output_size(), "batch_size": args.batch_size,
         "frames": args.frames, "frames_per_batch": frames, "steps": args.steps,
-        "warmup": args.warmup, "amp": str(path.amp).replace("torch.", "") if path.amp else "none",
+        "warmup": args.warmup, "lr": lr, "clip_grad_norm": optim.clip_grad_norm,
+        "amp": str(path.amp).replace("torch.", "") if path.amp else "none",
         "compile": args.compile, "device": device.type,
         "device_name": torch.cuda.get_device_name(device) if use_cuda else bench.cpu_model(),
         "cpu_threads": torch.get_num_threads(),

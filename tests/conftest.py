@@ -114,3 +114,18 @@ def is_readme_simulation(command: str) -> bool:
     words = command.split()
     return words[0] == "adpsgd-run" and "launcher=sim" in words and \
         "launcher.timing_only=true" not in words
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """Tests marked ``gpu`` need a CUDA GPU: skipped, with the reason, where none is visible."""
+    gpu_tests = [item for item in items if item.get_closest_marker("gpu")]
+    if not gpu_tests:
+        return
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU and torch.cuda.is_available() is False "
+                                   "here; run make test-gpu on a GPU machine")
+    for item in gpu_tests:
+        item.add_marker(skip)

@@ -145,6 +145,16 @@ def test_blstm_full_defaults_are_the_swb2000_shape():
     assert (m.num_layers, m.hidden_size, m.bottleneck, args.batch_size) == (6, 512, 256, 32)
 
 
+def test_staging_cost(tmp_path):
+    r, rows = run_quick(tmp_path, "bench_staging")
+    (size,) = r["sizes"]
+    assert size["megabytes"] == pytest.approx(0.25)
+    for key in ("snapshot_ms", "merge_ms", "exchange_ms_per_mb", "collective_ms_per_mb"):
+        assert math.isfinite(size[key]) and size[key] >= 0, key
+    assert size["exchange_ms"] == pytest.approx(size["snapshot_ms"] + size["merge_ms"])
+    assert r["device"] == "cpu" and not size["pinned"] and len(rows) == 1
+
+
 def test_simulator_speed(tmp_path):
     r, rows = run_quick(tmp_path, "bench_sim", "--runs", str(tmp_path / "runs"))
     assert len(rows) == 4  # ssgd and adpsgd at 16 and 64 learners

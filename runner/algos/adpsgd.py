@@ -344,6 +344,12 @@ class ADPSGD(Algorithm):
         if not self.averager:
             return out
         staleness = self.staleness or [0]
+        averager = self.averager
+        if averager.staged and averager.staged_bytes:  # a GPU model staged through the host
+            megabytes = averager.staged_bytes / 2**20
+            out["staging_ms_per_mb"] = 1000 * averager.staging_s / megabytes
+            out["staging_ms_per_exchange"] = 1000 * averager.staging_s / max(1,
+                                                                               averager.exchanges)
         return {**out, "exchanges": float(self.averager.exchanges),
                 "staleness_mean": float(np.mean(staleness)),
                 "staleness_max": float(np.max(staleness))}

@@ -2,8 +2,10 @@
 
 Control data (a few numbers, small Python objects) travels over MPI on the calling thread.
 Tensor collectives run, in submission order, on one communication thread per communicator:
-over a duplicate of the MPI communicator for CPU tensors, or over a torch.distributed group
-(NCCL for GPU tensors; gloo exercises the same path on CPU). A dedicated thread gives real
+over a duplicate of the MPI communicator, or over a torch.distributed group (NCCL for GPU
+tensors; gloo exercises the same path on CPU). MPI sends host memory, so GPU tensors on the MPI
+path are staged through page-locked host copies: that is the path when ranks share a GPU,
+which NCCL refuses (:func:`tensor_backend`). A dedicated thread gives real
 overlap with computation without relying on MPI's asynchronous progress, and the duplicate keeps
 its collectives apart from the control collectives that the main thread issues at the same time
 (MPI requires collectives on one communicator to be ordered).
@@ -16,6 +18,7 @@ so a dead or hung peer ends the job instead of leaving it waiting.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import threading
@@ -79,6 +82,7 @@ class Communicator:
         self.size = mpi_comm.Get_size()
         self.timeout_s = timeout_s
         self._tensor_comm = mpi_comm.Dup() if backend == "mpi" else None
+        self._staging = HostStaging()  # GPU tensors on the MPI path (communication thread)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"comm-{name}")
         self._busy_lock = threading.Lock()
         self.busy_s = 0.0  # seconds the communication thread spent inside collectives
@@ -118,8 +122,8 @@ class Communicator:
         def run():
             if self.size > 1:
                 if self.backend == "mpi":
-                    self._tensor_comm.Allreduce(self.MPI.IN_PLACE, _as_numpy(tensor),
-                                                op=self.MPI.SUM)
+                    with self._staging.host(tensor) as host:
+                        self._tensor_comm.Allreduce(self.MPI.IN_PLACE, host, op=self.MPI.SUM)
                 else:
                     import torch.distributed as dist
 
@@ -139,7 +143,8 @@ class Communicator:
         def run():
             if self.size > 1:
                 if self.backend == "mpi":
-                    self._tensor_comm.Bcast(_as_numpy(tensor), root=root)
+                    with self._staging.host(tensor) as host:
+                        self._tensor_comm.Bcast(host, root=root)
                 else:
                     import torch.distributed as dist
 
@@ -159,11 +164,14 @@ class Communicator:
 
         def run():
             if self.backend == "mpi":
-                requests = [self._tensor_comm.Irecv(_as_numpy(buf), source=peer, tag=EXCHANGE)
-                            for peer, buf in recv_from.items()]
-                requests += [self._tensor_comm.Isend(_as_numpy(send), dest=peer, tag=EXCHANGE)
-                             for peer in send_to]
-                self.MPI.Request.Waitall(requests)
+                with contextlib.ExitStack() as staged:
+                    out = staged.enter_context(self._staging.host(send, copy_back=False))
+                    requests = [self._tensor_comm.Irecv(
+                        staged.enter_context(self._staging.host(buf, copy_in=False)),
+                        source=peer, tag=EXCHANGE) for peer, buf in recv_from.items()]
+                    requests += [self._tensor_comm.Isend(out, dest=peer, tag=EXCHANGE)
+                                 for peer in send_to]
+                    self.MPI.Request.Waitall(requests)
             elif recv_from or send_to:
                 import torch.distributed as dist
 
@@ -186,6 +194,16 @@ class Communicator:
         import torch.distributed as dist
 
         return dist.get_global_rank(self.torch_group, rank)
+
+    def staging_record(self) -> dict[str, float] | None:
+        """Host staging of GPU tensors on the MPI path (seconds, MB, ms per MB); None if
+        nothing was staged."""
+        staging = self._staging
+        if not staging.bytes:
+            return None
+        megabytes = staging.bytes / 2**20
+        return {"seconds": staging.seconds, "megabytes": megabytes,
+                "ms_per_mb": 1000 * staging.seconds / megabytes}
 
     # ---- control collectives (calling thread, MPI) ---------------------------------------
     def _watch(self, operation: str):
@@ -226,10 +244,71 @@ def _nbytes(tensor: torch.Tensor) -> int:
     return tensor.numel() * tensor.element_size()
 
 
-def _as_numpy(tensor: torch.Tensor) -> np.ndarray:
-    if tensor.device.type != "cpu":
-        raise ValueError("the MPI backend handles CPU tensors; use comm.backend=nccl on GPU")
-    return tensor.detach().numpy()
+class HostStaging:
+    """Page-locked host twins of GPU tensors for the MPI path, kept per device buffer (the
+    flat buffers live as long as the run), with the seconds the copies took and the bytes of
+    tensor staged (once per operation, whichever way it went): what staging costs in ms per
+    MB. CPU tensors pass through as they are."""
+
+    def __init__(self):
+        self._twins: dict[tuple, torch.Tensor] = {}
+        self.seconds = 0.0
+        self.bytes = 0
+
+    @contextlib.contextmanager
+    def host(self, tensor: torch.Tensor, copy_in: bool = True, copy_back: bool = True):
+        """The host memory MPI reads and writes for ``tensor`` (a numpy view); on a GPU,
+        ``copy_in`` fills it from the tensor first and ``copy_back`` writes it back after."""
+        if tensor.device.type == "cpu":
+            yield tensor.detach().numpy()
+            return
+        flat = tensor.detach().view(-1)
+        key = (flat.device, flat.data_ptr(), flat.numel(), flat.dtype)
+        twin = self._twins.get(key)
+        if twin is None:
+            twin = self._twins[key] = torch.empty(flat.numel(), dtype=flat.dtype,
+                                                  pin_memory=True)
+        self.bytes += _nbytes(flat)
+        if copy_in:
+            self._copy(twin, flat)
+        yield twin.numpy()
+        if copy_back:
+            self._copy(flat, twin)
+
+    def _copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+        start = time.perf_counter()
+        dst.copy_(src)  # blocking: ordered after the kernels that wrote src on its stream
+        self.seconds += time.perf_counter() - start
+
+
+def tensor_backend(requested: str, device_type: str, ranks_on_host: int, gpus: int) -> str:
+    """The tensor backend for ``comm.backend``: ``auto`` is NCCL when every rank on a machine
+    has a GPU of its own, else MPI (on GPUs through pinned host memory: NCCL refuses two
+    ranks on one device)."""
+    from ..errors import UserError
+
+    on_gpu = device_type == "cuda"
+    shared = on_gpu and ranks_on_host > gpus
+    if requested == "auto":
+        return "nccl" if on_gpu and not shared else "mpi"
+    if requested == "nccl" and not on_gpu:
+        raise UserError("comm.backend=nccl needs GPUs", "use comm.backend=auto on CPU")
+    if requested == "nccl" and shared:
+        raise UserError(f"comm.backend={nccl_shared_gpu_problem(ranks_on_host, gpus)}",
+                        NCCL_SHARED_FIX)
+    if requested == "gloo" and on_gpu:
+        raise UserError("comm.backend=gloo moves CPU tensors, and the model is on a GPU",
+                        "use comm.backend=auto (NCCL, or MPI through pinned host memory)")
+    return requested
+
+
+NCCL_SHARED_FIX = ("use comm.backend=auto (MPI through pinned host memory), or at most one rank "
+                   "per GPU")
+
+
+def nccl_shared_gpu_problem(ranks_on_host: int, gpus: int) -> str:
+    return (f"nccl needs a GPU per rank, but {ranks_on_host} ranks share "
+            f"{gpus} GPU(s) on one machine (NCCL refuses two ranks on one device)")
 
 
 def shutdown_torch_distributed() -> None:

@@ -53,6 +53,20 @@ def merge_average_(x: torch.Tensor, mine: torch.Tensor, theirs: torch.Tensor,
         x.index_add_(0, rows, delta, alpha=0.5)
 
 
+def copy_snapshots(snapshots: list[torch.Tensor], buffers: list[torch.Tensor]) -> None:
+    """Snapshot x into the (host) buffers that are sent: blocking copies, so a GPU's pending
+    updates to x land first."""
+    for snapshot, x in zip(snapshots, buffers):
+        snapshot.copy_(x)
+
+
+def merge_all(buffers: list[torch.Tensor], snapshots: list[torch.Tensor],
+              received: list[torch.Tensor]) -> None:
+    """:func:`merge_average_` for every flat buffer of x."""
+    for x, mine, theirs in zip(buffers, snapshots, received):
+        merge_average_(x, mine, theirs)
+
+
 class ExchangeTimeout(RuntimeError):
     pass
 
@@ -73,6 +87,12 @@ class PairwiseAverager:
         # MPI sends host memory: GPU models are staged through page-locked host copies.
         self.snapshots = [_host_like(b) for b in buffers]
         self.received = [_host_like(b) for b in buffers]
+        # What staging costs on a GPU: seconds in the snapshot copies out of the device and in
+        # the merges (the difference on the host, its copy back and the add), and the bytes of
+        # model staged (once per exchange): ms per MB of model, as scripts/bench_staging.py.
+        self.staged = any(b.is_cuda for b in buffers)
+        self.staging_s = 0.0
+        self.staged_bytes = 0
         self.progress = ProgressTable(self.size, self.rank)  # everyone's samples seen
         self.exchanges = 0
         self.partners: dict[int, int] = {}
@@ -230,8 +250,9 @@ class PairwiseAverager:
         with self.lock:
             if self.trace is not None:
                 self.trace.append(["snap", *key])
-            for snapshot, x in zip(self.snapshots, self.buffers):
-                snapshot.copy_(x)
+            started = time.perf_counter()
+            copy_snapshots(self.snapshots, self.buffers)
+            self._count_staging(started, exchange=True)
             return self.progress.pack()
 
     def _merge(self, their_progress: np.ndarray, peer: int, started: float,
@@ -239,14 +260,21 @@ class PairwiseAverager:
         with self.lock:
             if self.trace is not None:
                 self.trace.append(["merge", *key])
-            for x, mine, theirs in zip(self.buffers, self.snapshots, self.received):
-                merge_average_(x, mine, theirs)
+            merge_started = time.perf_counter()
+            merge_all(self.buffers, self.snapshots, self.received)
+            self._count_staging(merge_started, exchange=False)
             self.version += 1
             self.progress.merge(their_progress)
             self.exchanges += 1
             self.partners[peer] = self.partners.get(peer, 0) + 1
         if self.record_intervals:
             self.intervals.append((started, time.perf_counter(), peer))
+
+    def _count_staging(self, started: float, exchange: bool) -> None:
+        if self.staged:
+            self.staging_s += time.perf_counter() - started
+            if exchange:
+                self.staged_bytes += sum(b.numel() * b.element_size() for b in self.buffers)
 
     def _wait(self, requests, peer: int, what: str) -> None:
         deadline = time.monotonic() + self.timeout_s

@@ -25,6 +25,10 @@ class World:
     local_size: int  # ranks in this node
     node: int
     num_nodes: int
+    # This rank's index among the ranks on its machine, and how many run there: emulated
+    # nodes can share a machine, and GPUs are dealt per machine, not per node.
+    host_rank: int = 0
+    host_size: int = 1
 
     @property
     def is_main(self) -> bool:
@@ -70,10 +74,12 @@ def detect_world(comm, procs_per_node: int | None) -> tuple[World, object]:
         leader = node_comm.allreduce(rank, op=MPI.MIN)
         leaders = sorted(set(comm.allgather(leader)))
         node, num_nodes = leaders.index(leader), len(leaders)
-    world = World(rank=rank, size=size, local_rank=node_comm.Get_rank(),
-                  local_size=node_comm.Get_size(), node=node, num_nodes=num_nodes)
-    placements = comm.allgather(Placement(world.node, world.local_rank, MPI.Get_processor_name(),
+    local_rank, local_size = node_comm.Get_rank(), node_comm.Get_size()
+    placements = comm.allgather(Placement(node, local_rank, MPI.Get_processor_name(),
                                           slurm_task(os.environ, rank, size)))
+    same_host = [r for r, place in enumerate(placements) if place.host == placements[rank].host]
+    world = World(rank=rank, size=size, local_rank=local_rank, local_size=local_size, node=node,
+                  num_nodes=num_nodes, host_rank=same_host.index(rank), host_size=len(same_host))
     problem = placement_problem(placements, procs_per_node)
     if problem:
         from ..errors import UserError  # every rank sees the same list and raises the same

@@ -84,6 +84,22 @@ class LocalConfig(LauncherConfig):
                 f"{self.stall_timeout_s}", f"{prefix}.stall_timeout_s=60")
         if self.nprocs > 1:
             find_mpiexec(self.mpiexec, key=f"{prefix}.mpiexec")
+        if cfg.comm.backend == "nccl" and cfg.trainer.device != "cpu":
+            check_gpus_for_nccl(self.nprocs)
+
+
+def check_gpus_for_nccl(ranks: int) -> None:
+    """comm.backend=nccl with every rank on this machine: one GPU per rank, found here
+    before ranks start (NCCL itself fails inside the first collective)."""
+    import torch
+
+    from ..comm.communicator import NCCL_SHARED_FIX, nccl_shared_gpu_problem
+
+    gpus = torch.cuda.device_count()
+    require(gpus > 0, "comm.backend", "nccl needs GPUs and this machine has none",
+            "comm.backend=auto")
+    require(ranks <= gpus, "comm.backend", nccl_shared_gpu_problem(ranks, gpus),
+            NCCL_SHARED_FIX)
 
 
 def find_mpiexec(requested: str | None, key: str = "launcher.mpiexec") -> str:
