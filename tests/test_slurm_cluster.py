@@ -216,6 +216,46 @@ def test_a_killed_rank_restarts_inside_the_allocation_and_the_run_completes(slur
     assert eval_epochs(metrics) == [1, 2, 3, 4], metrics
 
 
+def parent_pid(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+@pytest.mark.parametrize("ranks_too", [False, True], ids=["stepd", "stepd-and-ranks"])
+def test_a_killed_slurmstepd_is_noticed_and_the_run_completes(slurm_env, tmp_path, ranks_too):
+    """kill -9 of the slurmstepd that runs the ranks' step, once a checkpoint is complete:
+    srun is left waiting for a step that can no longer report (for minutes, as SLURM sees it).
+    Alone, the ranks train on and finish: the job script's step watcher ends the step
+    STEP_LINGER_S after their exit records and takes their status (0). With its ranks killed
+    too (a lost node), their heartbeats stop: the watcher ends the step after
+    launcher.stall_timeout_s, and the ranks start again in the allocation from the
+    checkpoint."""
+    from runner.checkpoint_files import complete_checkpoints
+
+    [(job_id, run_dir)] = submit([*JOB, "trainer.checkpoint_every=8", "launcher.max_restarts=2",
+                                  "launcher.stall_timeout_s=20", f"hydra.run.dir={tmp_path}/run"],
+                                 tmp_path, slurm_env)
+    deadline = time.monotonic() + 180
+    while not complete_checkpoints(run_dir):
+        assert time.monotonic() < deadline, job_fields(job_id, slurm_env)
+        assert job_fields(job_id, slurm_env).get("JobState") not in FINAL_STATES
+        time.sleep(0.2)
+    ranks = [int((run_dir / "logs" / f"rank{r}.pid").read_text().split()[0]) for r in (0, 1)]
+    stepd = parent_pid(ranks[1])
+    assert Path(f"/proc/{stepd}/comm").read_text().startswith("slurmstepd"), stepd
+    for pid in [stepd, *(ranks if ranks_too else [])]:
+        os.kill(pid, 9)
+    fields = wait_for_job(job_id, slurm_env, timeout=400)
+    log = slurm_log(run_dir, job_id)
+    assert fields["JobState"] == "COMPLETED", (fields, log)
+    ended = [line for line in log.splitlines() if line.endswith(": ending the step")]
+    assert len(ended) == 1 and ("no heartbeat" if ranks_too else "every rank ended") in ended[0]
+    assert "ranks exited with status 0" in log, log
+    metrics, summary = read_run(run_dir)
+    assert summary["status"] == "completed", summary
+    assert len(summary.get("restarts", [])) == (1 if ranks_too else 0), summary
+    assert eval_epochs(metrics) == [1, 2, 3, 4], metrics
+
+
 def test_sweep_submits_one_job_per_combination(slurm_env, tmp_path):
     """Each combination gets its own run dir, job.sbatch and job; the jobs are cancelled once
     SLURM has them (the end-to-end test shows that such a job runs)."""

@@ -52,8 +52,9 @@ def test_dry_run_writes_a_readable_script_for_a_2_node_4_gpu_hadpsgd_job(tmp_pat
     assert f"RUN_DIR={run_dir}" in lines and "MAX_REQUEUES=5" in lines
     steps = [line.strip() for line in lines]  # the ranks' steps are inside the restart loop
     assert ('srun --mpi=pmi2 --kill-on-bad-exit=1 --ntasks-per-node=4 --cpus-per-task=8 '
-            '"$PYTHON" -m runner.worker "$RUN_DIR" &') in steps
+            '$overlap "$PYTHON" -m runner.worker "$RUN_DIR" &') in steps
     assert '"$PYTHON" -m runner.launch.restart "$RUN_DIR" || exit 1' in steps
+    assert '"$PYTHON" -m runner.launch.restart "$RUN_DIR" --watch-step "$step" &' in steps
     assert any(line.startswith("MAX_RESTARTS=0 ") for line in lines)
     assert "trap 'forward USR1' USR1" in lines and "trap 'forward TERM' TERM" in lines
     assert 'scontrol requeue "$SLURM_JOB_ID" && exit 0' in script
@@ -353,3 +354,55 @@ def test_the_local_cluster_removes_stale_mpich_segments_and_keeps_mapped_ones(tm
         holder.wait()
         for segment in (stale, live):
             segment.unlink(missing_ok=True)
+
+
+# ---- the job script's step watcher: a step that outlives its ranks (a lost slurmstepd) ----
+def fake_rank(run_dir: Path, rank: int, pid: int, status: int | None = None) -> None:
+    """Rank files as a rank leaves them: pid file (heartbeat) and, once it ended, its exit
+    record."""
+    from runner.launch.watchdog import write_exit_record
+
+    logs = run_dir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    (logs / f"rank{rank}.pid").write_text(f"{pid} {socket.gethostname()}\n")
+    if status is not None:
+        write_exit_record(run_dir, rank, status)
+
+
+def test_the_step_watcher_names_a_step_that_outlives_its_ranks_and_a_silent_rank(tmp_path):
+    from runner.launch.restart import STEP_LINGER_S, step_problem, step_status
+
+    now = time.time()
+    fake_rank(tmp_path, 0, 1, status=0)
+    fake_rank(tmp_path, 1, 1)
+    assert step_problem(tmp_path, 2, 60, None, now) is None  # rank 1 still beats
+    os.utime(tmp_path / "logs" / "rank1.pid", (now - 90, now - 90))
+    assert step_problem(tmp_path, 2, 60, None, now) == (
+        "rank 1 stopped responding: no heartbeat for 90 s (launcher.stall_timeout_s=60; its "
+        "node or slurmstepd lost?)")
+    assert step_problem(tmp_path, 2, 0, None, now) is None  # 0: never
+    assert step_status(tmp_path, 2, 137) == 137  # one rank has not reported
+    fake_rank(tmp_path, 1, 1, status=0)
+    assert step_problem(tmp_path, 2, 60, now - 1, now) is None  # ended a moment ago
+    assert step_problem(tmp_path, 2, 60, now - STEP_LINGER_S - 5, now) == (
+        f"every rank ended {STEP_LINGER_S + 5:.0f} s ago but the job step did not (its "
+        "slurmstepd or a proxy was lost)")
+    assert step_status(tmp_path, 2, 137) == 0  # what the ranks said, not what srun said
+    fake_rank(tmp_path, 1, 1, status=75)
+    assert step_status(tmp_path, 2, 137) == 137  # they disagree: the step's own status
+
+
+def test_the_step_watcher_ends_a_lingering_step_and_the_ranks_left_on_this_host(tmp_path,
+                                                                               monkeypatch):
+    import runner.launch.restart as restart
+
+    monkeypatch.setattr(restart, "STEP_LINGER_S", 0.5)
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    step = subprocess.Popen(["sleep", "300"])  # srun, waiting for a step that cannot report
+    hung = subprocess.Popen(["sleep", "300"])  # a rank stuck after its exit record
+    fake_rank(tmp_path, 0, hung.pid, status=0)
+    fake_rank(tmp_path, 1, step.pid + 10**7, status=0)  # a pid that does not exist
+    started = time.monotonic()
+    restart.watch_step(tmp_path, step.pid, 2, stall_s=60, poll_s=0.1)
+    assert step.wait(timeout=10) == -9 and hung.wait(timeout=10) == -9
+    assert time.monotonic() - started < 10

@@ -10,6 +10,7 @@ from typing import Any, ClassVar, Optional
 from omegaconf import DictConfig
 
 from ..schema import Section, require
+from .watchdog import HEARTBEAT_S
 
 
 @dataclass
@@ -21,8 +22,15 @@ class LauncherConfig(Section):
     # checkpoint, at most this often (runner/launch/restarts.py); 0: never. launcher=sim has
     # no rank to lose: it accepts the key (the cluster presets set it) and never restarts.
     max_restarts: int = 0
+    # A rank whose heartbeat stopped this long ago (a stopped process, a hung node) ends the
+    # job (launcher=local; under SLURM the job script's step watcher); 0: never.
+    stall_timeout_s: float = 60.0
 
     def check(self, prefix: str, cfg: DictConfig) -> None:
+        require(self.stall_timeout_s == 0 or self.stall_timeout_s >= 3 * HEARTBEAT_S,
+                f"{prefix}.stall_timeout_s", f"must be 0 (never) or at least "
+                f"{3 * HEARTBEAT_S:.0f} s (ranks beat every {HEARTBEAT_S:.0f} s), got "
+                f"{self.stall_timeout_s}", f"{prefix}.stall_timeout_s=60")
         require(self.nprocs >= 1, f"{prefix}.nprocs", f"must be >= 1, got {self.nprocs}",
                 f"{prefix}.nprocs=2")
         require(self.max_restarts >= 0, f"{prefix}.max_restarts",

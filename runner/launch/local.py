@@ -44,7 +44,6 @@ from .base import Launcher, LauncherConfig
 from .registry import LAUNCHERS
 from .restarts import JobFailure, Restarts, reported_failure
 from .watchdog import (
-    HEARTBEAT_S,
     LAUNCHER_PID,
     DeadRank,
     RankWatchdog,
@@ -72,16 +71,9 @@ class LocalConfig(LauncherConfig):
     procs_per_node: Optional[int] = 2  # ranks per emulated node (hadpsgd's super learners)
     mpiexec: Optional[str] = None  # path or name; null: the mpiexec installed next to Python
     mpiexec_args: list[str] = field(default_factory=list)  # placed before the program
-    # A rank whose heartbeat stopped this long ago (a stopped process, a hung node) ends the
-    # job; 0: never.
-    stall_timeout_s: float = 60.0
 
     def check(self, prefix, cfg):
         super().check(prefix, cfg)
-        require(self.stall_timeout_s == 0 or self.stall_timeout_s >= 3 * HEARTBEAT_S,
-                f"{prefix}.stall_timeout_s", f"must be 0 (never) or at least "
-                f"{3 * HEARTBEAT_S:.0f} s (ranks beat every {HEARTBEAT_S:.0f} s), got "
-                f"{self.stall_timeout_s}", f"{prefix}.stall_timeout_s=60")
         if self.nprocs > 1:
             find_mpiexec(self.mpiexec, key=f"{prefix}.mpiexec")
         if cfg.comm.backend == "nccl" and cfg.trainer.device != "cpu":

@@ -171,7 +171,10 @@ def render_script(cfg: SlurmConfig, run_cfg: DictConfig, run_dir: Path, workdir:
     else:
         ranks = [find_mpiexec(cfg.mpiexec), "-n", str(cfg.nprocs), "-ppn",
                  str(cfg.procs_per_node), *cfg.mpiexec_args]
-    ranks_line = " ".join(q(word) for word in ranks) + ' "$PYTHON" -m runner.worker "$RUN_DIR"'
+    if cfg.rank_launcher == "srun":
+        ranks.append("$overlap")  # empty until a restart (unquoted: nothing when empty)
+    ranks_line = " ".join(word if word == "$overlap" else q(word) for word in ranks) + \
+        ' "$PYTHON" -m runner.worker "$RUN_DIR"'
     setup = "\n".join(cfg.setup) if cfg.setup else "# (none: launcher.setup)"
     header = "\n".join(f"#SBATCH {option}" for option in options)
     return f"""#!/bin/bash
@@ -208,17 +211,24 @@ trap 'forward USR1' USR1
 trap 'forward TERM' TERM
 
 taken=0
+overlap=""
 while true; do
     # Before the ranks: continue from the newest checkpoint of this run dir when there is one.
     "$PYTHON" -m runner.launch.restart "$RUN_DIR" || exit 1
     {ranks_line} &
     step=$!
+    # Ends a step that outlives its ranks or whose ranks went silent (a lost slurmstepd).
+    "$PYTHON" -m runner.launch.restart "$RUN_DIR" --watch-step "$step" &
+    watcher=$!
     wait "$step"; status=$?
     while [ "$interrupted" = 1 ]; do  # a trapped signal ends `wait` early: wait for the ranks
         interrupted=0
         wait "$step"; status=$?
     done
     step=""
+    kill "$watcher" 2>/dev/null; wait "$watcher" 2>/dev/null
+    reported=$("$PYTHON" -m runner.launch.restart "$RUN_DIR" --step-status "$status") &&
+        status=$reported
     echo "adpsgd: ranks exited with status $status at $(date -Is)"
     # Completed, preempted, stopped, a user's error, or a signal to this job: no restart here.
     case "$status" in 0|"$PREEMPTED"|130|2) break ;; esac
@@ -228,6 +238,7 @@ while true; do
     "$PYTHON" -m runner.launch.restart "$RUN_DIR" --after-failure "$status" \
         --max-restarts "$MAX_RESTARTS" --taken "$taken" || break
     taken=$((taken + 1))
+    overlap="--overlap"  # a lost step may still hold its CPUs in SLURM's books
 done
 
 if [ "$status" -eq "$PREEMPTED" ]; then

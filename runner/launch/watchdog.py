@@ -214,6 +214,15 @@ def rank_progress(run_dir: str | Path, rank: int) -> int | None:
         return None
 
 
+def heartbeat_age(run_dir: str | Path, rank: int, now: float) -> float | None:
+    """Seconds since the rank's last heartbeat (its pid file's time); None before its first.
+    Read from the shared run dir, so it works for ranks on other nodes too."""
+    try:
+        return now - _path(run_dir, rank, "pid").stat().st_mtime
+    except OSError:
+        return None
+
+
 def process_alive(pid: int) -> bool:
     """True for a running process; False once it is gone or a zombie (dead, not yet reaped
     by mpiexec's proxy)."""
@@ -356,12 +365,9 @@ class RankWatchdog:
         now = time.time()
         stalled = []
         for rank, pid in list(self.pids.items()):
-            try:
-                silent = now - _path(self.run_dir, rank, "pid").stat().st_mtime
-            except OSError:
-                continue
-            if silent > timeout_s and exit_status(self.run_dir, rank) is None \
-                    and process_alive(pid):
+            silent = heartbeat_age(self.run_dir, rank, now)
+            if silent is not None and silent > timeout_s \
+                    and exit_status(self.run_dir, rank) is None and process_alive(pid):
                 stalled.append(StalledRank(rank, pid, silent))
         return max(stalled, key=lambda s: s.silent_s, default=None)
 
