@@ -171,9 +171,9 @@ def render_script(cfg: SlurmConfig, run_cfg: DictConfig, run_dir: Path, workdir:
     else:
         ranks = [find_mpiexec(cfg.mpiexec), "-n", str(cfg.nprocs), "-ppn",
                  str(cfg.procs_per_node), *cfg.mpiexec_args]
-    if cfg.rank_launcher == "srun":
-        ranks.append("$overlap")  # empty until a restart (unquoted: nothing when empty)
-    ranks_line = " ".join(word if word == "$overlap" else q(word) for word in ranks) + \
+    # srun's $overlap is empty until a restart (unquoted: nothing when empty).
+    overlap = " $overlap" if cfg.rank_launcher == "srun" else ""
+    ranks_line = " ".join(q(word) for word in ranks) + overlap + \
         ' "$PYTHON" -m runner.worker "$RUN_DIR"'
     setup = "\n".join(cfg.setup) if cfg.setup else "# (none: launcher.setup)"
     header = "\n".join(f"#SBATCH {option}" for option in options)
