@@ -50,10 +50,12 @@ STEP_LINGER_S = 20.0  # a step still running this long after every rank ended is
 
 
 def step_problem(run_dir: Path, nprocs: int, stall_s: float, ended_since: float | None,
-                 now: float) -> str | None:
-    """Why the running step must be ended now, or None (see the module docstring)."""
-    statuses = exit_statuses(run_dir, nprocs)
-    if all(status is not None for status in statuses.values()):
+                 now: float, statuses: dict[int, int | None] | None = None) -> str | None:
+    """Why the running step must be ended now, or None (see the module docstring);
+    ``statuses``: the ranks' exit statuses, if the caller has just read them."""
+    if statuses is None:
+        statuses = exit_statuses(run_dir, nprocs)
+    if None not in statuses.values():
         if ended_since is not None and now - ended_since >= STEP_LINGER_S:
             return (f"every rank ended {now - ended_since:.0f} s ago but the job step did not "
                     "(its slurmstepd or a proxy was lost)")
@@ -74,10 +76,10 @@ def watch_step(run_dir: Path, step_pid: int, nprocs: int, stall_s: float,
     ended_since = None
     while process_alive(step_pid):
         now = time.time()
-        if ended_since is None and all(
-                status is not None for status in exit_statuses(run_dir, nprocs).values()):
+        statuses = exit_statuses(run_dir, nprocs)
+        if ended_since is None and None not in statuses.values():
             ended_since = now
-        problem = step_problem(run_dir, nprocs, stall_s, ended_since, now)
+        problem = step_problem(run_dir, nprocs, stall_s, ended_since, now, statuses)
         if problem:
             print(f"adpsgd: {problem}: ending the step", flush=True)
             end_step(run_dir, step_pid, nprocs)
