@@ -1,7 +1,7 @@
 """Held-out sums and metrics shared by the image-classification recipes (top-1, top-5).
 
 Sums, not means, so that every rank can score a shard and one reduction gives the exact
-global numbers (recipes/base.py).
+global numbers (runner/recipe.py).
 """
 
 from __future__ import annotations

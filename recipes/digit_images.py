@@ -19,13 +19,12 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import TensorDataset
 
+from runner.config.section import require
 from runner.errors import ConfigError, UserError
-from runner.schema import require
+from runner.recipe import RECIPES, Recipe, RecipeConfig
 
-from .base import Recipe, RecipeConfig
 from .classification import classification_metrics, classification_sums
 from .digit_augment import distorted_copies
-from .registry import RECIPES
 
 
 @dataclass

@@ -1,19 +1,17 @@
 """The one training loop shared by every algorithm.
 
 Per step: fetch this rank's shard batch, set the learning rate from global samples seen,
-forward/backward, and let the algorithm act at its hooks (runner/algos/base.py). Evaluations
-(runner/evaluation.py), checkpoints (runner/checkpointer.py) and preemption checks
-(runner/preemption.py) are milestones in global samples that every rank meets in the same
-order (runner/run_milestones.py). The run's counters are one state object
-(runner/run_state.py); injected faults (runner/faults.py) and the handling of a NaN loss
-(runner/nonfinite.py) live beside it; rank 0 writes TensorBoard, metrics.jsonl and
-summary.json (runner/run_log.py).
+forward/backward, and let the algorithm act at its hooks (runner/algos/base.py). Evaluations,
+checkpoints and preemption checks are milestones in global samples that every rank meets in
+the same order (runner/train/milestones.py). The loop's parts live in runner/train/ (data,
+compute path, evaluation, schedule, counters, faults, NaN handling), what a checkpoint holds
+in runner/checkpoint/, and what rank 0 writes (TensorBoard, metrics.jsonl, summary.json) in
+runner/runlog/.
 """
 
 from __future__ import annotations
 
 import logging
-import random
 import time
 from pathlib import Path
 from typing import Any, TextIO
@@ -22,41 +20,32 @@ import numpy as np
 import torch
 from omegaconf import DictConfig
 
-from recipes import RECIPES
-
 from .algos import ALGORITHMS, TrainContext
-from .checkpointer import Checkpointer, capture_rng, load_model, restore_rng
+from .checkpoint import rank_state
+from .checkpoint.checkpointer import Checkpointer
+from .checkpoint.preemption import STOP_CHECK_STEPS, STOPPED, StopAgreement
+from .checkpoint.resize import RESIZED
 from .comm import Communicator, World
-from .comm.buffers import broadcast_model, flatten_parameters, parameter_digest
-from .compute_path import ComputePath, device_record
-from .data import BatchFetcher, ShardedBatches
+from .comm.buffers import broadcast_model, flatten_parameters
 from .errors import UserError
-from .evaluation import Evaluator
-from .faults import FaultInjector
-from .lr_schedule import LRSchedule
-from .nonfinite import BatchSkipper, nonfinite_error, refuse_poisoned_state
-from .optim import parameter_groups
-from .preemption import STOP_CHECK_STEPS, STOPPED, StopAgreement
-from .resize import RESIZED, start_here
-from .run_log import (
-    ProgressBar,
-    RunLog,
-    build_summary,
-    host_record,
-    read_restarts,
-    record_training_again,
-)
-from .run_milestones import CHECKPOINT, EVALUATE, STOP_CHECK, Milestones
-from .run_state import RunState
-from .timers import Timers
+from .recipe import RECIPES
+from .runlog.progress import ProgressBar
+from .runlog.records import record_training_again
+from .runlog.summary import gather_summary, rank_report
+from .runlog.writer import RunLog
+from .train.compute_path import ComputePath
+from .train.data import BatchFetcher, ShardedBatches
+from .train.evaluation import Evaluator
+from .train.faults import FaultInjector
+from .train.lr_schedule import LRSchedule
+from .train.milestones import CHECKPOINT, EVALUATE, STOP_CHECK, Milestones
+from .train.nonfinite import BatchSkipper, nonfinite_error, refuse_poisoned_state
+from .train.optim import parameter_groups
+from .train.rng import rank_seed, seed_everything
+from .train.run_state import RunState
+from .train.timers import Timers
 
 log = logging.getLogger("adpsgd")
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
 
 
 class Trainer:
@@ -82,9 +71,8 @@ class Trainer:
                                          progress_stream)
         self.resumed_from, resume_state = self.checkpointer.resolve(len(self.train_set))
         # Per rank from here on (a resized resume: fresh streams from its sample count).
-        seed_everything(cfg.seed + 1_000_003 * (world.rank + 1) + (
-            resume_state["trainer"]["samples"] if resume_state and RESIZED in resume_state
-            else 0))
+        seed_everything(rank_seed(cfg.seed, world.rank, resume_state["trainer"]["samples"]
+                                  if resume_state and RESIZED in resume_state else 0))
         self.compute = ComputePath.from_config(tcfg, device)
         self.compute.prepare_model(self.model)
         self.optimizer = torch.optim.SGD(
@@ -118,9 +106,10 @@ class Trainer:
                         if tcfg.on_nonfinite == "skip_batch" else None)
         self.milestone_waits = 0  # evaluations and checkpoints met (see _meet)
         self.algo_finished = False  # algo.finish() has run (see _finish_algorithm)
-        self.stop_status: str | None = None  # preempted or stopped (runner/preemption.py)
+        # preempted or stopped (runner/checkpoint/preemption.py)
+        self.stop_status: str | None = None
         if self.resumed_from:
-            self._restore(resume_state)
+            rank_state.restore(self, resume_state)
         if world.is_main:  # after a restart (launcher.max_restarts): the run trains again
             record_training_again(self.run_dir)
         self.lr = self.schedule.lr_at(self.state.samples)
@@ -143,8 +132,8 @@ class Trainer:
     # ---- training --------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
         """Train until the global sample count reaches ``epochs`` passes over the data, or
-        until a graceful stop (runner/preemption.py: SIGUSR1/SIGTERM checkpoint with summary
-        status "preempted", Ctrl-C with status "stopped"; a stop requested while the ranks
+        until a graceful stop (runner/checkpoint/preemption.py: SIGUSR1/SIGTERM checkpoint with
+        summary status "preempted", Ctrl-C with status "stopped"; a stop requested while the ranks
         were starting ends the run before its first step, with nothing to checkpoint).
 
         Lockstep algorithms know that count exactly and every rank takes the same steps.
@@ -167,7 +156,7 @@ class Trainer:
         epoch, first = state.position
         while not (self.milestones.done or self.stop_status):
             batches = self.shards.epoch_batches(epoch)
-            steps = len(batches)  # a partial pass after a resize has fewer (runner/data.py)
+            steps = len(batches)  # a partial pass after a resize has fewer (runner/train/data.py)
             stream = self.fetch.iterate(batches[first:])
             for k in range(first, steps):
                 with self.timers.time("data"):
@@ -311,7 +300,7 @@ class Trainer:
         with self.timers.time("eval"):
             results = self.evaluator.score(self.algo.identical_replicas, final)
             consensus = self.evaluator.consensus_distance()
-            per_rank = self.comm.gather_objects(self._rank_report())
+            per_rank = self.comm.gather_objects(rank_report(self))
         self._leave()
         epoch = state.samples / len(self.train_set)
         log.info("eval at epoch %.2f step %d: %s", epoch, state.step,
@@ -324,7 +313,7 @@ class Trainer:
 
     def save_checkpoint(self, reason: str) -> None:
         """Collective: quiesce the algorithm, refuse a poisoned state, write every rank's
-        state (runner/checkpointer.py)."""
+        state (runner/checkpoint/checkpointer.py)."""
         self._meet()
         state = self.state
         refuse_poisoned_state(self.param_buffers, state.loss_is_finite(), self.comm,
@@ -334,85 +323,12 @@ class Trainer:
         self._leave()
 
     def _rank_state(self) -> dict[str, Any]:
-        """Everything that decides this rank's future (runner/checkpointer.py)."""
-        saved = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                 "algo": self.algo.state_dict(), "rng": capture_rng(self.faults.rng),
-                 "data": self.shards.state_dict(),
-                 "trainer": {**self.state.state_dict(),
-                             "last_milestone": self.milestones.last_passed(),
-                             "lr": self.lr, "lr_ramp": self.schedule.ramp,
-                             "elapsed_s": time.perf_counter() - self.start_time,
-                             "timers": self.timers.snapshot()}}
-        if self.world.is_main:
-            saved["history"] = self.state.history
-        return saved
-
-    def _restore(self, saved: dict[str, Any]) -> None:
-        """Continue from the checkpoint resumed from (after the model, optimizer and
-        algorithm exist): from this rank's own state, or from the state merged from every
-        rank's when the checkpoint was written by another number of ranks."""
-        checkpoint, state = self.resumed_from, self.state
-        load_model(self.model, saved["model"], checkpoint)
-        self.optimizer.load_state_dict(saved["optimizer"])
-        if RESIZED in saved:
-            start_here(saved, state, self.shards)
-            if saved["algo_name"] == self.cfg.algo.name:
-                self.algo.load_merged_state(saved["algo"], state.step,
-                                            state.samples / len(self.train_set))
-            self.milestones.resume_after(saved["trainer"]["last_milestone"])
-            if saved["trainer"]["lr"] is not None:  # climb to a higher rate, not jump
-                self.schedule.start_ramp(state.samples, saved["trainer"]["lr"])
-            self.timers.seconds.update({k: saved["trainer"]["timers"].get(k, 0.0)
-                                        for k in ("eval", "checkpoint")})
-            # Asynchronous learners learn each other's counts in the new world.
-            self.algo.global_samples(state.local_samples, state.lockstep_samples)
-            self.algo.sync_global_samples(state.samples)
-        else:
-            self.algo.load_state_dict(saved["algo"])
-            self.shards.load_state_dict(saved.get("data", {}))
-            restore_rng(saved["rng"], self.faults.rng)
-            state.load_state_dict(saved["trainer"])
-            self.milestones.resume_after(saved["trainer"]["last_milestone"])
-            self.schedule.ramp = saved["trainer"].get("lr_ramp")
-            self.timers.seconds.update(saved["trainer"]["timers"])
-            state.history = saved.get("history", [])
-        log.info("resumed from %s: step %d, %d samples (epoch %.2f)%s", checkpoint.path,
-                 state.step, state.samples, state.samples / len(self.train_set),
-                 f", merged from {checkpoint.nprocs} ranks" if RESIZED in saved else "")
+        return rank_state.capture(self)
 
     # ---- summary -------------------------------------------------------------------------
-    def _rank_report(self) -> dict[str, Any]:
-        return {"time": {**self.timers.snapshot(), "comm_busy": self.comm.busy_s},
-                "algo": self.algo.stats(), "steps": self.state.step,
-                "skipped_batches": self.state.skipped_batches,
-                "milestones": self.milestone_waits, "host": host_record(),
-                "device": device_record(self.compute.device), "comm_backend": self.comm.backend,
-                "comm_staging": self.comm.staging_record()}
-
     def finalize(self, status: str = "completed") -> dict[str, Any]:
         """summary.json (status ``completed``, or ``preempted``/``stopped`` after a graceful
-        stop), the final model (rank 0, completed runs), TensorBoard's hparams."""
-        seconds = self.timers.seconds
-        elapsed = time.perf_counter() - self.start_time - seconds["eval"] - seconds["checkpoint"]
-        train_time = self.comm.allreduce_numbers([elapsed], op="max")[0]
-        samples = self.comm.allreduce_numbers([self.state.local_samples])[0]
-        digests = self.comm.gather_objects((self.world.node,
-                                            parameter_digest(self.param_buffers)))
-        recipe_reports = self.comm.gather_objects(self.recipe.rank_report())
-        per_rank = self.comm.gather_objects(self._rank_report())
-        summary: dict[str, Any] = {}
-        if self.world.is_main:
-            if status == "completed":
-                self.checkpointer.save_final(self.model, self.state.step)
-            last = self.checkpointer.last
-            run = {"steps": self.state.step, "samples": int(samples), "train_s": train_time,
-                   "wall_s": time.perf_counter() - self.start_time,
-                   # The newest checkpoint, and the one this session resumed from (if any).
-                   "checkpoint": str(last) if last else None,
-                   "resumed_from": str(self.resumed_from.path) if self.resumed_from else None,
-                   "restarts": read_restarts(self.run_dir)}
-            summary = build_summary(status, self.cfg, self.world, run, self.state.history,
-                                    per_rank, digests, self.recipe, recipe_reports)
-            self.runlog.finish(summary)
+        stop), the final model (rank 0, completed runs), TensorBoard's hparams; collective."""
+        summary = gather_summary(self, status)
         self.comm.barrier()
         return summary

@@ -6,9 +6,9 @@ Workers never re-parse the command line: they read the validated config that the
 error on any rank is logged, printed as one line, and aborts the whole MPI job, so that no peer
 is left waiting. A communication that outlives ``comm.timeout_s`` does the same.
 
-SIGUSR1/SIGTERM request a graceful stop (runner/preemption.py): the rank exits with status 75
-(``EXIT_PREEMPTED``) after the job's checkpoint; SIGINT (Ctrl-C, forwarded by the launcher)
-likewise with status 130 (``EXIT_STOPPED``). The handlers are installed before anything
+SIGUSR1/SIGTERM request a graceful stop (runner/checkpoint/preemption.py): the rank exits with
+status 75 (``EXIT_PREEMPTED``) after the job's checkpoint; SIGINT (Ctrl-C, forwarded by the
+launcher) likewise with status 130 (``EXIT_STOPPED``). The handlers are installed before anything
 slow, and only then does the rank write ``logs/rank<N>.pid``, which is where the launcher
 forwards signals; ``logs/rank<N>.exit`` records how the rank ended (runner/launch/watchdog.py).
 """
@@ -26,6 +26,7 @@ from typing import TextIO
 
 from omegaconf import DictConfig, OmegaConf
 
+from .checkpoint.preemption import PREEMPTED, STOPPED, install_stop_handlers, request_stop
 from .comm.deadline import CommTimeout
 from .errors import (
     EXIT_PEER_LOST,
@@ -43,7 +44,6 @@ from .launch.watchdog import (
     write_exit_record,
     write_pid_file,
 )
-from .preemption import PREEMPTED, STOPPED, install_stop_handlers, request_stop
 
 RUN_CONFIG = Path(".hydra") / "run.yaml"
 QUIET_ABORT_DELAY_S = 5.0  # a rank whose error another rank reports waits this long
@@ -139,6 +139,8 @@ def run_rank(run_dir: str | Path, in_process: bool = False) -> int:
 def _run_rank(run_dir: Path, in_process: bool) -> int:
     import torch
 
+    import recipes  # noqa: F401 - fills the recipe registry (runner/recipe.py)
+
     from .comm.communicator import (
         Communicator,
         init_torch_distributed,
@@ -149,7 +151,7 @@ def _run_rank(run_dir: Path, in_process: bool) -> int:
     from .comm.deadline import DEADLINES
     from .comm.pairwise import ExchangeTimeout
     from .comm.world import detect_world, mpi
-    from .compute_path import resolve_device
+    from .train.compute_path import resolve_device
     from .trainer import Trainer
 
     MPI = mpi()
@@ -231,7 +233,7 @@ def _run_rank(run_dir: Path, in_process: bool) -> int:
         log_error_to_file("%s", ex)
         message = comm_timeout_line(one_line(ex))
         status = EXIT_PEER_LOST
-    except KeyboardInterrupt:  # a second Ctrl-C (runner/preemption.py): stop at once
+    except KeyboardInterrupt:  # a second Ctrl-C (runner/checkpoint/preemption.py): stop at once
         log_error_to_file("stopped at once by a second Ctrl-C:\n%s", traceback.format_exc())
         message, status = None, EXIT_STOPPED
     except BaseException as ex:  # noqa: BLE001 - every failure must end the job, never hang it

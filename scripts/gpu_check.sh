@@ -30,12 +30,12 @@ if [[ " $PARTS " == *" tests "* ]]; then
         --junitxml "$OUT_DIR/gpu_tests.xml"
 fi
 if [[ " $PARTS " == *" bench "* ]]; then
-    step staging "$PY" scripts/bench_staging.py --json "$OUT_DIR/staging.json"
-    step resnet50 "$PY" scripts/bench_imagenet.py --amp bf16 --channels-last \
+    step staging "$PY" benchmarks/bench_staging.py --json "$OUT_DIR/staging.json"
+    step resnet50 "$PY" benchmarks/bench_imagenet.py --amp bf16 --channels-last \
         --json "$OUT_DIR/resnet50_bf16_channels_last.json"
-    step blstm-bf16 "$PY" scripts/bench_blstm.py --amp bf16 --json "$OUT_DIR/blstm_bf16.json"
-    step blstm-fp32 "$PY" scripts/bench_blstm.py --amp none --json "$OUT_DIR/blstm_fp32.json"
-    step resnet50-compile "$PY" scripts/bench_imagenet.py --amp bf16 --channels-last --compile \
+    step blstm-bf16 "$PY" benchmarks/bench_blstm.py --amp bf16 --json "$OUT_DIR/blstm_bf16.json"
+    step blstm-fp32 "$PY" benchmarks/bench_blstm.py --amp none --json "$OUT_DIR/blstm_fp32.json"
+    step resnet50-compile "$PY" benchmarks/bench_imagenet.py --amp bf16 --channels-last --compile \
         --json "$OUT_DIR/resnet50_bf16_channels_last_compile.json"
 fi
 exit $failed

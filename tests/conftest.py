@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import signal
 import subprocess
 import sys
+import unittest.mock
 from pathlib import Path
 
 import pytest
+
+import recipes  # noqa: F401 - fills the recipe registry, as the commands and the worker do
 
 BIN = Path(sys.executable).parent
 REPO = Path(__file__).resolve().parents[1]
@@ -129,3 +133,35 @@ def pytest_collection_modifyitems(config, items) -> None:
                                    "here; run make test-gpu on a GPU machine")
     for item in gpu_tests:
         item.add_marker(skip)
+
+
+# Test tiers: `make test-fast` runs every test not marked with one of these; `make test` runs
+# all. A test that starts a process (MPI ranks, the CLI, SLURM, a script) or trains beyond a
+# few steps is marked; in the fast tier starting a process, in the test or in a fixture it
+# uses, fails the test and names the mark, so the tier stays fast as tests are added.
+TIER_MARKS = ("slow", "mpi", "gpu")
+
+
+def starts_no_process(item) -> contextlib.AbstractContextManager:
+    """While a fast-tier test (or a fixture of it) runs, subprocess.Popen fails."""
+    if any(item.get_closest_marker(mark) for mark in TIER_MARKS):
+        return contextlib.nullcontext()
+
+    def refuse(self, args, *rest, **options):
+        raise AssertionError(
+            f"{item.nodeid} starts a process ({args!r}): mark it pytest.mark.slow (or mpi) "
+            "so that it runs in make test, not make test-fast")
+
+    return unittest.mock.patch.object(subprocess.Popen, "__init__", refuse)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item):
+    with starts_no_process(item):
+        yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    with starts_no_process(item):
+        yield

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from conftest import BIN, MPI_SCRIPTS, REPO
 
@@ -36,7 +37,7 @@ def follow_the_guide(src: Path) -> dict[str, list[str]]:
     for kind, target, text in guide_blocks():
         if kind == "file":
             (src / target).write_text(text)
-        elif kind == "edit":  # the import line of runner/algos/__init__.py
+        elif kind == "edit":  # the import line of the algorithms' or the drivers' package
             path = src / target
             old = path.read_text()
             new = re.sub(r"^from \. import .*$", text.strip(), old, count=1, flags=re.M)
@@ -74,6 +75,8 @@ def test_the_guide_marks_every_step():
     assert kinds == [("file", "runner/algos/model_mixing.py"),
                      ("edit", "runner/algos/__init__.py"),
                      ("file", "conf/algo/model_mixing.yaml"),
+                     ("file", "runner/sim/model_mixing.py"),
+                     ("edit", "runner/sim/engine.py"),
                      ("equivalence case", "")], kinds
 
 
@@ -113,3 +116,25 @@ def test_the_new_algorithm_passes_its_equivalence_case(source_tree, tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     reports = re.findall(r"case model-mixing-alpha-1: (.*)", proc.stdout)
     assert len(reports) == 2 and all("equals SSGD" in r for r in reports), proc.stdout
+
+
+def test_the_new_algorithm_simulates_as_it_trains(source_tree, tmp_path):
+    """The guide's simulator driver: launcher=sim ends with the model that 2 real ranks train
+    (float64, the same seed), as tests/test_sim_equivalence.py checks for every algorithm."""
+    src, _ = source_tree
+    common = ["recipe=digit_images", "algo=model_mixing", "algo.alpha=0.25", "trainer.epochs=1",
+              "trainer.dtype=float64", "trainer.batch_size=16", "launcher.nprocs=2"]
+    proc = run(src, [str(BIN / "mpiexec"), "-n", "2", sys.executable,
+                     str(MPI_SCRIPTS / "sim_equivalence.py"), str(tmp_path),
+                     json.dumps({"real": common})], tmp_path)
+    assert proc.returncode == 0 and proc.stdout.count("case real: trained") == 2, \
+        proc.stdout[-3000:] + proc.stderr[-3000:]
+    sim_dir = tmp_path / "sim"
+    proc = run(src, [sys.executable, "-m", "runner.commands.run", *common, "launcher=sim",
+                     "trainer.progress=false", f"hydra.run.dir={sim_dir}"], tmp_path)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    real, simulated = (torch.load(d / "checkpoints" / "final_rank0.pt",
+                                  weights_only=False)["model"] for d in (tmp_path / "real",
+                                                                         sim_dir))
+    worst = max(float((real[k] - simulated[k]).abs().max()) for k in real)
+    assert worst <= 1e-10, f"the simulated model differs by {worst:.3g}"

@@ -1,4 +1,4 @@
-"""scripts/bench_imagenet.py --quick on CPU: it runs the trainer's compute path (bf16 autocast,
+"""benchmarks/bench_imagenet.py --quick on CPU: it runs the trainer's compute path (bf16 autocast,
 channels-last; torch.compile is checked in test_compute_path.py) and writes sane JSON and a
 markdown row. Never a timed assertion: the numbers are only checked to be numbers."""
 
@@ -6,17 +6,20 @@ import importlib.util
 import json
 import math
 
+import pytest
+
 from conftest import REPO
 
 
 def load_bench():
     spec = importlib.util.spec_from_file_location("bench_imagenet",
-                                                  REPO / "scripts" / "bench_imagenet.py")
+                                                  REPO / "benchmarks" / "bench_imagenet.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
+@pytest.mark.slow
 def test_quick_benchmark_writes_json_and_a_markdown_row(tmp_path, capsys):
     bench = load_bench()
     out, table = tmp_path / "bench.json", tmp_path / "bench.md"

@@ -1,4 +1,4 @@
-"""scripts/bench_sim_calibration.py --quick on real ranks and the simulator: the JSON has the
+"""benchmarks/bench_sim_calibration.py --quick on real ranks and the simulator: the JSON has the
 promised structure (calibration, fitted cluster, one row per case with both sides' throughput,
 time split and steps, the ratio and its band verdict), the machine context, and the markdown
 file gets its rows. Never a timed assertion: whether the ratios are within the band is
@@ -17,7 +17,7 @@ from conftest import REPO
 
 
 def load_script():
-    path = REPO / "scripts" / "bench_sim_calibration.py"
+    path = REPO / "benchmarks" / "bench_sim_calibration.py"
     spec = importlib.util.spec_from_file_location("bench_sim_calibration", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -52,7 +52,7 @@ def test_quick_calibration_structure(tmp_path):
     assert load_script().main(args) == 0
     r = json.loads(out.read_text())
     assert r["benchmark"] == "sim_calibration" and r["quick"] is True
-    assert r["command"].startswith("python scripts/bench_sim_calibration.py --quick")
+    assert r["command"].startswith("python benchmarks/bench_sim_calibration.py --quick")
     assert r["machine"]["cores"] >= 1 and r["machine"]["cpu"]
     assert len(r["load_before"]) == 3 and len(r["load_after"]) == 3
     assert r["date"][:2] == "20" and r["elapsed_s"] >= 0

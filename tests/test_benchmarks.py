@@ -14,20 +14,20 @@ from conftest import REPO
 
 
 def load_script(name: str):
-    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
 def run_quick(tmp_path, name: str, *extra: str) -> tuple[dict, list[str]]:
-    """Run scripts/NAME.py --quick; return its JSON and its markdown lines."""
+    """Run benchmarks/NAME.py --quick; return its JSON and its markdown lines."""
     out, table = tmp_path / f"{name}.json", tmp_path / f"{name}.md"
     args = ["--quick", "--json", str(out), "--markdown", str(table), *extra]
     assert load_script(name).main(args) == 0
     result = json.loads(out.read_text())
     assert result["quick"] is True and "--quick" in result["command"]
-    assert result["command"].startswith(f"python scripts/{name}.py")
+    assert result["command"].startswith(f"python benchmarks/{name}.py")
     assert result["machine"]["cores"] >= 1 and result["machine"]["cpu"]
     assert len(result["load_before"]) == 3 and len(result["load_after"]) == 3
     assert result["date"][:2] == "20" and result["elapsed_s"] >= 0
@@ -155,6 +155,7 @@ def test_staging_cost(tmp_path):
     assert r["device"] == "cpu" and not size["pinned"] and len(rows) == 1
 
 
+@pytest.mark.slow
 def test_simulator_speed(tmp_path):
     r, rows = run_quick(tmp_path, "bench_sim", "--runs", str(tmp_path / "runs"))
     assert len(rows) == 4  # ssgd and adpsgd at 16 and 64 learners

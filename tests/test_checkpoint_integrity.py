@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from runner.checkpoint_files import DamagedCheckpoint, complete_checkpoints, load_rank_state
+from runner.checkpoint.files import DamagedCheckpoint, complete_checkpoints, load_rank_state
 
 from conftest import read_run, run_cli
 

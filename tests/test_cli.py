@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from runner.commands.run import sweep_naming
-from runner.compose import SWEEP_NAME_MAX, sweep_subdir
+from runner.config.compose import SWEEP_NAME_MAX, sweep_subdir
 
 from conftest import REPO, read_run, run_cli
 
@@ -70,6 +70,7 @@ def assert_one_line_error(status: int, stderr: str, cause: str, fix: str) -> Non
     assert cause in lines[0] and "Fix:" in lines[0] and fix in lines[0], lines[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args,cause,fix", BAD_COMMANDS[:3] + BAD_COMMANDS[-3:])
 def test_bad_overrides_end_with_one_clear_line_before_anything_starts(tmp_path, args, cause,
                                                                       fix):
@@ -90,6 +91,7 @@ def test_every_bad_override_is_caught_by_the_command_line_check(capsys, args, ca
     assert_one_line_error(exit_info.value.code, capsys.readouterr().err, cause, fix)
 
 
+@pytest.mark.slow
 def test_a_bad_value_in_any_sweep_combination_stops_the_sweep_before_it_starts(tmp_path):
     proc = run_cli(["-m", "launcher.nprocs=1", "optim.lr=0.2,-1",
                     f"hydra.sweep.dir={tmp_path / 'sweep'}"], cwd=tmp_path, check=False)
@@ -97,6 +99,7 @@ def test_a_bad_value_in_any_sweep_combination_stops_the_sweep_before_it_starts(t
     assert not (tmp_path / "sweep").exists()
 
 
+@pytest.mark.slow
 def test_help_lists_groups_and_usage(tmp_path):
     proc = run_cli(["--help"], cwd=tmp_path)
     section = proc.stdout.split("== Configuration groups ==")[1].split("== Config ==")[0]
@@ -110,6 +113,7 @@ def test_help_lists_groups_and_usage(tmp_path):
     assert "adpsgd-run" in proc.stdout and "--cfg job" in proc.stdout
 
 
+@pytest.mark.slow
 def test_cfg_job_prints_the_composed_config_without_running(tmp_path):
     proc = run_cli(["--cfg", "job", "algo=ssgd", "trainer.epochs=7"], cwd=tmp_path)
     assert "epochs: 7" in proc.stdout and "name: ssgd" in proc.stdout
@@ -117,6 +121,7 @@ def test_cfg_job_prints_the_composed_config_without_running(tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.slow
 def test_the_default_job_is_spoken_digits_with_hadpsgd_on_4_ranks_in_2_nodes(tmp_path):
     from omegaconf import OmegaConf
 
@@ -125,6 +130,7 @@ def test_the_default_job_is_spoken_digits_with_hadpsgd_on_4_ranks_in_2_nodes(tmp
     assert (job.launcher.nprocs, job.launcher.procs_per_node) == (4, 2)
 
 
+@pytest.mark.slow
 def test_experiment_preset_overrides_several_groups(tmp_path):
     proc = run_cli(["--cfg", "job", "experiment=digit_images_ssgd"], cwd=tmp_path)
     assert "nprocs: 2" in proc.stdout and "epochs: 3" in proc.stdout
@@ -231,14 +237,14 @@ PRESETS = sorted(p.stem for p in (REPO / "conf" / "experiment").glob("*.yaml"))
 
 @pytest.mark.parametrize("preset", PRESETS)
 def test_every_experiment_preset_composes_and_validates(preset):
-    from runner.compose import compose_all, validate
+    from runner.config.compose import compose_all, validate
 
     cfg = validate(compose_all([f"experiment={preset}"], False, "config")[0])
     assert cfg.launcher.nprocs >= 1 and cfg.recipe.name and cfg.algo.name
 
 
 def test_seed_paper_presets_carry_the_papers_numbers():
-    from runner.compose import compose_all
+    from runner.config.compose import compose_all
 
     hadpsgd, ssgd = (compose_all([f"experiment={name}"], False, "config")[0]
                      for name in ("swb2000_hadpsgd_64gpu", "swb2000_ssgd_64gpu"))

@@ -1,4 +1,4 @@
-"""Each default is written once: in its schema (runner/config.py and every registered
+"""Each default is written once: in its schema (runner/config/run_schema.py and every registered
 algorithm's, recipe's, topology's and launcher's Config dataclass). A YAML file of conf/ may
 only set what differs from what it extends: its schema, the recipe it builds on, or, for an
 experiment preset, the configs its group choices compose."""
@@ -12,8 +12,8 @@ import yaml
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
-from runner.compose import CONFIG_MODULE, registries
-from runner.config import RunConfig
+from runner.config.compose import CONFIG_MODULE, registries
+from runner.config.run_schema import RunConfig
 from runner.sim.cluster import ClusterConfig
 
 from conftest import REPO

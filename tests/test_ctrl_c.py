@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from runner.checkpoint_files import complete_checkpoints
+from runner.checkpoint.files import complete_checkpoints
 from runner.errors import EXIT_STOPPED
 
 from conftest import BIN, ctrl_c_simulation, read_run, run_cli

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from runner.data import ShardedBatches
+from runner.train.data import ShardedBatches
 
 
 @pytest.mark.parametrize("n_items,size,batch", [(1797, 2, 32), (1437, 4, 32), (100, 3, 7),

@@ -2,7 +2,7 @@
 kill -9 (mid-run, or in the middle of a checkpoint write), a non-finite loss, a stop signal to
 the launcher; and resuming from what such a job left behind.
 
-The kills use scripts/bench_dead_rank.py's function, so the benchmark measures what the tests
+The kills use benchmarks/bench_dead_rank.py's function, so the benchmark measures what the tests
 check. Times are printed (``-s``), never asserted beyond the issue's 60 s bound on a hang.
 """
 
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from runner.checkpoint_files import complete_checkpoints, load_rank_state
+from runner.checkpoint.files import complete_checkpoints, load_rank_state
 from runner.errors import EXIT_PREEMPTED
 
 from conftest import BIN, REPO, read_run, run_cli
@@ -27,7 +27,7 @@ from conftest import BIN, REPO, read_run, run_cli
 pytestmark = [pytest.mark.mpi, pytest.mark.slow]
 
 _spec = importlib.util.spec_from_file_location("bench_dead_rank",
-                                               REPO / "scripts" / "bench_dead_rank.py")
+                                               REPO / "benchmarks" / "bench_dead_rank.py")
 bench = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(bench)
 
@@ -182,7 +182,7 @@ def test_kill_during_a_checkpoint_write_keeps_the_previous_one_and_ssgd_resumes_
 
 
 # Held-out top-1 (%) of uninterrupted runs of the jobs below, 9 each (5 with seed 0, seeds
-# 1-4), measured 2026-11-23 (docs/RESULTS.md, "Asynchronous resume"): mean, standard
+# 1-4), measured 2026-11-23 (docs/RESULTS.md, "Resuming an asynchronous run"): mean, standard
 # deviation, range. A resumed run must land within 3 standard deviations of the mean (one
 # held-out sample is 0.28%); the 4 killed-and-resumed runs measured then gave 96.10-97.49
 # (adpsgd) and 96.10-97.21 (hadpsgd).

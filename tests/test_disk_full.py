@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from runner.checkpoint_files import complete_checkpoints, load_rank_state
+from runner.checkpoint.files import complete_checkpoints, load_rank_state
 
 from conftest import read_run, run_cli
 

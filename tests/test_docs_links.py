@@ -43,9 +43,46 @@ def test_relative_links_reach_a_file_and_a_heading(page):
 
 def test_nothing_cites_a_document_outside_the_repository():
     outside = re.compile(r"shared/docs|algorithms\.md §")
-    files = [p for folder in ("runner", "recipes", "conf", "scripts", "tests", "docs")
+    files = [p for folder in ("runner", "recipes", "conf", "scripts", "benchmarks", "tests", "docs")
              for p in (REPO / folder).rglob("*") if p.suffix in {".py", ".md", ".yaml"}]
     hits = [f"{p.relative_to(REPO)}:{n}" for p in [*files, REPO / "README.md"]
             if p != Path(__file__)
             for n, line in enumerate(p.read_text().splitlines(), 1) if outside.search(line)]
     assert not hits, hits
+
+
+# A path of the repository as the docs and docstrings name it: runner/trainer.py,
+# benchmarks/bench_sim.py, runner/runlog/ (a folder), tests/mpi/harness.py...
+NAMED_PATH = re.compile(r"(?<![\w/.-])((?:runner|recipes|benchmarks|scripts|tests|conf|docs)/"
+                        r"[\w/.-]*\w(?:\.(?:py|sh|md|yaml)\b|/))")
+
+
+# Files that a text creates as an example: the tutorial's new algorithm and its driver, the
+# base classes' Example:: blocks, a benchmark's --markdown output.
+EXAMPLE_PATHS = {"runner/algos/model_mixing.py", "conf/algo/model_mixing.yaml",
+                 "runner/sim/model_mixing.py", "conf/recipe/two_blobs.yaml",
+                 "conf/algo/periodic_averaging.yaml", "docs/bench.md"}
+
+
+def named_paths(text: str) -> set[str]:
+    return {m.rstrip(".") for m in NAMED_PATH.findall(text)}
+
+
+def test_every_path_the_text_names_exists():
+    """After files move (runner/ by concern, benchmarks/), no doc, docstring or comment may
+    send a reader to a file that is not there. Paths with a placeholder (``<N>``, ``*``,
+    ``NAME``) and the examples' new files are not repository paths."""
+    files = [*PAGES, *(p for folder in ("runner", "recipes", "benchmarks", "scripts", "tests",
+                                         "conf") for p in (REPO / folder).rglob("*")
+                       if p.suffix in {".py", ".md", ".yaml", ".sh"}), REPO / "Makefile"]
+    missing = sorted(f"{p.relative_to(REPO)}: {name}" for p in files
+                     for name in named_paths(p.read_text())
+                     if not (REPO / name).exists() and name not in EXAMPLE_PATHS
+                     and not re.search(r"[<*{]|\bNAME\b", name))
+    assert not missing, missing
+
+
+def test_the_path_finder_finds_paths():
+    assert named_paths("see runner/trainer.py, runner/runlog/ and docs/RESULTS.md.") == {
+        "runner/trainer.py", "runner/runlog/", "docs/RESULTS.md"}
+    assert named_paths("RUN_DIR/logs/rank0.log and my_runner/x.py") == set()

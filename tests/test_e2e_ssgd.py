@@ -66,7 +66,7 @@ def test_tensorboard_events_hold_the_expected_tags(foundation_run):
     top1 = [e.value for e in events.Scalars("eval/top1")]
     metrics, _ = read_run(run_dir)
     assert top1 == pytest.approx([m["top1"] for m in metrics])
-    # The hparams session is in tb/ itself (no experiment entry: run_log.write_session_start).
+    # The hparams session is in tb/ itself (no experiment entry: runlog.writer.write_session_start).
     assert set(events.PluginTagToContent("hparams")) == {"_hparams_/session_start_info",
                                                          "_hparams_/session_end_info"}
 

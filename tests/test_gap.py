@@ -77,6 +77,7 @@ def test_help(capsys):
     assert status == 0 and "--topology" in out and "random_ring" in out
 
 
+@pytest.mark.slow
 def test_module_runs_as_a_command():
     ok = subprocess.run([sys.executable, "-m", "runner.commands.gap", "--topology", "ring",
                          "--n", "8", "--json"], cwd=REPO, capture_output=True, text=True,

@@ -20,8 +20,8 @@ from test_speech_e2e import SMALL as SPEECH
 
 from recipes.imagenet.synthetic import write_fake_imagenet
 from runner.comm.buffers import flatten_parameters
-from runner.compute_path import ComputePath
-from runner.data import BatchFetcher
+from runner.train.compute_path import ComputePath
+from runner.train.data import BatchFetcher
 
 from conftest import read_run, run_cli, run_mpi
 

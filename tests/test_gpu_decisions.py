@@ -54,6 +54,7 @@ def test_host_staging_passes_cpu_tensors_through_uncounted():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU machine's line is checked by "
                     "tests/test_gpu.py")
+@pytest.mark.slow
 def test_nccl_on_a_machine_without_gpus_ends_before_anything_starts(tmp_path):
     run_dir = tmp_path / "run"
     proc = run_cli(["recipe=digit_images", "algo=ssgd", "launcher.nprocs=2",
@@ -66,6 +67,7 @@ def test_nccl_on_a_machine_without_gpus_ends_before_anything_starts(tmp_path):
     assert not run_dir.exists()
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU machine the script runs")
 def test_gpu_check_on_a_machine_without_gpus_says_so_in_one_line(tmp_path):
     proc = subprocess.run(["bash", str(REPO / "scripts" / "gpu_check.sh"), str(tmp_path / "out")],

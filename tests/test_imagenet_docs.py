@@ -52,7 +52,7 @@ def test_every_command_in_the_imagenet_doc_matches_the_code(tmp_path, monkeypatc
                 imagenet_tool(["sort-val", f"{data}/imagenet/val", "--devkit",
                                f"{data}/ILSVRC2012_devkit_t12"])
             check_command_line(words[1:])
-        elif words[:2] == ["python", "scripts/bench_imagenet.py"]:
+        elif words[:2] == ["python", "benchmarks/bench_imagenet.py"]:
             bench.parse_args(words[2:])
         else:
             pytest.fail(f"docs/imagenet.md command with no check: {command!r}")

@@ -120,6 +120,7 @@ def test_mistakes_end_with_one_line_and_move_nothing(loose, capsys, tmp_path):
         assert len(list((loose.root / "val").glob("*.JPEG"))) == 15  # checked before moving
 
 
+@pytest.mark.slow
 def test_installed_command_sorts_and_reports_errors_in_one_line(loose):
     val, devkit = loose.root / "val", loose.root / "devkit"
     bad = subprocess.run([str(BIN / "adpsgd-imagenet"), "sort-val", str(val)],

@@ -103,14 +103,51 @@ def test_the_walker_finds_a_circle():
 
 
 def test_schemas_and_registries_are_leaves():
-    """runner/schema.py and each registry module import nothing of the project's parts."""
+    """runner/config/section.py and each registry module import nothing of the project's
+    parts; the recipe interface and its registry stand on them alone."""
     graph = import_graph()
-    assert graph["runner.schema"] <= {"runner.errors"}
+    assert graph["runner.config.section"] <= {"runner.errors"}
+    assert graph["runner.config.registry"] <= {"runner.errors"}
     for registry in ("runner.algos.registry", "runner.topology.registry",
-                     "runner.launch.registry", "recipes.registry"):
-        assert graph[registry] <= {"runner.registry", registry.rpartition(".")[0] + ".base"}
+                     "runner.launch.registry", "runner.sim.registry"):
+        assert graph[registry] <= {"runner.config.registry",
+                                   registry.rpartition(".")[0] + ".base"}
+    assert graph["runner.recipe"] <= {"runner.config.registry", "runner.config.section"}
     # Only the commands, and the composition they share, validate against the registries.
     users = sorted(m for m, targets in graph.items()
-                   if {"runner.algos", "recipes", "runner.launch"} <= targets)
-    assert users and all(m == "runner.compose" or m.startswith("runner.commands.")
+                   if {"runner.algos", "runner.recipe", "runner.launch"} <= targets)
+    assert users and all(m == "runner.config.compose" or m.startswith("runner.commands.")
                          for m in users), users
+
+
+# The runner's modules that may import the recipes package: it registers the recipes in
+# runner/recipe.py's RECIPES, which the commands and the worker (a rank's entry point) fill.
+RECIPE_IMPORTERS = ("runner.commands.", "runner.worker")
+
+
+def recipe_imports(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """Runner modules that import the recipes package (or a module of it), other than the
+    commands and the worker."""
+    return {module: hits for module, targets in graph.items()
+            if module.startswith("runner") and not module.startswith(RECIPE_IMPORTERS)
+            and (hits := {t for t in targets if t == "recipes" or t.startswith("recipes.")})}
+
+
+def test_the_runner_stands_below_the_recipes():
+    """Recipes import the runner; the runner imports no recipe except where the commands and
+    the worker fill the registry."""
+    graph = import_graph()
+    assert recipe_imports(graph) == {}
+    assert any("recipes" in graph[m] for m in graph if m.startswith("runner.commands."))
+    assert "recipes" in graph["runner.worker"]
+    for recipe in ("recipes.digit_images", "recipes.imagenet.recipe", "recipes.speech.recipe"):
+        assert "runner.recipe" in graph[recipe], recipe
+
+
+def test_the_rule_catches_a_recipe_import_in_the_loop():
+    """The check itself: the trainer importing the recipes package again is found."""
+    graph = import_graph()
+    graph["runner.trainer"] = graph["runner.trainer"] | {"recipes"}
+    graph["runner.sim.engine"] = graph["runner.sim.engine"] | {"recipes.speech.model"}
+    assert recipe_imports(graph) == {"runner.trainer": {"recipes"},
+                                     "runner.sim.engine": {"recipes.speech.model"}}

@@ -85,6 +85,16 @@ def test_every_readme_command_runs(tmp_path):
             # This suite is what `make test` runs; check the wiring instead of recursing.
             dry = shell("make -n test", cwd=REPO)
             assert dry.returncode == 0 and "-m pytest" in dry.stdout, dry.stdout
+        elif command == "make test-fast":
+            # Its tests run inside this suite too: check that it selects a tier of them.
+            dry = shell("make -n test-fast", cwd=REPO)
+            tier = re.search(r'-m pytest -m "([^"]+)"', dry.stdout)
+            assert dry.returncode == 0 and tier, dry.stdout
+            counts = [shell(f"{BIN}/python -m pytest --collect-only -q {selection}", REPO)
+                      for selection in ("", f'-m "{tier.group(1)}"')]
+            total, fast = (int(re.search(r"(\d+)(?:/\d+)? tests? (?:collected|selected)",
+                                         c.stdout).group(1)) for c in counts)
+            assert 0 < fast < total and "not mpi" in tier.group(1), (fast, total)
         elif command.startswith("make "):
             proc = shell(shrunk(command), cwd=REPO)
             assert proc.returncode == 0, f"{command}\n{proc.stdout[-2000:]}\n{proc.stderr}"

@@ -1,5 +1,5 @@
-"""Resuming with another number of ranks, piece by piece (runner/resize.py): the merged start
-state from real checkpoint files, the partial pass that deals the rest of an epoch, the
+"""Resuming with another number of ranks, piece by piece (runner/checkpoint/resize.py): the merged
+start state from real checkpoint files, the partial pass that deals the rest of an epoch, the
 learning-rate ramp, and which checkpoints may be resized. tests/test_resize_mpi.py runs it
 on real ranks."""
 
@@ -9,13 +9,13 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from runner.checkpoint_files import check_compatible, mark_complete, save_rank_state
-from runner.config import OptimConfig
-from runner.data import ShardedBatches
+from runner.checkpoint.files import check_compatible, mark_complete, save_rank_state
+from runner.checkpoint.resize import merge_ranks, start_here
+from runner.config.run_schema import OptimConfig
 from runner.errors import ConfigError
-from runner.lr_schedule import LRSchedule
-from runner.resize import merge_ranks, start_here
-from runner.run_state import RunState
+from runner.train.data import ShardedBatches
+from runner.train.lr_schedule import LRSchedule
+from runner.train.run_state import RunState
 
 TRAIN, BATCH, SEED = 103, 4, 7
 CONFIG = {"launcher": {"name": "local", "nprocs": 3}, "algo": {"name": "adpsgd"}}

@@ -1,6 +1,6 @@
 """A run checkpointed by 4 ranks continues on 2 and ends on 4 again (resume=auto with another
-launcher.nprocs, runner/resize.py): every sample of each interrupted epoch is read once, and
-the held-out metric reaches the uninterrupted run's within the spread of its seeds. One
+launcher.nprocs, runner/checkpoint/resize.py): every sample of each interrupted epoch is read once,
+and the held-out metric reaches the uninterrupted run's within the spread of its seeds. One
 4-rank job runs every case (tests/mpi/resize.py)."""
 
 import pytest

@@ -5,7 +5,7 @@ ranks)."""
 import json
 
 from runner.launch.restarts import JobFailure, Restarts
-from runner.run_log import read_restarts
+from runner.runlog.records import read_restarts
 
 
 def lost_rank(cause: str = "rank 1 died without reporting an error") -> JobFailure:

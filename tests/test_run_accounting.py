@@ -58,8 +58,8 @@ def test_evaluations_due_at_once_give_one_row(tmp_path):
 
 def test_a_resumed_run_on_fewer_ranks_counts_the_earlier_sessions_time(tmp_path):
     """resume=auto with another launcher.nprocs starts every rank from the mean of the
-    checkpoint's states at its sample count (runner/resize.py): samples/s must count the time
-    those samples took, not this session's alone (41,825 samples/s was reported before)."""
+    checkpoint's states at its sample count (runner/checkpoint/resize.py): samples/s must count the
+    time those samples took, not this session's alone (41,825 samples/s was reported before)."""
     run_dir = tmp_path / "run"
     job = ["recipe=digit_images", "algo=dpsgd", "trainer.progress=false"]
     run_cli([*job, "launcher.nprocs=4", "trainer.epochs=4", f"hydra.run.dir={run_dir}"],

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from runner.checkpoint_files import complete_checkpoints
+from runner.checkpoint.files import complete_checkpoints
 
 from conftest import BIN, read_run, run_cli
 

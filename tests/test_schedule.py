@@ -1,7 +1,7 @@
 import math
 
-from runner.config import OptimConfig
-from runner.lr_schedule import LRSchedule
+from runner.config.run_schema import OptimConfig
+from runner.train.lr_schedule import LRSchedule
 
 
 def test_goyal_warmup_from_base_rate_to_scaled_rate():

@@ -9,6 +9,8 @@ import torch
 
 from conftest import MPI_SCRIPTS, case_report, run_mpi_cases
 
+pytestmark = pytest.mark.mpi
+
 COMMON = ["launcher.nprocs=4", "launcher.procs_per_node=2", "trainer.epochs=1",
           "trainer.dtype=float64", "trainer.batch_size=16", "optim.weight_decay=1e-4"]
 CASES = {

@@ -16,6 +16,7 @@ def test_the_readme_shows_both_simulations():
     assert algos == ["algo=adpsgd", "algo=hadpsgd"], SIMULATIONS
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", SIMULATIONS, ids=["adpsgd", "hadpsgd"])
 def test_sixty_four_learners_train_in_one_process(command, tmp_path):
     """README's commands as written (test_readme.py leaves them to this test), in a known
@@ -27,7 +28,7 @@ def test_sixty_four_learners_train_in_one_process(command, tmp_path):
     assert "64 rank(s)" in proc.stdout
     metrics, summary = read_run(run_dir)
     # The run ends with what sets its learners apart: rank 0's own model scores below the
-    # averaged one, and their consensus distance (runner/run_log.py replicas_line).
+    # averaged one, and their consensus distance (runner/runlog/summary.py replicas_line).
     assert proc.stdout.strip().splitlines()[-1] == (
         f"held-out top1 {summary['final']['top1']:.2f} (averaged model), "
         f"{summary['final_rank0']['top1']:.2f} (rank 0's own); "
@@ -73,6 +74,7 @@ def test_sixty_four_learners_train_in_one_process(command, tmp_path):
     (["launcher.replay=/nonexistent/trace"], "launcher.replay"),
     (["launcher.nprocs=65", "algo=ssgd"], "launcher.nprocs"),
 ])
+@pytest.mark.slow
 def test_mistakes_end_with_one_line(override, named, tmp_path):
     proc = run_cli(["recipe=digit_images", "launcher=sim", "launcher.nprocs=8", *override,
                     f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path, check=False, timeout=120)
@@ -82,6 +84,7 @@ def test_mistakes_end_with_one_line(override, named, tmp_path):
     assert not (tmp_path / "run" / "summary.json").exists()
 
 
+@pytest.mark.slow
 def test_a_damaged_trace_is_refused_with_one_line(tmp_path):
     from runner.sim.trace import write_trace
 
@@ -102,6 +105,7 @@ def test_a_damaged_trace_is_refused_with_one_line(tmp_path):
     assert len(lines) == 1 and "participant1.jsonl is damaged" in lines[0], proc.stderr
 
 
+@pytest.mark.slow
 def test_a_resumed_simulation_ends_where_the_uninterrupted_one_does(tmp_path):
     import sys
 
@@ -110,7 +114,7 @@ def test_a_resumed_simulation_ends_where_the_uninterrupted_one_does(tmp_path):
     from conftest import MPI_SCRIPTS
 
     sys.path.insert(0, str(MPI_SCRIPTS))
-    from runner.checkpoint_files import complete_checkpoints
+    from runner.checkpoint.files import complete_checkpoints
     from runner.sim.engine import Simulation
 
     from harness import compose_config

@@ -28,7 +28,7 @@ FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT
 # The job of the end-to-end test and the preemption test: the same, so that the preempted one
 # can be compared with an uninterrupted run. faults.delay_s stretches an epoch to seconds, so a
 # signal sent after the first evaluation lands in the middle of the run (ranks act on it within
-# two preemption checks, runner/preemption.py).
+# two preemption checks, runner/checkpoint/preemption.py).
 JOB = ["recipe=digit_images", "algo=adpsgd", "trainer.epochs=4", "trainer.progress=false",
        "faults.delay_s=0.1", "launcher=slurm", "launcher.nodes=1", "launcher.procs_per_node=2",
        "launcher.time=00:10:00", "launcher.signal_lead_s=60"]
@@ -194,7 +194,7 @@ def test_a_killed_rank_restarts_inside_the_allocation_and_the_run_completes(slur
     """kill -9 of rank 1 once a checkpoint is complete, launcher.max_restarts=2: srun takes
     the step down (--kill-on-bad-exit), the job script starts the ranks again in the same
     allocation from the checkpoint, and the run ends with every evaluation once."""
-    from runner.checkpoint_files import complete_checkpoints
+    from runner.checkpoint.files import complete_checkpoints
 
     [(job_id, run_dir)] = submit([*JOB, "trainer.checkpoint_every=8", "launcher.max_restarts=2",
                                   f"hydra.run.dir={tmp_path}/run"], tmp_path, slurm_env)
@@ -229,7 +229,7 @@ def test_a_killed_slurmstepd_is_noticed_and_the_run_completes(slurm_env, tmp_pat
     too (a lost node), their heartbeats stop: the watcher ends the step after
     launcher.stall_timeout_s, and the ranks start again in the allocation from the
     checkpoint."""
-    from runner.checkpoint_files import complete_checkpoints
+    from runner.checkpoint.files import complete_checkpoints
 
     [(job_id, run_dir)] = submit([*JOB, "trainer.checkpoint_every=8", "launcher.max_restarts=2",
                                   "launcher.stall_timeout_s=20", f"hydra.run.dir={tmp_path}/run"],

@@ -26,6 +26,7 @@ def sbatch_options(script: str) -> list[str]:
     return [line.split(None, 1)[1] for line in script.splitlines() if line.startswith("#SBATCH")]
 
 
+@pytest.mark.slow
 def test_dry_run_writes_a_readable_script_for_a_2_node_4_gpu_hadpsgd_job(tmp_path):
     run_dir = tmp_path / "run"
     proc = run_cli(["recipe=digit_images", "algo=hadpsgd", *SLURM, "launcher.nodes=2",
@@ -65,7 +66,7 @@ def test_dry_run_writes_a_readable_script_for_a_2_node_4_gpu_hadpsgd_job(tmp_pat
 
 
 def test_mpiexec_inside_the_allocation_instead_of_srun(tmp_path):
-    from runner.compose import compose_all, validate_job
+    from runner.config.compose import compose_all, validate_job
     from runner.launch.slurm import SlurmConfig, find_mpiexec, render_script
 
     [composed] = compose_all(["recipe=digit_images", "algo=ssgd", *SLURM,
@@ -115,6 +116,7 @@ def test_bad_launcher_keys_end_with_one_clear_line(capsys, args, cause, fix):
     assert cause in lines[0] and "Fix: " in lines[0] and fix in lines[0], lines[0]
 
 
+@pytest.mark.slow
 def test_a_bad_launcher_key_is_caught_before_the_run_dir_exists(tmp_path):
     proc = run_cli(["recipe=digit_images", "launcher=slurm", "launcher.time=12h"],
                    cwd=tmp_path, check=False, timeout=60)
@@ -155,6 +157,7 @@ def test_a_job_that_runs_again_resumes_from_its_own_newest_checkpoint(tmp_path, 
     assert not list(path.parent.glob("*.tmp"))
 
 
+@pytest.mark.slow
 def test_the_restart_step_prints_what_it_does(tmp_path):
     import sys
 
@@ -244,7 +247,7 @@ def test_every_command_in_the_slurm_doc_matches_the_code(capsys):
 
 
 def test_the_script_shown_in_the_slurm_doc_is_what_the_launcher_writes():
-    from runner.compose import compose_all, validate_job
+    from runner.config.compose import compose_all, validate_job
     from runner.launch.slurm import render_script
 
     shown = next(block for block in doc_blocks("text") if block.startswith("#!/bin/bash"))
@@ -314,6 +317,7 @@ def test_a_controller_that_does_not_answer_is_named(tmp_path, monkeypatch):
     ("sbatch: error: Batch job submission failed: Invalid partition name specified",
      "sbatch refused .*Invalid partition name"),
 ])
+@pytest.mark.slow
 def test_sbatch_failures_tell_an_unreachable_slurm_from_a_bad_key(tmp_path, output, expected):
     from runner.errors import UserError
     from runner.launch.slurm import SlurmConfig, SlurmLauncher
@@ -330,6 +334,7 @@ def test_sbatch_failures_tell_an_unreachable_slurm_from_a_bad_key(tmp_path, outp
     assert ("#SBATCH" in caught.value.fix) != unreachable
 
 
+@pytest.mark.slow
 def test_the_local_cluster_removes_stale_mpich_segments_and_keeps_mapped_ones(tmp_path):
     """A rank killed with -9 leaves its MPICH segment in /dev/shm; a later step whose job and
     step ids repeat would open it and fail in MPI_Init. scripts/slurm_local.sh removes the
@@ -392,6 +397,7 @@ def test_the_step_watcher_names_a_step_that_outlives_its_ranks_and_a_silent_rank
     assert step_status(tmp_path, 2, 137) == 137  # they disagree: the step's own status
 
 
+@pytest.mark.slow
 def test_the_step_watcher_ends_a_lingering_step_and_the_ranks_left_on_this_host(tmp_path,
                                                                                monkeypatch):
     import runner.launch.restart as restart

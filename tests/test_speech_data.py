@@ -87,6 +87,7 @@ def test_write_and_load_without_segments(corpus: Path) -> None:
     np.testing.assert_array_equal(audio, pcm16(tone(0.8, 500)))
 
 
+@pytest.mark.slow
 def test_hand_written_kaldi_dir_with_segments(tmp_path: Path) -> None:
     """Files as Kaldi's swbd recipe writes them: unsorted input, 2-decimal times, pipes."""
     samples = tone(2.0, 440)
@@ -125,6 +126,7 @@ def test_segments_round_trip_and_end_of_recording(tmp_path: Path) -> None:
     np.testing.assert_array_equal(rest, pcm16(samples)[8000:])
 
 
+@pytest.mark.slow
 def test_pipe_commands_cat_and_python(tmp_path: Path) -> None:
     samples = tone(0.6, 330)
     wav = write_wav(tmp_path / "x.wav", samples)
@@ -213,6 +215,7 @@ def test_missing_file_inside_pipe_command(tmp_path: Path) -> None:
     assert_user_error(excinfo, "gone.sph", "'r'")
 
 
+@pytest.mark.slow
 def test_failing_pipe_command(tmp_path: Path) -> None:
     root = write_data_dir(tmp_path / "d", {"r": "sh -c 'echo broken >&2; exit 3' |"},
                           {"r": "a"}, {"r": "s"})

@@ -134,6 +134,7 @@ def test_a_data_mistake_is_one_line_naming_the_file_and_the_fix(tmp_path, capsys
         assert fragment in line, (fragment, line)
 
 
+@pytest.mark.slow
 def test_an_eval_set_with_no_utterances_stops_adpsgd_run_before_ranks_start(tmp_path):
     train, heldout = kaldi_dir(tmp_path, "train"), kaldi_dir(tmp_path, "eval", texts={})
     proc = run_cli(["recipe=swb300", f"recipe.data.train={train}", f"recipe.data.eval={heldout}",
@@ -144,6 +145,7 @@ def test_an_eval_set_with_no_utterances_stops_adpsgd_run_before_ranks_start(tmp_
     assert not (tmp_path / "run" / "logs" / "rank0.log").exists()  # no rank started
 
 
+@pytest.mark.slow
 def test_prepare_runs_stages_once_and_lists_them(tmp_path, capsys):
     common = [*SMALL[:5], "recipe.synth.num_train=16", "recipe.synth.num_eval=4",
               f"recipe.data.cache_dir={tmp_path}"]

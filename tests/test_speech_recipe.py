@@ -47,6 +47,7 @@ def test_model_output_lengths_follow_frame_stacking(subsample):
      "train data dir /no/such does not exist", "recipe.data.train=/no/such"),
     (["recipe=swb2000", "recipe.features.deltas=5"], "recipe.features.deltas", "deltas=2"),
 ])
+@pytest.mark.slow
 def test_missing_switchboard_data_is_one_line_before_ranks_start(tmp_path, args, cause, fix):
     proc = run_cli(args, cwd=tmp_path, check=False, timeout=60)
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
@@ -59,7 +60,7 @@ def test_the_swb2000_recipe_builds_the_papers_shape_with_a_character_ctc_head():
     from hydra import compose, initialize_config_module
 
     from recipes import RECIPES
-    from runner.compose import validate
+    from runner.config.compose import validate
 
     with initialize_config_module(config_module="runner.conf", version_base=None):
         cfg = validate(compose("config", overrides=["recipe=swb2000"]))

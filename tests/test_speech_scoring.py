@@ -273,6 +273,7 @@ def test_cli_errors_are_one_line(tmp_path, capsys, case):
         assert err.rstrip().endswith("Fix: see adpsgd-score --help"), err
 
 
+@pytest.mark.slow
 def test_cli_as_module(tmp_path):
     ref, hyp = _write(tmp_path, "ref", REFS), _write(tmp_path, "hyp", HYPS)
     run = [sys.executable, "-m", "runner.commands.score"]

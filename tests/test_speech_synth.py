@@ -42,6 +42,7 @@ def corpus(tmp_path_factory) -> tuple[Path, dict]:
     return out, synth.synthesize_corpus(out, num_train=12, num_eval=4, seed=0)
 
 
+@pytest.mark.slow
 def test_wavs_are_16k_mono_speech(corpus):
     out, summary = corpus
     wavs = sorted((out / "wav").glob("*.wav"))
@@ -64,6 +65,7 @@ def test_wavs_are_16k_mono_speech(corpus):
                                                        abs=1e-3)
 
 
+@pytest.mark.slow
 def test_texts_are_digit_words_and_eval_is_held_out(corpus):
     out, summary = corpus
     digits = {}
@@ -93,6 +95,7 @@ def _tsv(path: Path) -> list[dict]:
     return [dict(zip(header, row)) for row in rows]
 
 
+@pytest.mark.slow
 def test_kaldi_dirs_are_consistent_and_sorted(corpus):
     out, summary = corpus
     for split in ("train", "eval"):
@@ -119,6 +122,7 @@ def test_kaldi_dirs_are_consistent_and_sorted(corpus):
         assert sorted(data.text) == utts
 
 
+@pytest.mark.slow
 def test_same_seed_is_byte_identical_and_another_seed_differs(corpus, tmp_path):
     out, _ = corpus
     again = synth.synthesize_corpus(tmp_path / "again", 12, 4, seed=0)
@@ -133,6 +137,7 @@ def test_same_seed_is_byte_identical_and_another_seed_differs(corpus, tmp_path):
     assert not set(wav_bytes(tmp_path / "other").values()) & set(wav_bytes(out).values())
 
 
+@pytest.mark.slow
 def test_stamp_makes_a_second_call_fast_and_writes_nothing(corpus):
     out, summary = corpus
     before = snapshot(out)
@@ -143,6 +148,7 @@ def test_stamp_makes_a_second_call_fast_and_writes_nothing(corpus):
     assert snapshot(out) == before
 
 
+@pytest.mark.slow
 def test_other_parameters_replace_the_corpus_and_leave_no_partial_dirs(tmp_path):
     out = tmp_path / "corpus"
     synth.synthesize_corpus(out, 2, 1, seed=5)
@@ -189,6 +195,7 @@ def test_resample_keeps_the_band_and_removes_aliases():
     assert np.max(np.abs(high[100:-100])) < 1e-2
 
 
+@pytest.mark.slow
 def test_command_line(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "recipes.speech.synth", str(tmp_path / "c"),
                            "--train", "2", "--eval", "1", "--seed", "3"], cwd=REPO,

@@ -1,4 +1,4 @@
-"""scripts/study_scale.py: each study's --quick mode runs and writes JSON of the documented
+"""benchmarks/study_scale.py: each study's --quick mode runs and writes JSON of the documented
 structure (numbers are not asserted: --quick is the wiring, not a measurement)."""
 
 from __future__ import annotations
@@ -11,7 +11,9 @@ import pytest
 
 from conftest import REPO
 
-SCRIPT = REPO / "scripts" / "study_scale.py"
+pytestmark = pytest.mark.slow
+
+SCRIPT = REPO / "benchmarks" / "study_scale.py"
 
 
 def run_study(study: str, tmp_path, *options: str) -> dict:

@@ -19,6 +19,8 @@ import pytest
 
 from conftest import BIN, ctrl_c_simulation, run_cli
 
+pytestmark = pytest.mark.slow
+
 # TensorBoard's run names (the directory of the events, relative to the log dir) and algos.
 COMPLETED = {"sweep/0-algo=ssgd/tb": "ssgd", "sweep/1-algo=adpsgd/tb": "adpsgd",
              "resumed/tb": "dpsgd"}

@@ -7,7 +7,11 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from conftest import REPO
+
+pytestmark = pytest.mark.slow
 
 SCRIPT = [sys.executable, str(REPO / "scripts" / "under_load.py")]
 # The command lists the script's other children (the busy processes), then exits 3.

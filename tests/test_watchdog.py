@@ -13,6 +13,8 @@ import pytest
 
 from runner.launch.watchdog import RankWatchdog
 
+pytestmark = pytest.mark.slow
+
 
 def sleeper() -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])

@@ -19,12 +19,11 @@ from typing import Any, Optional
 import torch
 import torch.nn.functional as F
 
+from runner.config.section import require
 from runner.errors import UserError
-from runner.schema import require
+from runner.recipe import RECIPES, Recipe, RecipeConfig
 
-from ..base import Recipe, RecipeConfig
 from ..classification import classification_metrics, classification_sums
-from ..registry import RECIPES
 from .data import (
     IMAGE_SUFFIXES,
     BadImage,

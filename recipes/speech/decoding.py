@@ -19,7 +19,7 @@ from typing import Optional
 
 import torch
 
-from runner.schema import require
+from runner.config.section import require
 
 from .model import CharTokenizer, greedy_decode
 

@@ -21,11 +21,10 @@ import torch
 from torch.nn.utils.rnn import pad_sequence
 from torch.utils.data import Dataset
 
+from runner.config.section import require
 from runner.errors import UserError
-from runner.schema import require
+from runner.recipe import RECIPES, Recipe, RecipeConfig
 
-from ..base import Recipe, RecipeConfig
-from ..registry import RECIPES
 from .decoding import DecodeConfig
 from .heads import HEADS
 from .model import BLSTMAcousticModel

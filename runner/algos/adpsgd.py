@@ -38,7 +38,7 @@ under the model lock: each learner stores x, its optimizer state, the progress c
 exchange count (the peer schedule is a function of seed, learner and exchange count) and its
 staleness record.
 A job resumed with another number of ranks starts every learner from the mean of the saved
-x and momentum, with a fresh gossip among the new pairs (runner/resize.py).
+x and momentum, with a fresh gossip among the new pairs (runner/checkpoint/resize.py).
 
 ``delay_by_one=true`` selects the delay-by-one scheme instead (delay_by_one.py;
 docs/algorithms.md, Delay-by-one).
@@ -60,11 +60,11 @@ from ..comm.communicator import Communicator
 from ..comm.milestone_signal import MilestoneSignal
 from ..comm.pairwise import PairwiseAverager
 from ..comm.world import mpi
+from ..config.section import require
 from ..errors import ConfigError
-from ..optim import flat_param_groups
-from ..schema import require
 from ..topology import TOPOLOGIES
 from ..topology.pairing import is_active, passive_peers, peer_schedule
+from ..train.optim import flat_param_groups
 from .base import AlgoConfig, Algorithm, sample_weight
 from .registry import ALGORITHMS
 

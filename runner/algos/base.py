@@ -32,8 +32,8 @@ import torch
 from omegaconf import DictConfig
 
 from ..comm import Communicator, World
-from ..schema import Section
-from ..timers import Timers
+from ..config.section import Section
+from ..train.timers import Timers
 
 
 @dataclass
@@ -65,11 +65,57 @@ def sample_weight(count: int, members: int, total: int) -> float:
 
 
 class Algorithm:
+    """One algorithm: what happens to gradients and parameters at the loop's hooks.
+
+    Example::
+
+        from dataclasses import dataclass
+
+        from runner.algos import ALGORITHMS, AlgoConfig, Algorithm
+
+        @dataclass
+        class PeriodicAveragingConfig(AlgoConfig):
+            period: int = 4
+
+        # Local SGD steps; every ``period`` steps x_i <- (1/n) sum_j x_j.
+        @ALGORITHMS.register("periodic_averaging")  # conf/algo/periodic_averaging.yaml
+        class PeriodicAveraging(Algorithm):
+            Config = PeriodicAveragingConfig
+
+            def setup(self, model, optimizer):
+                super().setup(model, optimizer)
+                self.averagings = 0
+
+            def after_step(self, step):
+                if step % self.cfg.period == 0:
+                    with self.timers.time("comm"):
+                        for flat in self.ctx.param_buffers:  # the model, flat, in place
+                            flat.copy_(self.comm.allreduce_(flat.clone(), op="mean"))
+                    self.averagings += 1
+
+            def stats(self):
+                return {"averagings": self.averagings}
+
+            def state_dict(self):
+                return {"averagings": self.averagings}
+
+            def load_state_dict(self, state):
+                self.averagings = state["averagings"]
+
+    Lockstep by default: every rank takes the same steps, gradients are weighted by sample
+    count (:meth:`gradient_weight`), and the trainer counts global samples exactly. The full
+    walk-through (the YAML, the simulator's driver, the tests) is docs/adding-an-algorithm.md.
+    """
+
     Config: ClassVar[type] = AlgoConfig
     # Capabilities.
     identical_replicas: ClassVar[bool] = False  # every rank holds the same model after a step
     asynchronous: ClassVar[bool] = False  # ranks progress at their own pace
     uses_topology: ClassVar[bool] = False
+    # Why launcher=sim cannot run this algorithm, when it has no driver in runner/sim/ (the
+    # simulator's error line says it; tests/test_sim_coverage.py asks every algorithm for one
+    # or the other).
+    no_simulator_because: ClassVar[str | None] = None
 
     def __init__(self, cfg: Any, ctx: TrainContext):
         self.cfg = cfg
@@ -172,6 +218,6 @@ class Algorithm:
     def load_merged_state(self, state: dict[str, Any], step: int, epoch: float) -> None:
         """Start from the mean over a checkpoint's ranks of their ``state_dict()`` (floating
         tensors averaged, the rest old rank 0's) in a job with another number of ranks,
-        at ``step`` and ``epoch`` (runner/resize.py). Every replica starts from the same
+        at ``step`` and ``epoch`` (runner/checkpoint/resize.py). Every replica starts from the same
         averaged model, so by default the algorithm starts afresh; one whose state holds the
         model, or counters that must go on, overrides this."""

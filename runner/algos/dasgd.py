@@ -22,7 +22,7 @@ the rank stops.
 Checkpoints: a reduction in flight is completed (every rank launched it at the same step) and
 stored unmerged, with its snapshot s and launch step; the resumed run merges it at t0 + delay,
 exactly as the uninterrupted run does. Resumed with another number of ranks, every rank starts
-from the mean of the saved models, with nothing in flight (runner/resize.py).
+from the mean of the saved models, with nothing in flight (runner/checkpoint/resize.py).
 
 Warning: the merge rule's match with the paper's equations is a reconstruction (see
 docs/algorithms.md, DaSGD); it is the rule this runner implements and tests.
@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import torch
 
 from ..comm.communicator import Handle
-from ..schema import require
+from ..config.section import require
 from .base import AlgoConfig, Algorithm
 from .registry import ALGORITHMS
 

@@ -29,8 +29,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ..config.section import require
 from ..errors import ConfigError
-from ..schema import require
 from ..topology import TOPOLOGIES
 from .base import AlgoConfig, Algorithm
 from .registry import ALGORITHMS

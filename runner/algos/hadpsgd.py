@@ -20,8 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..comm.communicator import Communicator
+from ..config.section import require
 from ..errors import ConfigError
-from ..schema import require
 from .adpsgd import ADPSGD, ADPSGDConfig
 from .registry import ALGORITHMS
 

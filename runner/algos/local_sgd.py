@@ -18,14 +18,14 @@ before a step differ only by their gradients. Momentum buffers stay local after 
 Checkpoints keep whether the switch has happened (and at which step), whether the replicas are
 in sync and the averaging count; the averaging schedule itself follows from the step counter.
 Resumed with another number of ranks, every rank starts from the mean model and a new period
-starts; a switch still to come is moved to the new world's steps (runner/resize.py).
+starts; a switch still to come is moved to the new world's steps (runner/checkpoint/resize.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..schema import require
+from ..config.section import require
 from .base import AlgoConfig
 from .registry import ALGORITHMS
 from .ssgd import SSGD

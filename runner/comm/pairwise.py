@@ -89,7 +89,7 @@ class PairwiseAverager:
         self.received = [_host_like(b) for b in buffers]
         # What staging costs on a GPU: seconds in the snapshot copies out of the device and in
         # the merges (the difference on the host, its copy back and the add), and the bytes of
-        # model staged (once per exchange): ms per MB of model, as scripts/bench_staging.py.
+        # model staged (once per exchange): ms per MB of model, as benchmarks/bench_staging.py.
         self.staged = any(b.is_cuda for b in buffers)
         self.staging_s = 0.0
         self.staged_bytes = 0

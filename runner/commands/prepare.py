@@ -33,14 +33,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the chosen stages; return the exit status (0, or 2 after a one-line error)."""
-    from recipes import RECIPES
+    import recipes  # noqa: F401 - fills the recipe registry (runner/recipe.py)
 
-    from ..compose import compose_all, validate_job
+    from ..config.compose import compose_all, validate_job
 
     try:
         args = build_parser().parse_args(argv)
         typed = validate_job(compose_all(list(args.overrides), False, "config")[0])
-        recipe = RECIPES.get(typed.recipe.name)(typed.recipe)
+        recipe = recipes.RECIPES.get(typed.recipe.name)(typed.recipe)
         stages = recipe.prepare_stages()
         if args.list:
             for index, (name, _) in enumerate(stages):

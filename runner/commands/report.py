@@ -1,7 +1,7 @@
 """adpsgd-report: pictures and a table of several runs, side by side.
 
 Usage: ``adpsgd-report RUN_DIR [RUN_DIR ...] --out DIR [--rank0]``. Reads each run dir's
-``metrics.jsonl`` and ``summary.json`` (the interface of runner/run_log.py) and writes to DIR:
+``metrics.jsonl`` and ``summary.json`` (the interface of runner/runlog/) and writes to DIR:
 
 * ``curves_wall.png``: held-out loss and the recipe's metric (WER, top-1, ...) against wall
   seconds, one line per run: what a user waits for;
@@ -40,7 +40,8 @@ from typing import Any
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from ..errors import OneLineParser, UserError, command_status, one_line
-from ..run_log import NOT_METRICS, primary_metric, read_metrics
+from ..runlog.records import read_metrics
+from ..runlog.summary import NOT_METRICS, primary_metric
 
 PROG = "adpsgd-report"
 TABLE_COLUMNS = ("run", "algo", "recipe", "nprocs", "final metric", "samples/s", "compute s",

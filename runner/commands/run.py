@@ -20,7 +20,9 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from ..compose import CONFIG_MODULE, CONFIG_NAME, compose_all, sweep_jobs, validate_job
+import recipes  # noqa: F401 - fills the recipe registry (runner/recipe.py)
+
+from ..config.compose import CONFIG_MODULE, CONFIG_NAME, compose_all, sweep_jobs, validate_job
 from ..errors import EXIT_PREEMPTED, EXIT_STOPPED, ConfigError, UserError
 
 # Flags after which Hydra only prints something (no run): skip the preflight.
@@ -56,7 +58,7 @@ def check_resume(typed: DictConfig, run_dir: Path | None) -> str | None:
     """Raise ConfigError when ``resume`` names no usable checkpoint or one that does not fit
     this job (before any rank starts); return what the job will do. Without a run dir (the
     preflight) only an explicit checkpoint path can be checked."""
-    from ..checkpoint_files import check_compatible, resolve_resume
+    from ..checkpoint.files import check_compatible, resolve_resume
 
     if typed.resume is None or (run_dir is None and typed.resume == "auto"):
         return None
@@ -127,7 +129,7 @@ def preflight(argv: list[str]) -> None:
 @hydra.main(version_base=None, config_path=f"pkg://{CONFIG_MODULE}", config_name=CONFIG_NAME)
 def run_job(cfg: DictConfig) -> None:
     from ..launch import LAUNCHERS
-    from ..run_log import results_table, write_failure_summary
+    from ..runlog.summary import results_table, write_failure_summary
     from ..worker import RUN_CONFIG
 
     run_dir = Path(HydraConfig.get().runtime.output_dir)
@@ -144,7 +146,7 @@ def run_job(cfg: DictConfig) -> None:
         (run_dir / sub).mkdir(parents=True, exist_ok=True)
     OmegaConf.save(typed, run_dir / RUN_CONFIG)
     try:
-        from recipes import RECIPES
+        from ..recipe import RECIPES
 
         if not typed.launcher.get("timing_only"):  # caches, before ranks start
             RECIPES.get(typed.recipe.name)(typed.recipe).prepare()
@@ -180,8 +182,8 @@ def run_job(cfg: DictConfig) -> None:
 def report_user_stop(typed: DictConfig, run_dir: Path) -> None:
     """The one line after Ctrl-C: whether the ranks checkpointed (summary status ``stopped``
     written by them) or were stopped at once, and how to continue."""
-    from ..checkpoint_files import complete_checkpoints, remove_partial_checkpoints
-    from ..run_log import session_summary, write_failure_summary
+    from ..checkpoint.files import complete_checkpoints, remove_partial_checkpoints
+    from ..runlog.summary import session_summary, write_failure_summary
 
     summary = session_summary(run_dir) or {}
     graceful = summary.get("status") == "stopped"

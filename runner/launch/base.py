@@ -9,7 +9,7 @@ from typing import Any, ClassVar, Optional
 
 from omegaconf import DictConfig
 
-from ..schema import Section, require
+from ..config.section import Section, require
 from .watchdog import HEARTBEAT_S
 
 

@@ -9,7 +9,7 @@ left half-written.
 While the job runs the launcher supervises it (runner/launch/watchdog.py):
 
 * SIGUSR1 or SIGTERM sent to the launcher is forwarded to every rank, which checkpoint and
-  exit with status 75 (runner/preemption.py); the launcher then exits with 75 too.
+  exit with status 75 (runner/checkpoint/preemption.py); the launcher then exits with 75 too.
 * a rank that dies without a word (``kill -9``, the out-of-memory killer) is named, with its
   last log lines, and the rest of the job is stopped within a second; no rank process is left
   behind (mpiexec puts each rank in a session of its own, so they are killed by pid). MPICH's
@@ -37,9 +37,9 @@ from functools import cache
 from pathlib import Path
 from typing import IO, Optional
 
-from ..checkpoint_files import complete_checkpoints, remove_partial_checkpoints
+from ..checkpoint.files import complete_checkpoints, remove_partial_checkpoints
+from ..config.section import require
 from ..errors import EXIT_PEER_LOST, EXIT_PREEMPTED, EXIT_STOPPED, ConfigError
-from ..schema import require
 from .base import Launcher, LauncherConfig
 from .registry import LAUNCHERS
 from .restarts import JobFailure, Restarts, reported_failure
@@ -165,8 +165,8 @@ class ForcedStop(Exception):
 
 class StopForwarding:
     """While the job runs, SIGUSR1/SIGTERM (a scheduler's warning) and SIGINT (Ctrl-C)
-    received here go to every rank, which checkpoint and stop (runner/preemption.py); ranks
-    whose pid file appears later get them then (a rank writes it once it can take the signal,
+    received here go to every rank, which checkpoint and stop (runner/checkpoint/preemption.py);
+    ranks whose pid file appears later get them then (a rank writes it once it can take the signal,
     so a rank still importing never sees a signal it would print a traceback for). A second
     Ctrl-C raises :class:`ForcedStop`; any after it are ignored."""
 

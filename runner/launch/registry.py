@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..registry import Registry
+from ..config.registry import Registry
 
 if TYPE_CHECKING:
     from .base import Launcher

@@ -33,7 +33,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from ..checkpoint_files import complete_checkpoints
+from ..checkpoint.files import complete_checkpoints
 from ..worker import RUN_CONFIG
 from .restarts import CHECKPOINTS, Restarts, failure_of_batch_step, has_checkpoint, prepare_restart
 from .watchdog import (

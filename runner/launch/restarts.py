@@ -32,8 +32,8 @@ from pathlib import Path
 
 from omegaconf import OmegaConf, open_dict
 
-from ..checkpoint_files import complete_checkpoints
-from ..run_log import read_restarts, write_restarts
+from ..checkpoint.files import complete_checkpoints
+from ..runlog.records import read_restarts, write_restarts
 from .watchdog import exit_record, failure_records
 
 CHECKPOINTS = "checkpoints"
@@ -78,7 +78,7 @@ class JobFailure:
 class Restarts:
     """The restarts of one run (see the module docstring): the launcher calls ``decide`` after
     each failed job; the restarted job's rank 0 records when it trained again
-    (runner/run_log.py, ``record_training_again``)."""
+    (runner/runlog/records.py, ``record_training_again``)."""
 
     def __init__(self, run_dir: Path, max_restarts: int, taken: int = 0):
         """``taken``: restarts already made by this launcher (a batch job's script counts

@@ -124,7 +124,7 @@ def release() -> None:
 
 def check_fresh_start(run_dir: str | Path) -> None:
     """ConfigError if a fresh start in ``run_dir`` would mix with a run already there."""
-    from ..checkpoint_files import checkpoints_dir
+    from ..checkpoint.files import checkpoints_dir
 
     run_dir = Path(run_dir)
     checkpoints = sorted(checkpoints_dir(run_dir).glob("samples-*")) \

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from ..config.section import require
 from ..errors import EXIT_STOPPED, DiskFull, UserError, disk_full
-from ..schema import require
 from .base import Launcher, LauncherConfig
 from .registry import LAUNCHERS
 

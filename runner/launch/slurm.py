@@ -32,8 +32,8 @@ from typing import Optional
 
 from omegaconf import DictConfig
 
+from ..config.section import require
 from ..errors import EXIT_PREEMPTED, UserError, one_line
-from ..schema import require
 from .base import Launcher, LauncherConfig
 from .local import find_mpiexec
 from .registry import LAUNCHERS

@@ -18,8 +18,8 @@ thread of every rank touches its pid file every few seconds, and the launcher en
 rank has not done so for ``launcher.stall_timeout_s``.
 
 The same files tell the launcher where to forward SIGUSR1/SIGTERM/SIGINT
-(runner/preemption.py) and whether every rank stopped gracefully; a failed rank's record holds
-the line the launcher prints (the rank's own print may die with MPI_Abort before mpiexec
+(runner/checkpoint/preemption.py) and whether every rank stopped gracefully; a failed rank's record
+holds the line the launcher prints (the rank's own print may die with MPI_Abort before mpiexec
 forwards it).
 """
 

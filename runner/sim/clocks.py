@@ -2,7 +2,7 @@
 
 A learner's time advances by what it does (compute, a transfer it cannot hide) and by waiting:
 for a slower peer (idle) or for bytes on the wire (comm). The split is the one real ranks
-report (runner/timers.py), in seconds of the modelled cluster.
+report (runner/train/timers.py), in seconds of the modelled cluster.
 """
 
 from __future__ import annotations

@@ -35,8 +35,8 @@ from typing import Any, Optional
 
 import numpy as np
 
+from ..config.section import Section, require
 from ..errors import ConfigError, UserError
-from ..schema import Section, require
 from .network import Link, ring_allreduce_s
 
 ALLREDUCE = ("ring", "tree", "hierarchical")

@@ -1,7 +1,7 @@
 """One simulated run: N learners in this process, in the virtual time of a modelled cluster.
 
 The run is built from the same parts as a real rank's (runner/trainer.py): the recipe's
-datasets, model and metric; the shards (runner/data.py: learner i reads exactly the batches
+datasets, model and metric; the shards (runner/train/data.py: learner i reads exactly the batches
 rank i would); the learning-rate schedule and the milestones in global samples; the evaluator
 (averaged model and learner 0's own); the run log (TensorBoard, metrics.jsonl, summary.json)
 and ``checkpoints/final_rank0.pt``. What differs is who runs the algorithm: a driver over the
@@ -23,21 +23,23 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from recipes import RECIPES
-
-from ..checkpointer import Checkpointer
+from ..algos import ALGORITHMS
+from ..checkpoint.checkpointer import Checkpointer
 from ..comm.communicator import Communicator
 from ..comm.world import World, mpi
-from ..compute_path import ComputePath
-from ..data import BatchFetcher, ShardedBatches
 from ..errors import ConfigError, UserError
-from ..evaluation import Evaluator
-from ..lr_schedule import LRSchedule
-from ..nonfinite import nonfinite_error
-from ..run_log import ProgressBar, RunLog, build_summary
-from ..run_milestones import CHECKPOINT, EVALUATE, Milestones
-from ..timers import Timers
-from ..trainer import seed_everything
+from ..recipe import RECIPES
+from ..runlog.progress import ProgressBar
+from ..runlog.summary import build_summary
+from ..runlog.writer import RunLog
+from ..train.compute_path import ComputePath
+from ..train.data import BatchFetcher, ShardedBatches
+from ..train.evaluation import Evaluator
+from ..train.lr_schedule import LRSchedule
+from ..train.milestones import CHECKPOINT, EVALUATE, Milestones
+from ..train.nonfinite import nonfinite_error
+from ..train.rng import seed_everything
+from ..train.timers import Timers
 from . import asynchronous, lockstep  # noqa: F401 - they register their drivers
 from .clocks import Clocks
 from .cluster import ClusterModel, ComputeModel, resolved
@@ -85,7 +87,9 @@ def build_driver(sim: Any):
     """The driver for ``sim.cfg.algo`` (a driver's ``build`` may pick a variant)."""
     name = sim.cfg.algo.name
     if name not in SIM_DRIVERS:
-        raise ConfigError("algo", f"launcher=sim has no model of algo={name}",
+        why = ALGORITHMS.get(name).no_simulator_because if name in ALGORITHMS else None
+        raise ConfigError("algo", f"launcher=sim has no model of algo={name}"
+                          + (f" ({why})" if why else ""),
                           f"use one of {', '.join(SIM_DRIVERS.names())} (or launcher=local)")
     return SIM_DRIVERS.get(name).build(sim)
 

@@ -3,6 +3,6 @@ runs that algorithm over stacked models (runner/sim/lockstep.py, runner/sim/asyn
 
 from __future__ import annotations
 
-from ..registry import Registry
+from ..config.registry import Registry
 
 SIM_DRIVERS: Registry = Registry("simulated algorithm")

@@ -9,7 +9,7 @@ when it is small enough to load), and runs the same drivers as a learning simula
 lockstep drivers' clocks (runner/sim/lockstep.py: compute from the cluster's compute model,
 allreduces and transfers from its network model) and AD-PSGD/H-ADPSGD's event schedule
 (runner/sim/asynchronous.py), with the same milestones (evaluations and checkpoints, where
-asynchronous learners meet) and the same shard sizes (runner/data.py). The drivers' tensor
+asynchronous learners meet) and the same shard sizes (runner/train/data.py). The drivers' tensor
 work runs on models of one parameter each (gradients are zeros of shape ``[k, 1]``, updates do
 nothing) and the gossip schedule's operations are counted, not executed, so a projection of
 ImageNet or Switchboard-2000 on a thousand learners takes seconds of host time.
@@ -30,12 +30,12 @@ import numpy as np
 import torch
 from omegaconf import DictConfig
 
-from recipes import RECIPES
-
-from ..data import ShardedBatches
 from ..errors import UserError
-from ..run_log import ProgressBar, write_json_atomic
-from ..run_milestones import EVALUATE
+from ..recipe import RECIPES
+from ..runlog.progress import ProgressBar
+from ..runlog.records import write_json_atomic
+from ..train.data import ShardedBatches
+from ..train.milestones import EVALUATE
 from .clocks import KINDS
 from .engine import Simulation, build_driver
 
@@ -59,7 +59,7 @@ NUM_CLASSES = {"imagenet": 1000}
 
 class SampleCounts:
     """The data as the drivers see it in timing mode: how many samples each learner's step
-    has (the shards of runner/data.py: the same counts as a real rank's), and no samples."""
+    has (the shards of runner/train/data.py: the same counts as a real rank's), and no samples."""
 
     def __init__(self, samples_per_epoch: int, n: int, batch_size: int, seed: int):
         self.shards = ShardedBatches(samples_per_epoch, 0, n, batch_size, seed)

@@ -14,8 +14,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from ..config.section import Section, require
 from ..errors import ConfigError
-from ..schema import Section, require
 
 
 @dataclass

@@ -8,7 +8,7 @@ from typing import Any, Optional
 import numpy as np
 from omegaconf import DictConfig
 
-from ..schema import require
+from ..config.section import require
 from .base import Topology
 from .graphs import Ring
 from .registry import TOPOLOGIES

@@ -8,7 +8,7 @@ from typing import Optional
 
 from omegaconf import DictConfig
 
-from ..schema import require
+from ..config.section import require
 from .base import Topology, size_error, summed_weights
 from .registry import TOPOLOGIES
 

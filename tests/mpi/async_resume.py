@@ -14,7 +14,7 @@ killed right after it leaves on disk, and records the same. Then:
   exchange number on: the schedule continued where the checkpoint left it.
 """
 
-from runner.checkpoint_files import complete_checkpoints, load_rank_state
+from runner.checkpoint.files import complete_checkpoints, load_rank_state
 from runner.comm.communicator import Communicator
 
 from harness import (

@@ -13,7 +13,7 @@ from runner.comm.communicator import (
     torch_subgroups,
 )
 from runner.comm.world import detect_world
-from runner.data import ShardedBatches
+from runner.train.data import ShardedBatches
 
 from harness import run_on_ranks
 

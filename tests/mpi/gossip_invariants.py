@@ -9,7 +9,7 @@ from omegaconf import open_dict
 from runner.comm.buffers import parameter_digest
 from runner.comm.communicator import Communicator
 from runner.comm.world import detect_world
-from runner.compose import validate
+from runner.config.compose import validate
 from runner.trainer import Trainer
 
 from harness import run_cases_on_ranks

@@ -11,7 +11,7 @@ import torch
 from runner.comm.communicator import Communicator, tensor_backend
 from runner.comm.pairwise import PairwiseAverager
 from runner.comm.world import detect_world
-from runner.compute_path import resolve_device
+from runner.train.compute_path import resolve_device
 
 from harness import run_on_ranks
 

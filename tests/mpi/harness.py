@@ -113,7 +113,8 @@ def compose_config(overrides: list[str]):
     digit images unless the overrides pick another recipe)."""
     from hydra import compose, initialize_config_module
 
-    from runner.compose import validate
+    import recipes  # noqa: F401 - fills the recipe registry, as the commands do
+    from runner.config.compose import validate
 
     with initialize_config_module(config_module="runner.conf", version_base=None):
         return validate(compose("config", overrides=[

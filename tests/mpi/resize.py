@@ -1,5 +1,5 @@
 """mpiexec -n 4 python resize.py RUN_DIR CASES_JSON: a run checkpointed by 4 ranks goes on with
-2, is checkpointed again and ends on 4 (runner/resize.py).
+2, is checkpointed again and ends on 4 (runner/checkpoint/resize.py).
 
 Per case: A, 4 ranks from scratch to the end, a checkpoint every few steps; B, ranks 0-1 only,
 resumed from a checkpoint of A in the middle of an epoch, to the end; C, 4 ranks, resumed from
@@ -15,9 +15,9 @@ indices of each batch it trains on, with the epoch. Checked:
 
 from collections import Counter
 
-from runner.checkpoint_files import complete_checkpoints, load_rank_state
+from runner.checkpoint.files import complete_checkpoints, load_rank_state
 from runner.comm.communicator import Communicator
-from runner.data import ShardedBatches
+from runner.train.data import ShardedBatches
 
 from harness import build_trainer, compose_config, run_cases_on_ranks
 

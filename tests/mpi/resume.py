@@ -15,9 +15,9 @@ import signal
 
 import torch
 
-from runner.checkpoint_files import complete_checkpoints, load_rank_state
+from runner.checkpoint.files import complete_checkpoints, load_rank_state
+from runner.checkpoint.preemption import install_stop_handlers
 from runner.comm.communicator import Communicator
-from runner.preemption import install_stop_handlers
 
 from harness import build_trainer, compose_config, run_cases_on_ranks
 

@@ -1,0 +1,131 @@
+"""Graceful stop: a scheduler's warning (SIGUSR1, SIGTERM) or a user's Ctrl-C (SIGINT) makes
+the job checkpoint and exit: status ``preempted`` and exit 75 for the first, ``stopped`` and
+exit 130 for the second. A second Ctrl-C stops at once (the launcher kills the job; a rank
+running inside the launcher's process raises KeyboardInterrupt).
+
+Schedulers warn a job before they stop it (``srun --signal``, ``scancel --signal``, a
+preemption's SIGTERM); the local launcher forwards the signals it receives, Ctrl-C included,
+to every rank. A signal only sets a flag: the rank finishes its step, and the ranks then have
+to agree on *when* to stop, since the checkpoint is collective and ranks (asynchronous ones
+especially) are at different steps when the signal lands, and it may reach only some of them.
+
+The agreement rides on preemption-check milestones (runner/train/milestones.py), which every rank
+meets in the same order: at check j each rank starts a non-blocking MAX-allreduce of its flag
+and reads the result of check j-1, which has long completed unless a peer is more than a
+check behind (that wait is bounded by ``comm.timeout_s``). A rank that sees a set flag stops
+right there, and so does every other rank, at the same check. A signal is acted on within two
+checks (``STOP_CHECK_STEPS`` steps' worth of samples each), wherever it arrived; one that
+arrived while the ranks were still starting is acted on before the first step. The flag says
+why: a user's stop outranks a preemption.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Callable
+
+import numpy as np
+
+STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT)
+PREEMPTED, STOPPED = "preempted", "stopped"
+# What each signal asks for, and which reason wins when several arrive.
+REASONS = {signal.SIGUSR1: PREEMPTED, signal.SIGTERM: PREEMPTED, signal.SIGINT: STOPPED}
+LEVELS = {PREEMPTED: 1, STOPPED: 2}
+STOP_CHECK_STEPS = 16  # lockstep steps' worth of global samples between preemption checks
+_received: list[int] = []  # signals received by this process
+
+
+def _on_signal(signum: int, frame) -> None:
+    if signum == signal.SIGINT and signal.SIGINT in _received:
+        raise KeyboardInterrupt  # a second Ctrl-C: stop at once
+    _received.append(signum)
+
+
+def install_stop_handlers() -> Callable[[], None]:
+    """Make SIGUSR1/SIGTERM/SIGINT request a graceful stop (SIGUSR1 would otherwise kill the
+    process, SIGINT raise a KeyboardInterrupt wherever the rank is); return a function that
+    restores the previous handlers."""
+    previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, _on_signal)
+
+    def restore() -> None:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        _received.clear()
+
+    return restore
+
+
+def stop_reason() -> str | None:
+    """``stopped`` (Ctrl-C), ``preempted`` (a scheduler's signal) or None."""
+    reasons = [REASONS[s] for s in _received]
+    return max(reasons, key=LEVELS.__getitem__) if reasons else None
+
+
+def request_stop(signum: int = signal.SIGUSR1) -> None:
+    """What the signal handler does (for code that decides to stop by itself)."""
+    _received.append(signum)
+
+
+def _level(reason: str | None) -> float:
+    return float(LEVELS.get(reason, 0)) if reason else 0.0
+
+
+def _reason(level: float) -> str | None:
+    return next((r for r, n in LEVELS.items() if n == int(level)), None)
+
+
+class StopAgreement:
+    """The ranks' shared decision to stop, made at preemption-check milestones.
+
+    (This module imports neither torch nor the communication layer at the top: the worker
+    installs the handlers before those slow imports.)"""
+
+    def __init__(self, mpi_comm, rank: int, timeout_s: float):
+        from ..comm.world import mpi
+
+        self.MPI = mpi()
+        self.comm = mpi_comm.Dup()  # its own communicator: never mixed with other collectives
+        self.rank, self.timeout_s = rank, timeout_s
+        self._flag = np.zeros(1)
+        self._result = np.zeros(1)
+        self._pending = None
+        self.checks = 0
+
+    def _collect(self) -> str | None:
+        from ..comm.deadline import DEADLINES
+
+        with DEADLINES.watch(f"rank {self.rank}: agreement on preemption check "
+                             f"{self.checks - 1} with every rank", self.timeout_s):
+            self._pending.Wait()
+        self._pending = None
+        return _reason(self._result[0])
+
+    def at_start(self) -> str | None:
+        """Before the first step (blocking; every rank calls it): the stop reason if some
+        rank was asked to stop while the ranks were starting."""
+        from ..comm.deadline import DEADLINES
+
+        self._flag[0] = _level(stop_reason())
+        with DEADLINES.watch(f"rank {self.rank}: start of training with every rank",
+                             self.timeout_s):
+            self.comm.Allreduce(self._flag, self._result, op=self.MPI.MAX)
+        return _reason(self._result[0])
+
+    def check(self) -> str | None:
+        """At a preemption-check milestone: the stop reason when some rank had a stop
+        request at the previous check (then every rank returns it here), else None."""
+        if self._pending is not None and (reason := self._collect()):
+            return reason
+        self._flag[0] = _level(stop_reason())
+        self._pending = self.comm.Iallreduce(self._flag, self._result, op=self.MPI.MAX)
+        self.checks += 1
+        return None
+
+    def close(self) -> None:
+        """Complete the last check (every rank started the same ones) and free the
+        communicator."""
+        if self._pending is not None:
+            self._collect()
+        self.comm.Free()

@@ -1,0 +1,221 @@
+"""The run configuration's schemas: the top level and the trainer, optim, comm and faults
+sections (each one a dataclass with its defaults and a ``check`` for impossible values).
+
+Each default is written here, once: conf/ holds only what a choice changes (runner/config/compose.py
+registers these schemas, and those of every algorithm, recipe, topology and launcher, in
+Hydra's ConfigStore, and every YAML extends its schema). Fix hints name the schema's default.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from omegaconf import MISSING, DictConfig
+
+from ..sim.cluster import ClusterConfig
+from .section import Section, require
+
+# torch.compile backends for training that ship with torch (importing torch._dynamo to list
+# them all would cost the command line seconds).
+COMPILE_BACKENDS = ("inductor", "cudagraphs", "aot_eager", "eager")
+
+
+@dataclass
+class TrainerConfig(Section):
+    epochs: int = 3
+    batch_size: int = 32  # per rank
+    eval_every: Optional[int] = None  # also evaluate every N steps (None: epoch ends only)
+    eval_batch_size: int = 256
+    num_workers: int = 0
+    log_every: int = 10  # steps between TensorBoard training scalars
+    device: str = "auto"  # auto | cpu | cuda
+    dtype: str = "float32"  # float64 for numerical checks (equivalence tests)
+    progress: bool = True  # tqdm bar from rank 0
+    # The data and compute path (runner/train/data.py, runner/train/compute_path.py).
+    pin_memory: bool = True  # page-locked batches, copied to a GPU asynchronously (GPU only)
+    persistent_workers: bool = True  # keep the loader workers across epochs (num_workers > 0)
+    channels_last: bool = False  # NHWC layout for 4-D image batches
+    amp: str = "none"  # none | bf16 | auto (bf16 where the GPU computes it natively)
+    compile: bool = False  # torch.compile the model
+    compile_backend: str = "inductor"  # eager / aot_eager: check graph capture, no codegen
+    cudnn_benchmark: bool = False  # let cuDNN time its kernels (fixed input shapes only)
+    # Reliability (runner/checkpoint/files.py, docs/failures.md).
+    checkpoint_every: Optional[int] = None  # also checkpoint every N steps (None: epoch ends)
+    keep_checkpoints: int = 2  # complete checkpoints kept in RUN_DIR/checkpoints
+    on_nonfinite: str = "stop"  # NaN/Inf loss: stop (keep the last good checkpoint) | skip_batch
+
+    def check(self, prefix: str, cfg: DictConfig) -> None:
+        require(self.epochs >= 1, f"{prefix}.epochs", f"must be >= 1, got {self.epochs}",
+                self.hint(prefix, "epochs"))
+        require(self.batch_size >= 1, f"{prefix}.batch_size",
+                f"must be >= 1, got {self.batch_size}", self.hint(prefix, "batch_size"))
+        require(self.eval_batch_size >= 1, f"{prefix}.eval_batch_size",
+                f"must be >= 1, got {self.eval_batch_size}", self.hint(prefix, "eval_batch_size"))
+        require(self.eval_every is None or self.eval_every >= 1, f"{prefix}.eval_every",
+                f"must be >= 1 or null, got {self.eval_every}", self.hint(prefix, "eval_every"))
+        require(self.num_workers >= 0, f"{prefix}.num_workers", "must be >= 0",
+                self.hint(prefix, "num_workers"))
+        require(self.log_every >= 1, f"{prefix}.log_every", "must be >= 1",
+                self.hint(prefix, "log_every"))
+        require(self.device in ("auto", "cpu", "cuda"), f"{prefix}.device",
+                f"must be auto, cpu or cuda, got {self.device!r}", self.hint(prefix, "device"))
+        require(self.dtype in ("float32", "float64"), f"{prefix}.dtype",
+                f"must be float32 or float64, got {self.dtype!r}", self.hint(prefix, "dtype"))
+        require(self.amp in ("none", "bf16", "auto"), f"{prefix}.amp",
+                f"must be none, bf16 or auto, got {self.amp!r}", f"{prefix}.amp=auto")
+        require(self.amp != "bf16" or self.dtype == "float32", f"{prefix}.amp",
+                f"bf16 autocast needs {prefix}.dtype=float32, got {self.dtype}",
+                self.hint(prefix, "amp"))
+        require(self.checkpoint_every is None or self.checkpoint_every >= 1,
+                f"{prefix}.checkpoint_every", f"must be >= 1 or null, got {self.checkpoint_every}",
+                self.hint(prefix, "checkpoint_every"))
+        require(self.keep_checkpoints >= 1, f"{prefix}.keep_checkpoints",
+                f"must be >= 1, got {self.keep_checkpoints}", self.hint(prefix, "keep_checkpoints"))
+        require(self.on_nonfinite in ("stop", "skip_batch"), f"{prefix}.on_nonfinite",
+                f"must be stop or skip_batch, got {self.on_nonfinite!r}",
+                self.hint(prefix, "on_nonfinite"))
+        require(self.compile_backend in COMPILE_BACKENDS, f"{prefix}.compile_backend",
+                f"must be one of {', '.join(COMPILE_BACKENDS)}, got {self.compile_backend!r}",
+                self.hint(prefix, "compile_backend"))
+
+
+@dataclass
+class OptimConfig(Section):
+    lr: float = 0.1  # learning rate for a global batch of `reference_batch` samples
+    reference_batch: int = 256
+    scaling: str = "linear"  # linear: lr * global_batch / reference_batch; none: lr as given
+    warmup_epochs: float = 0.0  # ramp from `lr` to the scaled rate over this many epochs
+    # resumed with more ranks (a larger global batch, so a higher scaled rate): climb from
+    # the rate the checkpoint ran at to the new one over this many epochs (0: at once)
+    resize_warmup_epochs: float = 0.5
+    momentum: float = 0.9
+    nesterov: bool = False
+    weight_decay: float = 0.0
+    no_decay_norm_bias: bool = False  # no weight decay on normalisation weights and biases
+    schedule: str = "constant"  # constant | step | cosine
+    milestones: list[float] = field(default_factory=list)  # epochs, for schedule=step
+    decay_factor: float = 0.1  # multiplier at each milestone
+    clip_grad_norm: Optional[float] = None  # clip the gradient the update uses to this L2 norm
+
+    def check(self, prefix: str, cfg: DictConfig) -> None:
+        require(self.lr > 0, f"{prefix}.lr", f"must be > 0, got {self.lr}", self.hint(prefix, "lr"))
+        require(self.reference_batch >= 1, f"{prefix}.reference_batch", "must be >= 1",
+                self.hint(prefix, "reference_batch"))
+        require(self.scaling in ("linear", "none"), f"{prefix}.scaling",
+                f"must be linear or none, got {self.scaling!r}", self.hint(prefix, "scaling"))
+        require(self.warmup_epochs >= 0, f"{prefix}.warmup_epochs", "must be >= 0",
+                self.hint(prefix, "warmup_epochs"))
+        require(self.resize_warmup_epochs >= 0, f"{prefix}.resize_warmup_epochs",
+                "must be >= 0", self.hint(prefix, "resize_warmup_epochs"))
+        require(0 <= self.momentum < 1, f"{prefix}.momentum",
+                f"must be in [0, 1), got {self.momentum}", self.hint(prefix, "momentum"))
+        require(not self.nesterov or self.momentum > 0, f"{prefix}.nesterov",
+                "Nesterov momentum needs momentum > 0", self.hint(prefix, "momentum"))
+        require(self.weight_decay >= 0, f"{prefix}.weight_decay", "must be >= 0",
+                self.hint(prefix, "weight_decay"))
+        require(self.schedule in ("constant", "step", "cosine"), f"{prefix}.schedule",
+                f"must be constant, step or cosine, got {self.schedule!r}",
+                self.hint(prefix, "schedule"))
+        require(list(self.milestones) == sorted(self.milestones), f"{prefix}.milestones",
+                "must be increasing", f"{prefix}.milestones=[30,60,80]")
+        require(0 < self.decay_factor <= 1, f"{prefix}.decay_factor", "must be in (0, 1]",
+                self.hint(prefix, "decay_factor"))
+        require(self.clip_grad_norm is None or self.clip_grad_norm > 0,
+                f"{prefix}.clip_grad_norm", f"must be > 0 or null, got {self.clip_grad_norm}",
+                f"{prefix}.clip_grad_norm=5")
+
+
+@dataclass
+class CommConfig(Section):
+    backend: str = "auto"  # auto (mpi on CPU, nccl on GPU) | mpi | nccl | gloo
+    bucket_mb: float = 4.0  # gradient bucket size for overlapped allreduce
+    timeout_s: float = 900.0  # a collective with no answer for this long ends the job
+
+    def check(self, prefix: str, cfg: DictConfig) -> None:
+        require(self.backend in ("auto", "mpi", "nccl", "gloo"), f"{prefix}.backend",
+                f"must be auto, mpi, nccl or gloo, got {self.backend!r}",
+                self.hint(prefix, "backend"))
+        require(self.bucket_mb > 0, f"{prefix}.bucket_mb", "must be > 0",
+                self.hint(prefix, "bucket_mb"))
+        require(self.timeout_s > 0, f"{prefix}.timeout_s", f"must be > 0, got {self.timeout_s}",
+                self.hint(prefix, "timeout_s"))
+
+
+@dataclass
+class StragglerConfig:
+    ranks: list[int] = field(default_factory=list)  # these ranks compute `factor` times slower
+    factor: float = 1.0
+
+
+@dataclass
+class NonfiniteLossConfig:
+    ranks: list[int] = field(default_factory=list)  # these ranks' loss is NaN...
+    steps: list[int] = field(default_factory=list)  # ...at these steps (tests of on_nonfinite)
+
+
+@dataclass
+class SigkillConfig:
+    ranks: list[int] = field(default_factory=list)  # these ranks kill -9 themselves...
+    step: Optional[int] = None  # ...as they start this step (tests of launcher.max_restarts)
+
+
+@dataclass
+class FaultsConfig(Section):
+    straggler: StragglerConfig = field(default_factory=StragglerConfig)
+    delay_s: float = 0.0  # every step of every rank sleeps a random time in [0, delay_s]
+    nonfinite_loss: NonfiniteLossConfig = field(default_factory=NonfiniteLossConfig)
+    sigkill: SigkillConfig = field(default_factory=SigkillConfig)
+    # Every rank sleeps this long inside each checkpoint write, after writing its temporary
+    # file and before renaming it: lets a test kill a rank in the middle of a write.
+    checkpoint_write_delay_s: float = 0.0
+
+    def check(self, prefix: str, cfg: DictConfig) -> None:
+        require(self.delay_s >= 0, f"{prefix}.delay_s", f"must be >= 0, got {self.delay_s}",
+                self.hint(prefix, "delay_s"))
+        nprocs = cfg.launcher.nprocs
+        require(self.straggler.factor >= 1, f"{prefix}.straggler.factor",
+                f"must be >= 1, got {self.straggler.factor}", f"{prefix}.straggler.factor=4")
+        for key, ranks in (("straggler", self.straggler.ranks),
+                           ("nonfinite_loss", self.nonfinite_loss.ranks),
+                           ("sigkill", self.sigkill.ranks)):
+            bad = [r for r in ranks if not 0 <= r < nprocs]
+            require(not bad, f"{prefix}.{key}.ranks", f"ranks {bad} do not exist with "
+                    f"launcher.nprocs={nprocs}", f"{prefix}.{key}.ranks=[{nprocs - 1}]")
+        require(self.sigkill.step is None or self.sigkill.step >= 1, f"{prefix}.sigkill.step",
+                f"must be >= 1 (steps count from 1), got {self.sigkill.step}",
+                f"{prefix}.sigkill.step=10")
+        require(self.checkpoint_write_delay_s >= 0, f"{prefix}.checkpoint_write_delay_s",
+                "must be >= 0", self.hint(prefix, "checkpoint_write_delay_s"))
+
+
+@dataclass
+class RunConfig:
+    """The top level of a run's config; the four groups are filled by their choices."""
+
+    seed: int = 0
+    # auto: continue from the newest complete checkpoint of this run dir (hydra.run.dir=DIR),
+    # or a fresh start when there is none; or the path of a checkpoint dir
+    resume: Optional[str] = None
+    # true: every rank starts from the average of the checkpoint's models (how to resume with
+    # another launcher.nprocs)
+    resume_averaged: bool = False
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    comm: CommConfig = field(default_factory=CommConfig)
+    faults: FaultsConfig = field(default_factory=FaultsConfig)
+    # The modelled machine of launcher=sim (conf/cluster/, runner/sim/cluster.py).
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    recipe: Any = MISSING
+    algo: Any = MISSING
+    topology: Any = MISSING
+    launcher: Any = MISSING
+
+
+FIXED_SECTIONS: dict[str, type] = {
+    "trainer": TrainerConfig,
+    "optim": OptimConfig,
+    "comm": CommConfig,
+    "faults": FaultsConfig,
+    "cluster": ClusterConfig,
+}

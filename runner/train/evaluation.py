@@ -1,0 +1,127 @@
+"""Held-out evaluation, exact over every rank: each rank scores a strided shard of the held-out
+set and one reduction of the recipe's sums gives the global metrics.
+
+What is scored depends on the algorithm: with identical replicas (SSGD) the model itself, with
+its BatchNorm statistics averaged over the ranks (they stay local in training); otherwise the
+averaged model (``eval``, what the theory analyses) and rank 0's own (``eval_rank0``), in a
+scratch copy so that training state is never touched. The final evaluation of a speech recipe
+also writes every hypothesis to ``decode/`` (Kaldi text files for adpsgd-score or sclite).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..comm import Communicator
+from ..comm.buffers import flatten, flatten_parameters, unflatten
+from .compute_path import ComputePath
+from .data import BatchFetcher, ShardedBatches
+
+
+class Evaluator:
+    def __init__(self, recipe: Any, model: torch.nn.Module, param_buffers: list[torch.Tensor],
+                 compute: ComputePath, comm: Communicator, fetch: BatchFetcher,
+                 shards: ShardedBatches, run_dir: Path, is_main: bool):
+        self.recipe, self.model, self.param_buffers = recipe, model, param_buffers
+        self.compute, self.comm = compute, comm
+        self.fetch, self.shards = fetch, shards
+        self.run_dir, self.is_main = run_dir, is_main
+        # Running statistics (BatchNorm) stay local in training; evaluations average them.
+        self.running_stats = any(b.is_floating_point() for b in model.buffers())
+        self._scratch: torch.nn.Module | None = None
+        self.examples: list[tuple[str, str, str]] = []  # rank 0's decoded samples, last scored
+
+    def score(self, identical_replicas: bool, final: bool) -> dict[str, dict[str, float]]:
+        """``{split: metrics}`` for every split this algorithm reports (collective)."""
+        mean = lambda t: self.comm.allreduce_(t, op="mean")  # noqa: E731
+        if identical_replicas and not self.running_stats:
+            averaged = self.model
+        elif identical_replicas:  # the same weights, each rank's own BatchNorm statistics
+            averaged = self._fill_scratch(mean, weights=False)
+        else:
+            averaged = self._fill_scratch(mean)
+        results = {"eval": self._score(averaged, examples=True,
+                                       decode_split="eval" if final else None)}
+        if not identical_replicas:
+            results["eval_rank0"] = self._score(
+                self._fill_scratch(lambda t: self.comm.broadcast_(t, root=0)))
+        return results
+
+    def consensus_distance(self) -> float:
+        """Xi = (1/n) sum_i ||x_i - xbar||^2 over all parameters (docs/algorithms.md)."""
+        local = 0.0
+        for flat in self.param_buffers:
+            mean = self.comm.allreduce_(flat.detach().clone(), op="mean")
+            local += float((flat.detach() - mean).double().pow(2).sum())
+        return float(self.comm.allreduce_numbers([local])[0]) / self.comm.size
+
+    def _scratch_model(self) -> torch.nn.Module:
+        """A second model for averaged or broadcast weights (flat, like ours)."""
+        if self._scratch is None:
+            self._scratch = self.compute.copy_model(self.model)
+            self._scratch_params = flatten_parameters(self._scratch.parameters())
+        return self._scratch
+
+    def _fill_scratch(self, reduce: Callable[[torch.Tensor], Any],
+                      weights: bool = True) -> torch.nn.Module:
+        """Copy our weights and buffers into the scratch model, then ``reduce`` each flat
+        parameter buffer (unless ``weights`` is false) and the floating buffers in place."""
+        target = self._scratch_model()
+        for src, dst in zip(self.param_buffers, self._scratch_params):
+            dst.copy_(src)
+            if weights:
+                reduce(dst)
+        floats = [b for b in target.buffers() if b.is_floating_point()]
+        for mine, theirs in zip(self.model.buffers(), target.buffers()):
+            theirs.copy_(mine)
+        if floats:  # running statistics (BatchNorm) travel as one message too
+            flat = flatten(floats)
+            reduce(flat)
+            for buf, value in zip(floats, unflatten(flat, floats)):
+                buf.copy_(value)
+        return target
+
+    def _score(self, model: torch.nn.Module, examples: bool = False,
+               decode_split: str | None = None) -> dict[str, float]:
+        """Global metrics of ``model``; ``examples``: keep rank 0's first decoded samples;
+        ``decode_split``: write every hypothesis to ``decode/``."""
+        was_training = model.training
+        model.eval()
+        sums: dict[str, float] = {}
+        decoded: list[tuple[str, str, str]] = []
+        with torch.no_grad():
+            for batch in self.fetch.iterate(self.shards.epoch_batches(0)):
+                if batch is None:
+                    continue
+                batch = self.compute.batch(self.recipe, batch)
+                with self.compute.autocast():
+                    for key, value in self.recipe.eval_sums(model, batch).items():
+                        sums[key] = sums.get(key, 0.0) + float(value)
+                    if examples and self.is_main:
+                        self.examples = self.recipe.examples(model, batch)
+                        examples = False
+                    if decode_split:
+                        decoded += self.recipe.decode(model, batch)
+        model.train(was_training)
+        if decode_split:
+            self._write_decoded(decode_split, self.comm.gather_objects(decoded))
+        total: dict[str, float] = {}
+        for part in self.comm.allgather_objects(sums):
+            for key, value in part.items():
+                total[key] = total.get(key, 0.0) + value
+        return self.recipe.metrics(total)
+
+    def _write_decoded(self, split: str, parts: list | None) -> None:
+        """decode/<split>.hyp.txt and .ref.txt: Kaldi text files of every held-out sample."""
+        rows = sorted(row for part in parts or [] for row in part)
+        if not self.is_main or not rows:
+            return
+        out = self.run_dir / "decode"
+        out.mkdir(exist_ok=True)
+        for suffix, column in (("ref", 1), ("hyp", 2)):
+            (out / f"{split}.{suffix}.txt").write_text(
+                "".join(f"{row[0]} {row[column]}".rstrip() + "\n" for row in rows))
