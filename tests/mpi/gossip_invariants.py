@@ -3,16 +3,14 @@ from different models per learner keeps the mean model and drives consensus dist
 asynchronous exchanges never overlap on a rank and always join an active and a passive."""
 
 import torch
-from hydra import compose, initialize_config_module
 from omegaconf import open_dict
 
 from runner.comm.buffers import parameter_digest
 from runner.comm.communicator import Communicator
 from runner.comm.world import detect_world
-from runner.config.compose import validate
 from runner.trainer import Trainer
 
-from harness import run_cases_on_ranks
+from harness import compose_config, run_cases_on_ranks
 
 
 def mean_model(trainer):
@@ -21,10 +19,8 @@ def mean_model(trainer):
 
 
 def checks(world_mpi, run_dir, overrides):
-    with initialize_config_module(config_module="runner.conf", version_base=None):
-        cfg = validate(compose("config", overrides=[
-            "recipe=digit_images", *overrides, "trainer.dtype=float64", "trainer.progress=false",
-            "optim.momentum=0", "optim.nesterov=false", "optim.weight_decay=0"]))
+    cfg = compose_config([*overrides, "trainer.dtype=float64", "optim.momentum=0",
+                          "optim.nesterov=false", "optim.weight_decay=0"])
     with open_dict(cfg):
         cfg.optim.lr = 0.0  # not a valid user value; here it isolates the gossip
     world, node_mpi = detect_world(world_mpi, cfg.launcher.procs_per_node)
