@@ -273,6 +273,7 @@ def error_line(stderr: str) -> str:
     return lines[0]
 
 
+@pytest.mark.slow
 @needs_slurm_client
 def test_submitting_without_a_slurm_configuration_says_how_to_set_it_up(tmp_path):
     # SLURM's own commands retry a missing SLURM_CONF for a minute; the timeout is a hang guard
@@ -293,6 +294,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 @needs_slurm_client
 def test_a_controller_that_does_not_answer_is_named(tmp_path, monkeypatch):
     from runner.errors import UserError
