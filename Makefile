@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 PYTEST_ARGS ?= --durations=25
 DEMO_ARGS ?=
 
-.PHONY: install demo test test-fast test-gpu test-loaded lint clean slurm-up slurm-down
+.PHONY: install demo test test-fast test-gpu test-loaded lint clean slurm-up slurm-down lab-up lab-down
 
 install: $(STAMP)
 
@@ -49,6 +49,13 @@ slurm-up:
 
 slurm-down:
 	bash scripts/slurm_local.sh down
+
+# A lab of 4 hosts on this machine (network namespaces over 1 Gbit/s links; root): docs/lab.md.
+lab-up:
+	bash scripts/lab_cluster.sh up 4 1gbit
+
+lab-down:
+	bash scripts/lab_cluster.sh down
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -300,23 +300,26 @@ def parameter_count(run_dir: str | Path) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def rank_command(nprocs: int, program: Sequence[str]) -> tuple[list[str], dict[str, str]]:
+def rank_command(nprocs: int, program: Sequence[str], placement: dict[str, Any] | None = None
+                 ) -> tuple[list[str], dict[str, str]]:
     """``mpiexec -n N python PROGRAM...`` and the environment the local launcher gives its
-    ranks (one BLAS thread pool per core, not per rank)."""
-    from runner.launch.local import LocalConfig, LocalLauncher, find_mpiexec
+    ranks (one BLAS thread pool per core, not per rank). ``placement``: launcher keys of a
+    job across hosts (hostfile, remote_shell, procs_per_node), placed as the launcher does."""
+    from runner.launch.local import LocalConfig, LocalLauncher
 
-    launcher = LocalLauncher(LocalConfig(nprocs=nprocs))
-    return [find_mpiexec(None), "-n", str(nprocs), sys.executable, *program], \
+    launcher = LocalLauncher(LocalConfig(nprocs=nprocs, **(placement or {})))
+    return launcher.mpiexec_command(list(program), cleanup_by_watchdog=False), \
         launcher.environment()
 
 
-def run_ranks(nprocs: int, program: Sequence[str], timeout_s: float, what: str) -> str:
+def run_ranks(nprocs: int, program: Sequence[str], timeout_s: float, what: str,
+              placement: dict[str, Any] | None = None) -> str:
     """Run ``python PROGRAM...`` (e.g. ``["benchmarks/harness.py", DIR]``) on ``nprocs`` real
-    ranks; return its stdout. A failure or a timeout is one UserError line with the output's
-    last lines."""
+    ranks, placed as :func:`rank_command` says; return its stdout. A failure or a timeout is
+    one UserError line with the output's last lines."""
     from runner.launch.local import stop_process_group
 
-    command, env = rank_command(nprocs, program)
+    command, env = rank_command(nprocs, program, placement)
     # Its own session, so that a timeout or Ctrl-C stops every rank, not only mpiexec.
     proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
@@ -333,19 +336,21 @@ def run_ranks(nprocs: int, program: Sequence[str], timeout_s: float, what: str) 
         tail = " | ".join((stderr or stdout).strip().splitlines()[-4:])
         raise UserError(f"{what} on {nprocs} ranks exited with status {proc.returncode} "
                         f"({tail})", "see the run dirs' logs/rank<N>.log")
-    return proc.stdout
+    return stdout
 
 
 def run_cases(root: Path, cases: dict[str, list[str]], nprocs: int, timeout_s: float = 3600,
-              reuse: bool = False) -> dict[str, dict[str, Any]]:
-    """Train every case (overrides must give ``launcher.nprocs=nprocs``) in one job on
-    ``nprocs`` ranks; return :func:`read_run` of each. With ``reuse``, cases whose run dir
-    already holds a completed summary are read, not trained again."""
+              reuse: bool = False, placement: dict[str, Any] | None = None
+              ) -> dict[str, dict[str, Any]]:
+    """Train every case (overrides must give ``launcher.nprocs=nprocs``, and the same
+    ``placement`` when the job spans hosts) in one job on ``nprocs`` ranks; return
+    :func:`read_run` of each. With ``reuse``, cases whose run dir already holds a completed
+    summary are read, not trained again."""
     todo = {name: o for name, o in cases.items() if not (reuse and completed(root / name))}
     if todo:
         run_dirs = prepare_cases(root, todo)
         run_ranks(nprocs, [__file__, *(str(run_dirs[n]) for n in todo)],
-                  timeout_s, f"training {len(todo)} case(s) under {root}")
+                  timeout_s, f"training {len(todo)} case(s) under {root}", placement)
     return {name: read_run(root / name) for name in cases}
 
 

@@ -39,6 +39,7 @@ from .errors import (
 from .launch.run_dir import hold_shared
 from .launch.watchdog import (
     LAUNCHER_PID,
+    launcher_here,
     start_heartbeat,
     watch_launcher,
     write_exit_record,
@@ -172,10 +173,12 @@ def _run_rank(run_dir: Path, in_process: bool) -> int:
             world_mpi.Abort(2)
         return 2
     # Under the local launcher, it prints a failure's line from the exit record (a print here
-    # can die with MPI_Abort before mpiexec forwards it) and its death stops the ranks.
+    # can die with MPI_Abort before mpiexec forwards it) and its death stops the ranks on
+    # its host (the others lose their peers with them).
     launcher = os.environ.get(LAUNCHER_PID)
-    if launcher and not in_process:
-        watch_launcher(int(launcher), lambda: launcher_gone(int(launcher)))
+    watched = launcher_here()
+    if watched and not in_process:
+        watch_launcher(watched, lambda: launcher_gone(watched))
 
     def say(message: str) -> None:
         if not launcher or in_process:

@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..comm.communicator import Communicator
+from ..comm.hostfile import ranks_per_host, read_hostfile
 from ..config.section import require
 from ..errors import ConfigError
 from .adpsgd import ADPSGD, ADPSGDConfig
@@ -47,6 +48,16 @@ class HADPSGD(ADPSGD):
     @classmethod
     def participants(cls, run_cfg) -> int:
         ppn = run_cfg.launcher.procs_per_node
+        hostfile = run_cfg.launcher.get("hostfile")
+        if not ppn and hostfile:  # the hosts are the nodes (runner/comm/hostfile.py)
+            sizes = [n for _, n in ranks_per_host(read_hostfile(hostfile),
+                                                  run_cfg.launcher.nprocs, None)]
+            if len(set(sizes)) > 1:
+                raise ConfigError("launcher.hostfile", f"the hosts of {hostfile} take {sizes} "
+                                  "ranks: super learners need the same number of ranks",
+                                  "give every host the same slots, or set "
+                                  "launcher.procs_per_node")
+            return len(sizes)
         if not ppn:
             raise ConfigError("launcher.procs_per_node", "hadpsgd needs nodes to form super "
                               "learners", "set launcher.procs_per_node, e.g. "
@@ -66,6 +77,8 @@ class HADPSGD(ADPSGD):
     @classmethod
     def even_fix(cls, run_cfg) -> str:
         ppn = run_cfg.launcher.procs_per_node
+        if not ppn:
+            return "list an even number of hosts in launcher.hostfile"
         nodes = run_cfg.launcher.nprocs // ppn
         return (f"use an even number of nodes, e.g. launcher.nprocs={ppn * (nodes + 1)} "
                 f"with launcher.procs_per_node={ppn}")

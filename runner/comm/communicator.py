@@ -19,6 +19,7 @@ so a dead or hung peer ends the job instead of leaving it waiting.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import socket
 import threading
@@ -35,6 +36,7 @@ from .deadline import DEADLINES, CommTimeout
 from .world import mpi
 
 TENSOR_BACKENDS = ("mpi", "nccl", "gloo")
+log = logging.getLogger("adpsgd")
 EXCHANGE = 11  # MPI tag of model exchanges
 DEFAULT_TIMEOUT_S = 900.0
 
@@ -339,6 +341,8 @@ def init_torch_distributed(mpi_comm, backend: str, timeout_s: float = 600.0) -> 
             probe.bind(("", 0))
             address = (host, probe.getsockname()[1])
     host, port = mpi_comm.bcast(address, root=0)
+    if mpi_comm.Get_rank() == 0:
+        log.info("torch.distributed (%s) rendezvous at tcp://%s:%d", backend, host, port)
     dist.init_process_group(backend, init_method=f"tcp://{host}:{port}",
                             rank=mpi_comm.Get_rank(), world_size=mpi_comm.Get_size(),
                             timeout=datetime.timedelta(seconds=timeout_s))

@@ -28,29 +28,36 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from functools import cache
 from pathlib import Path
 from typing import IO, Optional
 
 from ..checkpoint.files import complete_checkpoints, remove_partial_checkpoints
+from ..comm.hostfile import ranks_per_host, read_hostfile
 from ..config.section import require
 from ..errors import EXIT_PEER_LOST, EXIT_PREEMPTED, EXIT_STOPPED, ConfigError
 from .base import Launcher, LauncherConfig
+from .hosts import hostfile_args, mpi_flavor, remote_shell_path, unanswered_host
 from .registry import LAUNCHERS
 from .restarts import JobFailure, Restarts, reported_failure
 from .watchdog import (
+    HEARTBEAT_TO,
+    LAUNCHER_HOST,
     LAUNCHER_PID,
     DeadRank,
+    HeartbeatListener,
     RankWatchdog,
     StalledRank,
     clear_rank_files,
+    exit_status,
     failure_records,
     failure_times,
+    rank_host,
     rank_progress,
 )
 
@@ -61,23 +68,52 @@ MPIEXEC_GRACE_S = 3.0
 BANNER_PID = re.compile(r"^=\s+PID (\d+) RUNNING AT")
 BANNER_CODE = re.compile(r"^=\s+EXIT CODE: (\d+)")
 BANNER_LINES = re.compile(r"^(=|YOUR APPLICATION TERMINATED|This typically refers|"
-                          r"Please see the FAQ)")
+                          r"Please see the FAQ|\[mpiexec@|\[proxy:|\[[^\]@ ]+\] [\d,]+$)")
+# Hydra's -print-all-exitcodes (a job across hosts): "[mpiexec@head] Exit codes: [host] 0,9"
+# and a line "[host] codes" for each further host, the codes of the host's ranks in order.
+EXIT_CODES = re.compile(r"(?:^\[mpiexec@[^\]]*\] Exit codes: |^)\[([^\]@ ]+)\] ([\d,]+)$")
 
 
 @dataclass
 class LocalConfig(LauncherConfig):
     name: str = "local"
     nprocs: int = 4  # total ranks; 1 runs in-process without mpiexec (for debugging)
-    procs_per_node: Optional[int] = 2  # ranks per emulated node (hadpsgd's super learners)
+    # Ranks per node: emulated nodes on this machine, or ranks per host with a hostfile;
+    # null with a hostfile: each host's slots, the ranks of a host forming one node.
+    procs_per_node: Optional[int] = 2
     mpiexec: Optional[str] = None  # path or name; null: the mpiexec installed next to Python
     mpiexec_args: list[str] = field(default_factory=list)  # placed before the program
+    # The hosts to run on, one per line (MPI's hostfile: NAME, NAME:SLOTS or NAME slots=N;
+    # runner/comm/hostfile.py); null: every rank on this machine.
+    hostfile: Optional[str] = None
+    # How mpiexec enters a host of the hostfile (ssh's calling convention); null: ssh.
+    remote_shell: Optional[str] = None
 
     def check(self, prefix, cfg):
         super().check(prefix, cfg)
         if self.nprocs > 1:
             find_mpiexec(self.mpiexec, key=f"{prefix}.mpiexec")
-        if cfg.comm.backend == "nccl" and cfg.trainer.device != "cpu":
+        if self.hostfile:
+            self.check_hosts(prefix)
+        elif cfg.comm.backend == "nccl" and cfg.trainer.device != "cpu":
             check_gpus_for_nccl(self.nprocs)
+
+    def check_hosts(self, prefix: str) -> None:
+        """A hostfile that places every rank, a command that enters its hosts, and every host
+        it uses answering through that command (before any rank starts)."""
+        require(self.nprocs > 1, f"{prefix}.nprocs", "a hostfile needs at least 2 ranks "
+                "(launcher.nprocs=1 runs the rank inside adpsgd-run)", f"{prefix}.nprocs=2")
+        hosts = read_hostfile(self.hostfile, f"{prefix}.hostfile")
+        used = ranks_per_host(hosts, self.nprocs, self.procs_per_node, f"{prefix}.hostfile")
+        shell = remote_shell_path(self.remote_shell, f"{prefix}.remote_shell")
+        hostfile_args(find_mpiexec(self.mpiexec), self.hostfile, shell, self.procs_per_node,
+                      f"{prefix}.hostfile")
+        silent = unanswered_host(shell, [h for h in hosts if h.name in dict(used)])
+        if silent:
+            host, why = silent
+            raise ConfigError(f"{prefix}.hostfile", f"host {host} does not answer "
+                              f"({Path(shell).name} {host} true: {why})",
+                              f"bring {host} back, or remove it from {self.hostfile}")
 
 
 def check_gpus_for_nccl(ranks: int) -> None:
@@ -112,17 +148,6 @@ def find_mpiexec(requested: str | None, key: str = "launcher.mpiexec") -> str:
     return found
 
 
-@cache
-def is_hydra(mpiexec: str) -> bool:
-    """Whether ``mpiexec`` is MPICH's Hydra (it then takes ``-disable-auto-cleanup``)."""
-    try:
-        probe = subprocess.run([mpiexec, "--version"], capture_output=True, text=True,
-                               timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return "HYDRA" in probe.stdout
-
-
 def log_tail(run_dir: Path, rank: int, lines: int = 12) -> str:
     path = run_dir / "logs" / f"rank{rank}.log"
     if not path.exists():
@@ -132,13 +157,15 @@ def log_tail(run_dir: Path, rank: int, lines: int = 12) -> str:
 
 class MpiexecOutput:
     """Relays mpiexec's stdout (the ranks write theirs to logs/), keeping back MPICH's
-    multi-line report of a rank that ended badly and remembering its pid and exit code."""
+    multi-line report of a rank that ended badly (remembering its pid and exit code) and the
+    process manager's own notices, which go to logs/mpiexec.log."""
 
     def __init__(self, stream: IO[str], report_path: Path):
         self.stream = stream
         self.report_path = report_path  # the report as mpiexec wrote it, for the curious
         self.bad_pid: int | None = None
         self.bad_code: int | None = None
+        self.exit_codes: dict[str, list[int]] = {}  # host -> its ranks' exit codes, in order
         self.thread = threading.Thread(target=self._relay, name="mpiexec-output", daemon=True)
         self.thread.start()
 
@@ -148,12 +175,55 @@ class MpiexecOutput:
                 self.bad_pid = int(match.group(1))
             elif (match := BANNER_CODE.match(line)) and self.bad_code is None:
                 self.bad_code = int(match.group(1))
+            elif match := EXIT_CODES.match(line.rstrip("\n")):
+                self.exit_codes[match.group(1)] = [int(c) for c in match.group(2).split(",")]
             if not BANNER_LINES.match(line):
                 sys.stdout.write(line)
                 sys.stdout.flush()
             elif line.strip("=\n "):
                 with open(self.report_path, "a") as report:
                     report.write(line)
+
+    def join(self) -> None:
+        self.thread.join(timeout=5)
+
+
+class MpiexecStderr:
+    """Relays mpiexec's stderr (rank 0's progress bar and the ranks' last words) to ours as
+    it comes, byte for byte, but sends the process manager's own lines (``[mpiexec@HOST]``,
+    ``[proxy:...]``: its complaints while a job is taken down, its Ctrl-C notices) to
+    ``log_path`` instead: the launcher says what happened in one line of its own."""
+
+    OWN = (b"[mpiexec@", b"[proxy:")
+
+    def __init__(self, fd: int, log_path: Path):
+        self.fd, self.log_path = fd, log_path
+        self.thread = threading.Thread(target=self._relay, name="mpiexec-stderr", daemon=True)
+        self.thread.start()
+
+    def _relay(self) -> None:
+        pending = b""
+        while chunk := os.read(self.fd, 65536):
+            pending += chunk
+            *lines, pending = pending.split(b"\n")
+            for line in lines:
+                self._emit(line + b"\n")
+            # A partial line (a progress bar's \r updates) goes out at once, unless it may
+            # be the start of one of mpiexec's own lines.
+            if pending and not any(own.startswith(pending[:len(own)]) for own in self.OWN):
+                self._emit(pending)
+                pending = b""
+        if pending:
+            self._emit(pending)
+        os.close(self.fd)
+
+    def _emit(self, data: bytes) -> None:
+        if data.startswith(self.OWN):
+            with open(self.log_path, "ab") as log:
+                log.write(data)
+            return
+        sys.stderr.buffer.write(data)
+        sys.stderr.flush()
 
     def join(self) -> None:
         self.thread.join(timeout=5)
@@ -177,6 +247,10 @@ class StopForwarding:
         self.received: list[int] = []  # signals to forward, in the order they came
         self.delivered: dict[int, set[int]] = {}
         self.forced = False
+        # A job across hosts: mpiexec (this pid) forwards each signal to every rank, since
+        # ranks on other hosts cannot be signalled by pid from here.
+        self.via_mpiexec: int | None = None
+        self.sent_via_mpiexec: set[int] = set()
 
     def __enter__(self) -> StopForwarding:
         self.previous = {sig: signal.signal(sig, self._received) for sig in self.SIGNALS}
@@ -205,12 +279,46 @@ class StopForwarding:
     def deliver(self) -> None:
         if not self.received:
             return
+        if self.via_mpiexec is not None:
+            if self.watchdog.all_started():  # once every rank can take it
+                for signum in self.received:
+                    if signum not in self.sent_via_mpiexec:
+                        self.sent_via_mpiexec.add(signum)
+                        os.kill(self.via_mpiexec, signum)
+            return
         self.watchdog.refresh()
         for signum in self.received:
             done = self.delivered.setdefault(signum, set())
             pending = [rank for rank in self.watchdog.pids if rank not in done]
             self.watchdog.signal_ranks(signum, pending)
             done.update(pending)
+
+
+# Signals that kill a rank from outside (or by its own crash) as opposed to the signals a dying
+# peer causes in the ranks that lose it (MPI libraries crash on a lost connection: SIGSEGV,
+# SIGABRT, SIGBUS) or that mpiexec's clean-up sends (SIGTERM, SIGINT, SIGUSR1).
+OUTSIDE_SIGNALS = (signal.SIGKILL, signal.SIGILL, signal.SIGFPE, signal.SIGQUIT, signal.SIGHUP)
+
+
+def killed_elsewhere(run_dir: Path, nprocs: int, exit_codes: dict[str, list[int]]
+                     ) -> tuple[int, str, int, str] | None:
+    """From mpiexec's exit codes per host (``-print-all-exitcodes``): the first rank, by rank,
+    that a signal from outside ended and that left no exit record, with its host, the signal
+    and a phrase on how the others ended; None when no such rank is found."""
+    ranks_of: dict[str, list[int]] = {}
+    for rank in range(nprocs):
+        if (host := rank_host(run_dir, rank)) is not None:
+            ranks_of.setdefault(host, []).append(rank)
+    ended = {rank: code for host, codes in exit_codes.items()
+             for rank, code in zip(ranks_of.get(host, []), codes)}
+    for rank, code in sorted(ended.items()):
+        if code in OUTSIDE_SIGNALS and exit_status(run_dir, rank) is None:
+            crashed = sorted(r for r, c in ended.items() if r != rank and 0 < c < 65)
+            others = (f"; rank(s) {', '.join(map(str, crashed))} then ended by signal(s) "
+                      f"{', '.join(sorted({str(ended[r]) for r in crashed}))} when their "
+                      "MPI lost it" if crashed else "")
+            return rank, rank_host(run_dir, rank) or "?", code, others
+    return None
 
 
 def stop_process_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
@@ -238,20 +346,44 @@ class LocalLauncher(Launcher):
     Config = LocalConfig
 
     def command(self, run_dir: Path) -> list[str]:
+        return self.mpiexec_command(["-m", "runner.worker", str(run_dir)])
+
+    def mpiexec_command(self, program: list[str], cleanup_by_watchdog: bool = True
+                        ) -> list[str]:
+        """``mpiexec -n N [hosts] python PROGRAM...`` as this launcher places ranks (the
+        benchmarks' jobs too, benchmarks/harness.py)."""
         mpiexec = find_mpiexec(self.cfg.mpiexec)
-        return [mpiexec, "-n", str(self.cfg.nprocs), *self.cleanup_args(mpiexec),
-                *self.cfg.mpiexec_args, sys.executable, "-m", "runner.worker", str(run_dir)]
+        hosts = (hostfile_args(mpiexec, self.cfg.hostfile,
+                               remote_shell_path(self.cfg.remote_shell, "launcher.remote_shell"),
+                               self.cfg.procs_per_node) if self.cfg.hostfile else [])
+        cleanup = self.cleanup_args(mpiexec) if cleanup_by_watchdog else []
+        if self.cfg.hostfile and mpi_flavor(mpiexec) == "hydra":
+            # How each rank on another host ended: the watchdog sees no pid there.
+            cleanup.append("-print-all-exitcodes")
+        return [mpiexec, "-n", str(self.cfg.nprocs), *hosts, *cleanup, *self.cfg.mpiexec_args,
+                sys.executable, *program]
 
     def cleanup_args(self, mpiexec: str) -> list[str]:
         """Leave the clean-up after a dead rank to the watchdog where mpiexec allows it."""
-        if is_hydra(mpiexec) and "-disable-auto-cleanup" not in self.cfg.mpiexec_args:
+        if mpi_flavor(mpiexec) == "hydra" and "-disable-auto-cleanup" not in \
+                self.cfg.mpiexec_args:
             return ["-disable-auto-cleanup"]
         return []
+
+    def ranks_per_machine(self) -> int:
+        """The most ranks that share one machine's cores."""
+        if not self.cfg.hostfile:
+            return self.cfg.nprocs
+        used = ranks_per_host(read_hostfile(self.cfg.hostfile), self.cfg.nprocs,
+                              self.cfg.procs_per_node)
+        return max(count for _, count in used)
 
     def environment(self) -> dict[str, str]:
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         # One BLAS/OpenMP pool per core, not per rank: oversubscribed ranks thrash otherwise.
-        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // self.cfg.nprocs)))
+        # (With a hostfile, each host is taken to have this machine's cores.)
+        env.setdefault("OMP_NUM_THREADS",
+                       str(max(1, (os.cpu_count() or 1) // self.ranks_per_machine())))
         return env
 
     def launch(self, run_cfg, run_dir):
@@ -282,16 +414,30 @@ class LocalLauncher(Launcher):
         """Run the MPI job once; its exit status, and how it failed (None: it completed or
         stopped as asked)."""
         clear_rank_files(run_dir, self.cfg.nprocs)
-        watchdog = RankWatchdog(run_dir, self.cfg.nprocs)
-        # The ranks stop if this process dies, and leave printing their failures to it.
-        env = {**self.environment(), LAUNCHER_PID: str(os.getpid())}
+        # Ranks on other hosts send their heartbeats over the network (runner/launch/
+        # watchdog.py): a host that hangs or loses its link falls silent.
+        listener = HeartbeatListener() if self.cfg.hostfile else None
+        watchdog = RankWatchdog(run_dir, self.cfg.nprocs, listener)
+        # The ranks on this host stop if this process dies, and every rank leaves printing
+        # its failure to it.
+        env = {**self.environment(), LAUNCHER_PID: str(os.getpid()),
+               LAUNCHER_HOST: socket.gethostname(),
+               **({HEARTBEAT_TO: listener.target} if listener else {})}
         # Signals are taken over before mpiexec starts: a Ctrl-C from here on reaches the
         # ranks as a graceful stop, however early.
         with StopForwarding(watchdog) as forwarding:
-            proc = subprocess.Popen(self.command(run_dir), env=env, start_new_session=True,
-                                    stdout=subprocess.PIPE, text=True, errors="replace")
+            stderr_read, stderr_write = os.pipe()
+            try:
+                proc = subprocess.Popen(self.command(run_dir), env=env, start_new_session=True,
+                                        stdout=subprocess.PIPE, stderr=stderr_write, text=True,
+                                        errors="replace")
+            finally:
+                os.close(stderr_write)
+            if self.cfg.hostfile:
+                forwarding.via_mpiexec = proc.pid
             watchdog.watch_mpiexec(proc.pid)
             output = MpiexecOutput(proc.stdout, run_dir / "logs" / "mpiexec.log")
+            errors = MpiexecStderr(stderr_read, run_dir / "logs" / "mpiexec.log")
             grace = 0.0 if "-disable-auto-cleanup" in proc.args else MPIEXEC_GRACE_S
             try:
                 status = self.supervise(proc, watchdog, forwarding, grace)
@@ -303,15 +449,20 @@ class LocalLauncher(Launcher):
                 watchdog.stop()
                 remove_partial_checkpoints(run_dir)
                 return EXIT_STOPPED, None
+            finally:
+                if listener:
+                    listener.close()
         ended = time.time()
         output.join()
+        errors.join()
         watchdog.kill_leftovers()  # a rank that outlived mpiexec would be an orphan
         time.sleep(2 * RankWatchdog.POLL_MS / 1000)  # the last deaths reach the record
         watchdog.stop()
         if self.stalled is not None:
             stalled = self.stalled
+            where = f" on {stalled.host}" if stalled.host else ""
             return 128 + signal.SIGKILL, JobFailure(
-                f"rank {stalled.rank} stalled (no heartbeat for launcher.stall_timeout_s="
+                f"rank {stalled.rank}{where} stalled (no heartbeat for launcher.stall_timeout_s="
                 f"{self.cfg.stall_timeout_s:g} s)", True, ended,
                 lambda: self.report_stalled(run_dir, stalled))
         if status == 0:
@@ -328,6 +479,13 @@ class LocalLauncher(Launcher):
             # the instant between fork and its own session, and it dies of it at once.
             return EXIT_STOPPED, None
         dead = self.dead_rank(watchdog, output)
+        if dead is None and (killed := killed_elsewhere(run_dir, self.cfg.nprocs,
+                                                         output.exit_codes)):
+            rank, host, signum, others = killed
+            return 128 + signum, JobFailure(
+                f"rank {rank} on {host} was killed by signal {signum} "
+                f"({signal.Signals(signum).name})", True, ended,
+                lambda: self.report_killed_elsewhere(run_dir, rank, host, signum, others))
         if status < 0 and self.mpiexec_ended_first(watchdog, dead, ended):
             # mpiexec itself was killed from outside; its ranks went down after it.
             name = signal.Signals(-status).name
@@ -409,6 +567,14 @@ class LocalLauncher(Launcher):
                 if checkpoints else "start it again")
 
     def report_stalled(self, run_dir: Path, stalled: StalledRank) -> None:
+        if stalled.host:  # heard over the network: the host, its link or the rank is gone
+            print(f"adpsgd-run: rank {stalled.rank} on host {stalled.host} (pid "
+                  f"{stalled.pid} there) stopped responding: no heartbeat for "
+                  f"{stalled.silent_s:.0f} s (the rank died or stopped, the host hung, or its "
+                  "network link is down); the job was stopped here, and processes of it may "
+                  f"be left on {stalled.host}. Fix: check {stalled.host} and its link, then "
+                  f"{self.resume_hint(run_dir)}", file=sys.stderr, flush=True)
+            return
         print(f"adpsgd-run: rank {stalled.rank} (pid {stalled.pid}) stopped responding: no "
               f"heartbeat for {stalled.silent_s:.0f} s (a stopped process, a hung node or a "
               "rank stuck outside Python); every rank was stopped. Fix: look for the cause in "
@@ -451,6 +617,16 @@ class LocalLauncher(Launcher):
               f"({how}: kill -9, the out-of-memory killer or a crash{hung}); the other ranks "
               f"were stopped. Fix: find the cause in its log above and the kernel log (dmesg), "
               f"then {self.resume_hint(run_dir)}", file=sys.stderr, flush=True)
+
+    def report_killed_elsewhere(self, run_dir: Path, rank: int, host: str, signum: int,
+                                others: str) -> None:
+        print(f"--- last lines of {run_dir}/logs/rank{rank}.log ---\n"
+              f"{log_tail(run_dir, rank)}", file=sys.stderr)
+        print(f"adpsgd-run: rank {rank} on host {host} was killed by signal {signum} "
+              f"({signal.Signals(signum).name}: kill -9, the out-of-memory killer or a crash)"
+              f"{others}; the job was stopped. Fix: find the cause in its log above and in "
+              f"{host}'s kernel log (dmesg), then {self.resume_hint(run_dir)}",
+              file=sys.stderr, flush=True)
 
     @staticmethod
     def mpiexec_report(watchdog: RankWatchdog, output: MpiexecOutput) -> str:

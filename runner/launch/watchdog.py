@@ -17,6 +17,13 @@ A rank that is alive but silent (a stopped process, a hung node) is found by its
 thread of every rank touches its pid file every few seconds, and the launcher ends a job whose
 rank has not done so for ``launcher.stall_timeout_s``.
 
+A rank on another host than the launcher (``launcher.hostfile``) cannot be watched by its pid:
+it also sends its heartbeat to the launcher over the network (a UDP datagram to
+``ADPSGD_HEARTBEAT_TO``, :class:`HeartbeatListener`), so that a rank killed there, a host that
+hung or a host whose link is cut falls silent and is named, with its host, within the stall
+timeout (its pid file may still be touched: the run dir's file system need not share the
+host's fate).
+
 The same files tell the launcher where to forward SIGUSR1/SIGTERM/SIGINT
 (runner/checkpoint/preemption.py) and whether every rank stopped gracefully; a failed rank's record
 holds the line the launcher prints (the rank's own print may die with MPI_Abort before mpiexec
@@ -80,8 +87,18 @@ def write_exit_record(run_dir: str | Path, rank: int, status: int,
             pass
 
 
-# The local launcher's pid, in its ranks' environment: they stop when it is gone.
+# The local launcher's pid and host, in its ranks' environment: ranks on its host stop when
+# it is gone (a pid means nothing on another host).
 LAUNCHER_PID = "ADPSGD_LAUNCHER_PID"
+LAUNCHER_HOST = "ADPSGD_LAUNCHER_HOST"
+# Where ranks send their heartbeats over the network (HOST:PORT), when the job spans hosts.
+HEARTBEAT_TO = "ADPSGD_HEARTBEAT_TO"
+
+
+def launcher_here() -> int | None:
+    """The launcher's pid when it runs on this rank's host, else None."""
+    pid, host = os.environ.get(LAUNCHER_PID), os.environ.get(LAUNCHER_HOST)
+    return int(pid) if pid and host in (None, socket.gethostname()) else None
 
 
 def watch_launcher(pid: int, on_gone) -> None:
@@ -112,9 +129,11 @@ def start_heartbeat(run_dir: str | Path, rank: int,
     path = _path(run_dir, rank, "pid")
     tmp = path.with_name(path.name + ".beat")
     identity = f"{os.getpid()} {socket.gethostname()}"
+    send = datagram_sender(os.environ.get(HEARTBEAT_TO), f"{rank} {identity}".encode())
 
     def beat() -> None:
         while True:
+            send()
             try:
                 samples = progress()
                 if samples is None:
@@ -130,6 +149,68 @@ def start_heartbeat(run_dir: str | Path, rank: int,
             time.sleep(HEARTBEAT_S)
 
     threading.Thread(target=beat, name="heartbeat", daemon=True).start()
+
+
+def datagram_sender(target: str | None, payload: bytes) -> Callable[[], None]:
+    """A function that sends ``payload`` to ``target`` (HOST:PORT) as one UDP datagram, never
+    raising (a lost datagram is a missed beat); a no-op without a target."""
+    if not target:
+        return lambda: None
+    host, _, port = target.rpartition(":")
+    address = None
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+
+    def send() -> None:
+        nonlocal address
+        try:
+            address = address or socket.getaddrinfo(host, int(port), socket.AF_INET,
+                                                    socket.SOCK_DGRAM)[0][4]
+            sock.sendto(payload, address)
+        except (OSError, ValueError):
+            address = None  # resolve again next time (the network may come back)
+
+    return send
+
+
+class HeartbeatListener:
+    """The launcher's end of the ranks' network heartbeats: when it last heard each rank,
+    from which host. ``target`` is what the ranks are given as ``ADPSGD_HEARTBEAT_TO``."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind(("", 0))
+        self.target = f"{socket.gethostname()}:{self.sock.getsockname()[1]}"
+        self.heard: dict[int, tuple[float, str, int]] = {}  # rank -> (time.time(), host, pid)
+        self._lock = threading.Lock()
+        threading.Thread(target=self._listen, name="heartbeats", daemon=True).start()
+
+    def _listen(self) -> None:
+        while True:
+            try:
+                data = self.sock.recv(512)
+            except OSError:  # closed
+                return
+            try:
+                rank, pid, host = data.decode().split()[:3]
+                with self._lock:
+                    self.heard[int(rank)] = (time.time(), host, int(pid))
+            except ValueError:
+                continue  # not one of ours
+
+    def last(self, rank: int) -> tuple[float, str, int] | None:
+        with self._lock:
+            return self.heard.get(rank)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def rank_host(run_dir: str | Path, rank: int) -> str | None:
+    """The host the rank runs on, from its pid file (None before it wrote one)."""
+    try:
+        return _path(run_dir, rank, "pid").read_text().split()[1]
+    except (OSError, IndexError):
+        return None
 
 
 def clear_rank_files(run_dir: str | Path, nprocs: int) -> None:
@@ -242,8 +323,9 @@ def process_alive(pid: int) -> bool:
 @dataclass(frozen=True)
 class StalledRank:
     rank: int
-    pid: int
+    pid: int  # on its host
     silent_s: float  # seconds since its last heartbeat
+    host: str | None = None  # set for a rank on another host than the launcher
 
 
 @dataclass(frozen=True)
@@ -261,9 +343,11 @@ class RankWatchdog:
 
     POLL_MS = 100  # how often the death watcher looks for new pid files
 
-    def __init__(self, run_dir: str | Path, nprocs: int):
+    def __init__(self, run_dir: str | Path, nprocs: int,
+                 listener: HeartbeatListener | None = None):
         self.run_dir, self.nprocs = Path(run_dir), nprocs
-        self.pids: dict[int, int] = {}  # rank -> pid, once its pid file appeared
+        self.listener = listener  # the network heartbeats of ranks on other hosts
+        self.pids: dict[int, int] = {}  # rank -> pid, once its pid file appeared (this host)
         self.deaths: list[tuple[float, int, int]] = []  # (time.time(), rank, wake-up), in order
         self.mpiexec_wakeup: int | None = None  # the wake-up that saw mpiexec end
         self.wakeups = 0  # of the thread, so far
@@ -360,8 +444,9 @@ class RankWatchdog:
 
     def stalled(self, timeout_s: float) -> StalledRank | None:
         """The live rank, still without an exit record, whose heartbeat (its pid file's time,
-        runner/worker.py) is older than ``timeout_s``; of several, the one silent longest
-        (the others may only wait for it)."""
+        runner/worker.py; a rank on another host: its last datagram) is older than
+        ``timeout_s``; of several, the one silent longest (the others may only wait for
+        it)."""
         now = time.time()
         stalled = []
         for rank, pid in list(self.pids.items()):
@@ -369,7 +454,21 @@ class RankWatchdog:
             if silent is not None and silent > timeout_s \
                     and exit_status(self.run_dir, rank) is None and process_alive(pid):
                 stalled.append(StalledRank(rank, pid, silent))
+        for rank in self.remote_ranks():
+            heard = self.listener.last(rank) if self.listener else None
+            if heard and now - heard[0] > timeout_s and exit_status(self.run_dir, rank) is None:
+                stalled.append(StalledRank(rank, heard[2], now - heard[0], heard[1]))
         return max(stalled, key=lambda s: s.silent_s, default=None)
+
+    def remote_ranks(self) -> list[int]:
+        """Ranks that run on another host than this one (their pid file says so)."""
+        here = socket.gethostname()
+        return [rank for rank in range(self.nprocs) if rank not in self.pids
+                and (host := rank_host(self.run_dir, rank)) is not None and host != here]
+
+    def all_started(self) -> bool:
+        """Every rank wrote its pid file (so every rank can take a forwarded signal)."""
+        return all(_path(self.run_dir, rank, "pid").exists() for rank in range(self.nprocs))
 
     def rank_of_pid(self, pid: int) -> int | None:
         self.refresh()

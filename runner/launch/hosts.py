@@ -1,0 +1,96 @@
+"""A local launcher's job across hosts (``launcher.hostfile``): mpiexec's arguments for the
+hostfile and the command that enters a host, and the check that every host answers before
+any rank starts.
+
+``launcher.remote_shell`` is how mpiexec enters a host: ssh on a cluster (the default), or a
+command with ssh's calling convention (``COMMAND [-x] HOST COMMAND-LINE``), such as the lab's
+(scripts/lab_cluster.sh). MPICH's mpiexec takes it as ``-launcher ssh -launcher-exec``, Open
+MPI's as ``--mca plm_rsh_agent``.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import threading
+from functools import cache
+from pathlib import Path
+
+from ..comm.hostfile import Host
+from ..errors import ConfigError, one_line
+
+PROBE_TIMEOUT_S = 20.0  # how long a host may take to run `true`
+
+
+@cache
+def mpi_flavor(mpiexec: str) -> str:
+    """``hydra`` (MPICH), ``openmpi`` or ``other``, from ``mpiexec --version``."""
+    try:
+        probe = subprocess.run([mpiexec, "--version"], capture_output=True, text=True,
+                               timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return "other"
+    text = probe.stdout + probe.stderr
+    if "HYDRA" in text:
+        return "hydra"
+    return "openmpi" if "Open MPI" in text or "OpenRTE" in text else "other"
+
+
+def remote_shell_path(shell: str | None, key: str) -> str:
+    """The command that enters a host, as a path (ConfigError when it does not exist)."""
+    found = shutil.which(shell or "ssh")
+    if not found:
+        raise ConfigError(key, f"{shell or 'ssh'!r} (the command that enters a host) is not "
+                          "found", "install ssh, or set launcher.remote_shell to the command "
+                          "your cluster uses (ssh's calling convention)")
+    return found
+
+
+def hostfile_args(mpiexec: str, hostfile: str, shell: str, procs_per_node: int | None,
+                  key: str = "launcher.hostfile") -> list[str]:
+    """mpiexec's arguments that place the job on the hostfile's hosts."""
+    flavor = mpi_flavor(mpiexec)
+    hostfile = str(Path(hostfile).resolve())
+    if flavor == "hydra":
+        args = ["-f", hostfile, "-launcher", "ssh", "-launcher-exec", shell]
+        return args + (["-ppn", str(procs_per_node)] if procs_per_node else [])
+    if flavor == "openmpi":
+        mapping = f"ppr:{procs_per_node}:node" if procs_per_node else "slot"
+        return ["--hostfile", hostfile, "--mca", "plm_rsh_agent", shell, "--map-by", mapping]
+    raise ConfigError(key, f"{mpiexec} is neither MPICH's nor Open MPI's mpiexec, so the "
+                      "launcher does not know how to give it a hostfile",
+                      "pass it yourself in launcher.mpiexec_args, or use MPICH or Open MPI")
+
+
+def unanswered_host(shell: str, hosts: list[Host],
+                    timeout_s: float = PROBE_TIMEOUT_S) -> tuple[str, str] | None:
+    """The first host (in the file's order) that does not run ``true`` through ``shell``
+    within ``timeout_s``, with why; None when every host answers. The hosts are asked at
+    once."""
+    problems: dict[str, str] = {}
+
+    def ask(host: str) -> None:
+        command = [shell, *(["-o", "BatchMode=yes", "-o", f"ConnectTimeout={timeout_s:.0f}"]
+                            if Path(shell).name == "ssh" else []), host, "true"]
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s,
+                                  stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired:
+            problems[host] = f"no answer within {timeout_s:.0f} s"
+            return
+        except OSError as ex:
+            problems[host] = one_line(ex)
+            return
+        if done.returncode != 0:
+            said = one_line(done.stderr or done.stdout or "")
+            problems[host] = f"exit {done.returncode}" + (f": {said}" if said else "")
+
+    threads = [threading.Thread(target=ask, args=(host.name,), daemon=True) for host in hosts]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout_s + 5)
+    for host in hosts:
+        if host.name in problems:
+            return host.name, problems[host.name]
+    return None

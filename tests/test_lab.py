@@ -1,0 +1,249 @@
+"""Jobs across hosts: the lab of scripts/lab_cluster.sh (a network + UTS namespace per host,
+joined over shaped links) and the local launcher with its hostfile.
+
+Needs root (network namespaces); elsewhere every test here skips with the reason. CI brings
+the lab up (`make lab-up`); otherwise the session fixture brings it up itself and takes it down
+at the end."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import BIN, REPO, run_cli
+
+pytestmark = [pytest.mark.slow, pytest.mark.mpi]
+
+LAB = REPO / "scripts" / "lab_cluster.sh"
+HOSTS = 4
+
+
+def lab(*words: str, env: dict | None = None, check: bool = True
+        ) -> subprocess.CompletedProcess:
+    proc = subprocess.run(["bash", str(LAB), *words], capture_output=True, text=True,
+                          env={**os.environ, **(env or {})}, timeout=120)
+    if check and proc.returncode != 0:
+        pytest.fail(f"lab_cluster.sh {' '.join(words)}: {proc.stdout}{proc.stderr}")
+    return proc
+
+
+def needs_root() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("the lab needs root (network namespaces): run the suite as root")
+
+
+@pytest.fixture(scope="session")
+def lab_overrides() -> list[str]:
+    """The lab's launcher overrides, with every host's link up at 1 Gbit/s."""
+    needs_root()
+    status = lab("status", check=False)
+    made_here = status.returncode != 0 or len(re.findall(r"^lab\d+ ", status.stdout,
+                                                         re.M)) < HOSTS
+    if made_here:
+        lab("up", str(HOSTS), "1gbit")
+    for host in range(1, HOSTS + 1):
+        lab("link", f"lab{host}", "up")
+        lab("rate", f"lab{host}", "1gbit")
+    overrides = lab("status").stdout.strip().splitlines()[-1].split()
+    yield overrides
+    if made_here:
+        lab("down")
+
+
+def hostfile(tmp_path: Path, lines: list[str]) -> str:
+    path = tmp_path / "hosts"
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+def veth_bytes(host: str) -> int:
+    return sum(int(Path(f"/sys/class/net/{host}-h/statistics/{way}_bytes").read_text())
+               for way in ("rx", "tx"))
+
+
+def start(args: list[str], cwd: Path) -> subprocess.Popen:
+    return subprocess.Popen([str(BIN / "adpsgd-run"), *args], cwd=cwd, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def wait_for_an_evaluation(run_dir: Path, proc: subprocess.Popen, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    metrics = run_dir / "metrics.jsonl"
+    while not (metrics.exists() and metrics.read_text().strip()):
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "no evaluation within the time allowed"
+        time.sleep(0.5)
+
+
+# ---- the lab itself ------------------------------------------------------------------------
+def test_the_lab_is_idempotent_repairs_itself_and_goes_away(tmp_path):
+    """A separate small lab (own names and subnet): up twice, a lost link repaired by the next
+    up, a host's rate changed, a cut link makes the host unreachable, down removes it all."""
+    needs_root()
+    own = {"LAB_PREFIX": "tlab", "LAB_SUBNET": "10.215.9", "LAB_DIR": str(tmp_path / "lab")}
+    try:
+        first = lab("up", "2", "100mbit", env=own)
+        assert first.stdout.strip().splitlines()[-1] == (
+            f"launcher.hostfile={tmp_path}/lab/hostfile "
+            f"launcher.remote_shell={tmp_path}/lab/ssh")
+        lab("up", "2", "100mbit", env=own)  # again: nothing to do
+        subprocess.run(["ip", "link", "del", "tlab2-h"], check=True)  # a half-made lab
+        broken = lab("status", env=own, check=False)
+        assert broken.returncode == 1 and re.search(r"tlab2 .* link missing", broken.stdout)
+        lab("up", "2", "100mbit", env=own)
+        status = lab("status", env=own).stdout
+        assert re.search(r"tlab1 +10\.215\.9\.1 +link up +rate 100mbit", status), status
+        assert re.search(r"tlab2 +10\.215\.9\.2 +link up +rate 100mbit", status), status
+        lab("rate", "tlab1", "1gbit", env=own)
+        assert "tlab1" in lab("status", env=own).stdout
+        qdisc = subprocess.run(["tc", "qdisc", "show", "dev", "tlab1-h"], capture_output=True,
+                               text=True).stdout
+        assert "rate 1Gbit" in qdisc, qdisc
+        entered = lab("ssh", "-x", "tlab2", "hostname; cat /etc/hosts", env=own).stdout
+        assert entered.splitlines()[0] == "tlab2" and "10.215.9.1 tlab1" in entered
+        lab("link", "tlab2", "down", env=own)
+        cut = lab("ssh", "tlab2", "true", env=own, check=False)
+        assert cut.returncode == 255 and "Network is unreachable" in cut.stderr
+        bad = lab("rate", "tlab1", "fast", env=own, check=False)
+        assert bad.returncode == 1 and len(bad.stderr.strip().splitlines()) == 1
+    finally:
+        lab("down", env=own)
+    namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    assert "tlab" not in namespaces and "tlab" not in links
+    assert not Path("/etc/netns/tlab1").exists() and not (tmp_path / "lab").exists()
+
+
+def test_without_root_the_lab_says_so_in_one_line():
+    needs_root()  # to become someone else
+    proc = subprocess.run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups",
+                           "bash", str(LAB), "up", "2"], capture_output=True, text=True)
+    assert proc.returncode == 1 and proc.stderr.strip().count("\n") == 0, proc.stderr
+    assert "need root" in proc.stderr, proc.stderr
+
+
+# ---- jobs across hosts ---------------------------------------------------------------------
+FAMILIES = {  # overrides, hostfile lines, ranks per host
+    "ssgd": (["algo=ssgd", "launcher.nprocs=2", "launcher.procs_per_node=1"],
+             ["lab1", "lab2"], 1),
+    "dpsgd": (["algo=dpsgd", "launcher.nprocs=4", "launcher.procs_per_node=2"],
+              ["lab1", "lab2"], 2),
+    "adpsgd": (["algo=adpsgd", "launcher.nprocs=2", "launcher.procs_per_node=1"],
+               ["lab1", "lab2"], 1),
+    # The hosts are the super learners: procs_per_node=null and two slots per host.
+    "hadpsgd": (["algo=hadpsgd", "launcher.nprocs=4", "launcher.procs_per_node=null"],
+                ["lab1:2", "lab2:2"], 2),
+    "dasgd": (["algo=dasgd", "launcher.nprocs=2", "launcher.procs_per_node=1"],
+              ["lab1", "lab2"], 1),
+}
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_every_algorithm_family_trains_across_two_hosts(lab_overrides, family, tmp_path):
+    overrides, lines, per_host = FAMILIES[family]
+    shell = next(o for o in lab_overrides if o.startswith("launcher.remote_shell="))
+    before = {host: veth_bytes(host) for host in ("lab1", "lab2")}
+    run_dir = tmp_path / "run"
+    run_cli(["recipe=digit_images", *overrides, "trainer.epochs=2", "trainer.progress=false",
+             f"launcher.hostfile={hostfile(tmp_path, lines)}", shell,
+             f"hydra.run.dir={run_dir}"], cwd=tmp_path, timeout=300)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed", summary
+    assert [(h["name"], h["ranks"]) for h in summary["hosts"]] == [("lab1", per_host),
+                                                                  ("lab2", per_host)]
+    assert summary["top1"] > 50, summary["final"]
+    if family == "hadpsgd":  # a super learner per host, its ranks one model
+        assert summary["procs_per_node"] == 2 and summary["node_replicas_identical"]
+    # The training's traffic crossed each host's link (the digits CNN is 0.4 MB; two epochs
+    # move tens of MB), not loopback.
+    moved = {host: veth_bytes(host) - before[host] for host in before}
+    assert all(b > 1_000_000 for b in moved.values()), moved
+
+
+def test_the_gloo_rendezvous_is_on_the_lab_network(lab_overrides, tmp_path):
+    """comm.backend=gloo: torch.distributed meets at rank 0's lab address, not loopback."""
+    run_dir = tmp_path / "run"
+    run_cli(["recipe=digit_images", "algo=ssgd", "comm.backend=gloo", "launcher.nprocs=2",
+             "launcher.procs_per_node=1", "trainer.epochs=1", "trainer.progress=false",
+             *lab_overrides, f"hydra.run.dir={run_dir}"], cwd=tmp_path, timeout=300)
+    log = (run_dir / "logs" / "rank0.log").read_text()
+    assert re.search(r"rendezvous at tcp://10\.213\.0\.1:\d+", log), log[-2000:]
+
+
+def test_a_rank_killed_on_another_host_is_named_with_its_host(lab_overrides, tmp_path):
+    run_dir = tmp_path / "run"
+    proc = start(["recipe=digit_images", "algo=adpsgd", "launcher.nprocs=2",
+                  "launcher.procs_per_node=1", "trainer.epochs=400", "trainer.progress=false",
+                  "launcher.stall_timeout_s=10", *lab_overrides, f"hydra.run.dir={run_dir}"],
+                 tmp_path)
+    wait_for_an_evaluation(run_dir, proc)
+    pid, host = (run_dir / "logs" / "rank1.pid").read_text().split()[:2]
+    assert host == "lab2"
+    lab("ssh", "lab2", f"kill -9 {pid}")  # as one would on a cluster: on its host
+    _, err = proc.communicate(timeout=120)
+    lines = [line for line in err.splitlines() if line.startswith("adpsgd-run:")]
+    assert proc.returncode == 137, err
+    # Its peer either waits for it (then its heartbeat stops) or crashes in MPI at once (then
+    # mpiexec's exit codes tell which rank was killed): either way the line names it.
+    assert any(re.match(r"adpsgd-run: rank 1 on host lab2 (\(pid \d+ there\) stopped "
+                        r"responding|was killed by signal 9 \(SIGKILL)", line)
+               for line in lines), err
+    assert not any(line.startswith("[mpiexec@") for line in err.splitlines()), err
+
+
+def test_a_host_whose_link_is_cut_is_named(lab_overrides, tmp_path):
+    run_dir = tmp_path / "run"
+    proc = start(["recipe=digit_images", "algo=ssgd", "launcher.nprocs=2",
+                  "launcher.procs_per_node=1", "trainer.epochs=400", "trainer.progress=false",
+                  "launcher.stall_timeout_s=10", *lab_overrides, f"hydra.run.dir={run_dir}"],
+                 tmp_path)
+    try:
+        wait_for_an_evaluation(run_dir, proc)
+        lab("link", "lab2", "down")
+        _, err = proc.communicate(timeout=120)
+    finally:
+        lab("link", "lab2", "up")
+    assert proc.returncode == 137, err
+    assert re.search(r"adpsgd-run: rank 1 on host lab2 .* stopped responding: no heartbeat "
+                     r"for \d+ s .*its network link is down", err), err
+
+
+def test_ctrl_c_across_hosts_checkpoints_and_the_run_resumes(lab_overrides, tmp_path):
+    run_dir = tmp_path / "run"
+    common = ["recipe=digit_images", "algo=ssgd", "launcher.nprocs=2",
+              "launcher.procs_per_node=1", "trainer.epochs=30", "trainer.progress=false",
+              *lab_overrides, f"hydra.run.dir={run_dir}"]
+    proc = start(common, tmp_path)
+    wait_for_an_evaluation(run_dir, proc)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "stopped by Ctrl-C after checkpointing" in err, err
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "stopped", summary
+    run_cli([*common, "resume=auto"], cwd=tmp_path, timeout=300)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["resumed_from"], summary
+
+
+def test_a_host_that_does_not_answer_stops_the_run_before_it_starts(lab_overrides, tmp_path):
+    run_dir = tmp_path / "run"
+    lab("link", "lab2", "down")
+    try:
+        proc = run_cli(["recipe=digit_images", "algo=ssgd", "launcher.nprocs=2",
+                        "launcher.procs_per_node=1", *lab_overrides, f"hydra.run.dir={run_dir}"],
+                       cwd=tmp_path, check=False, timeout=120)
+    finally:
+        lab("link", "lab2", "up")
+    assert proc.returncode == 2
+    errors = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(errors) == 1 and errors[0].startswith(
+        "adpsgd-run: error: launcher.hostfile: host lab2 does not answer"), proc.stderr
+    assert "Network is unreachable" in errors[0] and not run_dir.exists()
