@@ -112,6 +112,20 @@ def start_failure(ex: OSError, run_dir: Path) -> str:
             "make the run dir writable, or choose another hydra.run.dir")
 
 
+def tune_mpi(run_dir: Path) -> None:
+    """Put the MPI settings the run config asks for (comm.allreduce) in the environment that
+    MPI reads when it starts, which is next; a setting exported by the user wins. Nothing
+    when the config cannot be read (the error comes, as one line, once MPI runs)."""
+    from .comm.world import mpi_environment
+
+    try:
+        allreduce = OmegaConf.load(run_dir / RUN_CONFIG).comm.get("allreduce", "auto")
+    except Exception:  # noqa: BLE001 - reported where the config is loaded for real
+        return
+    for name, value in mpi_environment(allreduce).items():
+        os.environ.setdefault(name, value)
+
+
 def launcher_gone(pid: int) -> None:
     """The launcher that supervises this job died (kill -9, a closed session): without it
     nobody watches the ranks, so they checkpoint and stop (status stopped)."""
@@ -155,6 +169,7 @@ def _run_rank(run_dir: Path, in_process: bool) -> int:
     from .train.compute_path import resolve_device
     from .trainer import Trainer
 
+    tune_mpi(run_dir)
     MPI = mpi()
     world_mpi = MPI.COMM_WORLD
     rank = world_mpi.Get_rank()

@@ -52,6 +52,16 @@ def mpi():
     return MPI
 
 
+def mpi_environment(allreduce: str) -> dict[str, str]:
+    """The MPI library's settings for ``comm.allreduce``, as the environment variables that
+    MPICH and Open MPI read when MPI starts."""
+    if allreduce != "ring":
+        return {}
+    return {"MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM": "ring",  # MPICH
+            "OMPI_MCA_coll_tuned_use_dynamic_rules": "1",  # Open MPI: algorithm 4 is its ring
+            "OMPI_MCA_coll_tuned_allreduce_algorithm": "4"}
+
+
 def emulated_node(rank: int, size: int, procs_per_node: int) -> tuple[int, int]:
     """(node, num_nodes) when consecutive groups of ``procs_per_node`` ranks form a node; the
     last node is smaller when ``procs_per_node`` does not divide ``size`` (algorithms that

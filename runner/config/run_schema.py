@@ -131,11 +131,17 @@ class CommConfig(Section):
     backend: str = "auto"  # auto (mpi on CPU, nccl on GPU) | mpi | nccl | gloo
     bucket_mb: float = 4.0  # gradient bucket size for overlapped allreduce
     timeout_s: float = 900.0  # a collective with no answer for this long ends the job
+    # The MPI library's allreduce algorithm: ring (bandwidth-optimal: every link carries
+    # 2(n-1)/n of the message, which MPICH's own choice fell short of across 4 hosts:
+    # docs/lab.md) or auto (the library's choice, fewer steps for small messages).
+    allreduce: str = "ring"
 
     def check(self, prefix: str, cfg: DictConfig) -> None:
         require(self.backend in ("auto", "mpi", "nccl", "gloo"), f"{prefix}.backend",
                 f"must be auto, mpi, nccl or gloo, got {self.backend!r}",
                 self.hint(prefix, "backend"))
+        require(self.allreduce in ("ring", "auto"), f"{prefix}.allreduce",
+                f"must be ring or auto, got {self.allreduce!r}", self.hint(prefix, "allreduce"))
         require(self.bucket_mb > 0, f"{prefix}.bucket_mb", "must be > 0",
                 self.hint(prefix, "bucket_mb"))
         require(self.timeout_s > 0, f"{prefix}.timeout_s", f"must be > 0, got {self.timeout_s}",

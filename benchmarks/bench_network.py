@@ -1,0 +1,235 @@
+"""Bandwidth over the lab's shaped links (scripts/lab_cluster.sh): SSGD's allreduce and
+AD-PSGD's pairwise exchange, as fractions of the link rate, for messages of 64 kB to 64 MB.
+
+    python benchmarks/bench_network.py                   # 2 and 4 hosts, 1 Gbit/s and 100 Mbit/s
+    python benchmarks/bench_network.py --json docs/results/network/busbw.json
+    python benchmarks/bench_network.py --quick           # 2 hosts, 2 sizes: seconds
+
+Needs root (the lab's network namespaces); it brings the lab up with as many hosts as it
+needs, sets every link to each rate in turn and leaves it up (``scripts/lab_cluster.sh down``
+removes it). One rank per host, started by the local launcher's own mpiexec command across the
+lab's hostfile, times the library's own operations on flat float32 buffers:
+
+* **allreduce**: ``Communicator.allreduce_`` (what SSGD's buckets run), reported as bus
+  bandwidth, nccl-tests' measure: ``bytes x 2(n-1)/n / seconds``, which is the link rate for a
+  bandwidth-optimal allreduce whatever n is; with each ``comm.allreduce`` setting asked for
+  (``--allreduce``: ring, the default, and auto, the MPI library's own choice);
+* **exchange**: AD-PSGD's ``PairwiseAverager`` (runner/comm/pairwise.py), actives 0, 2, ...
+  each with a fixed passive peer, one exchange per tick: both snapshots cross the link at once,
+  one each way, so ``bytes / seconds`` of one exchange is the bandwidth each direction got.
+
+Each figure is the median of the repeats, divided by the shaped rate. The goal is 0.8 of the
+link from 4 MB up. Prints one JSON object and markdown rows; never asserts a speed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # run as a file from anywhere: this checkout's benchmarks
+    sys.path.insert(0, str(REPO))
+
+from benchmarks import harness as bench  # noqa: E402
+from runner.errors import UserError  # noqa: E402
+
+NAME = "network"
+LAB = REPO / "scripts" / "lab_cluster.sh"
+MD_HEADER = ("| date | hosts | link | operation | 64 kB | 1 MB | 4 MB | 16 MB | 64 MB |\n"
+             "|---|---|---|---|---|---|---|---|---|\n")
+KB = 1024
+FULL = {"hosts": [2, 4], "rates": ["1gbit", "100mbit"],
+        "sizes_kb": [64, 256, KB, 4 * KB, 16 * KB, 64 * KB], "repeats": 5,
+        "allreduce": ["ring", "auto"]}
+QUICK = {"hosts": [2], "rates": ["1gbit"], "sizes_kb": [64, KB], "repeats": 2,
+         "allreduce": ["ring"]}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--hosts", type=int, nargs="+", help=f"default {FULL['hosts']}")
+    p.add_argument("--rates", nargs="+", help=f"link rates (tc's syntax), default {FULL['rates']}")
+    p.add_argument("--sizes-kb", type=int, nargs="+", help=f"default {FULL['sizes_kb']}")
+    p.add_argument("--repeats", type=int, help=f"default {FULL['repeats']}")
+    p.add_argument("--allreduce", nargs="+", choices=("ring", "auto"),
+                   help=f"comm.allreduce settings to time, default {FULL['allreduce']}")
+    p.add_argument("--timeout", type=float, default=1800, help="per job, seconds")
+    p.add_argument("--child", help=argparse.SUPPRESS)  # a rank of the job: its JSON spec
+    bench.add_common_arguments(p, NAME, trains=False)
+    args = p.parse_args(argv)
+    if args.child:
+        return args
+    bench.fill_defaults(args, argv, QUICK, FULL)
+    if min(args.hosts) < 2 or args.repeats < 1 or min(args.sizes_kb) < 1:
+        p.error("--hosts must be >= 2, --repeats and --sizes-kb >= 1")
+    return args
+
+
+def lab(*words: str) -> str:
+    """Run scripts/lab_cluster.sh WORDS; its output (one UserError line if it fails)."""
+    done = subprocess.run(["bash", str(LAB), *words], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise UserError(f"scripts/lab_cluster.sh {' '.join(words)} failed: "
+                        f"{(done.stderr or done.stdout).strip().splitlines()[-1]}",
+                        "run the benchmark as root on Linux (network namespaces)")
+    return done.stdout
+
+
+def rate_bits(rate: str) -> float:
+    units = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "bit": 1.0}
+    for unit, factor in units.items():
+        if rate.endswith(unit):
+            return float(rate[:-len(unit)]) * factor
+    raise UserError(f"--rates: {rate!r} is not in kbit, mbit or gbit", "e.g. --rates 1gbit")
+
+
+# ---- a rank of the job ---------------------------------------------------------------------
+def child(spec: dict[str, Any]) -> None:
+    """Time every size on this rank; rank 0 prints one JSON line of medians (seconds)."""
+    import os
+
+    import torch
+
+    from runner.comm.world import mpi_environment
+
+    os.environ.update(mpi_environment(spec["allreduce"]))  # as the worker does (MPI reads it)
+    from runner.comm.communicator import Communicator
+    from runner.comm.pairwise import PairwiseAverager
+    from runner.comm.world import mpi
+
+    world = mpi().COMM_WORLD
+    rank, size = world.Get_rank(), world.Get_size()
+    comm = Communicator(world, "mpi", timeout_s=600)
+    results: dict[str, dict[str, float]] = {"allreduce": {}, "exchange": {}}
+    for kb in spec["sizes_kb"]:
+        flat = torch.ones(kb * KB // 4)
+        times = []
+        for repeat in range(spec["repeats"] + 1):  # the first one warms the connections
+            comm.barrier()
+            started = time.perf_counter()
+            comm.allreduce_(flat)
+            took = comm.allreduce_numbers([time.perf_counter() - started], op="max")[0]
+            if repeat:
+                times.append(float(took))
+        results["allreduce"][str(kb)] = statistics.median(times)
+        if not spec["exchange"]:
+            continue
+        # AD-PSGD's exchange: even ranks active, each with the odd rank after it.
+        averager = PairwiseAverager(world, [flat], threading.Lock(), rank % 2 == 0,
+                                    lambda k: rank + 1, timeout_s=600)
+        averager.record_intervals = True
+        if averager.is_active:
+            for done in range(1, spec["repeats"] + 2):
+                averager.tick(0)  # one exchange per tick
+                while len(averager.intervals) < done:
+                    time.sleep(0.001)
+                    averager.raise_if_failed()
+        averager.stop(comm.barrier)
+        mine = [end - start for start, end, _ in averager.intervals[1:]] or [0.0]
+        slowest = comm.allreduce_numbers([statistics.median(mine)], op="max")[0]
+        results["exchange"][str(kb)] = float(slowest)
+    comm.close()
+    if rank == 0:
+        print("RESULT " + json.dumps({"ranks": size, **results}), flush=True)
+
+
+# ---- the benchmark ---------------------------------------------------------------------------
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    record = bench.Record(NAME, "benchmarks/bench_network.py", args.argv, args.quick)
+    out = lab("up", str(max(args.hosts)), args.rates[0])
+    overrides = dict(word.split("=", 1) for word in out.strip().splitlines()[-1].split())
+    hostfile = Path(overrides["launcher.hostfile"])
+    names = hostfile.read_text().split()
+    runs = []
+    for rate in args.rates:
+        for host in names:
+            lab("rate", host, rate)
+        for hosts in args.hosts:
+            for setting in args.allreduce:  # the exchange is timed once, with the first
+                runs.append(run_job(args, names[:hosts], rate, setting,
+                                    exchange=setting == args.allreduce[0],
+                                    shell=overrides["launcher.remote_shell"]))
+    return record.finish({"sizes_kb": args.sizes_kb, "repeats": args.repeats, "runs": runs,
+                          "goal": ">= 0.8 of the link rate from 4 MB up"})
+
+
+def run_job(args: argparse.Namespace, hosts: list[str], rate: str, allreduce: str,
+            exchange: bool, shell: str) -> dict[str, Any]:
+    """One job of one rank per host; what it measured, as fractions of the link rate."""
+    with tempfile.NamedTemporaryFile("w", suffix=".hosts", delete=False) as f:
+        f.write("\n".join(hosts) + "\n")
+    spec = {"sizes_kb": args.sizes_kb, "repeats": args.repeats, "allreduce": allreduce,
+            "exchange": exchange}
+    before = veth_bytes(hosts)
+    started = time.perf_counter()
+    try:
+        stdout = bench.run_ranks(
+            len(hosts), [str(Path(__file__).resolve()), "--child", json.dumps(spec)],
+            args.timeout, f"the network benchmark at {rate} on {len(hosts)} hosts",
+            {"hostfile": f.name, "remote_shell": shell, "procs_per_node": 1})
+    finally:
+        Path(f.name).unlink()
+    line = next(x for x in stdout.splitlines() if x.startswith("RESULT "))
+    seconds = json.loads(line[len("RESULT "):])
+    n, link = len(hosts), rate_bits(rate) / 8  # bytes/s each way
+    busbw = {kb: (int(kb) * KB * 2 * (n - 1) / n / t) / link
+             for kb, t in seconds["allreduce"].items()}
+    pairs = {kb: (int(kb) * KB / t) / link for kb, t in seconds["exchange"].items()}
+    print(f"  {n} hosts at {rate}: allreduce ({allreduce}) {fractions(busbw)}"
+          + (f"; exchange {fractions(pairs)}" if pairs else ""), file=sys.stderr, flush=True)
+    return {"hosts": n, "rate": rate, "allreduce": allreduce, "link_bytes_per_s": link,
+            "seconds": {k: seconds[k] for k in ("allreduce", "exchange")},
+            "allreduce_busbw_fraction": busbw, "exchange_fraction": pairs,
+            "veth_bytes": veth_bytes(hosts) - before,
+            "wall_s": round(time.perf_counter() - started, 1)}
+
+
+def veth_bytes(hosts: list[str]) -> int:
+    """Bytes through the head's ends of the hosts' links so far (both directions)."""
+    total = 0
+    for host in hosts:
+        for way in ("rx", "tx"):
+            path = Path(f"/sys/class/net/{host}-h/statistics/{way}_bytes")
+            total += int(path.read_text()) if path.exists() else 0
+    return total
+
+
+def fractions(values: dict[str, float]) -> str:
+    return ", ".join(f"{int(kb) // KB if int(kb) >= KB else kb}{' MB' if int(kb) >= KB else ' kB'}"
+                     f" {v:.2f}" for kb, v in values.items())
+
+
+def markdown_rows(result: dict[str, Any]) -> list[str]:
+    rows = []
+    date = result["date"][:10]
+    for run in result["runs"]:
+        for operation, key in ((f"allreduce busbw ({run['allreduce']})",
+                                "allreduce_busbw_fraction"), ("exchange", "exchange_fraction")):
+            if not run[key]:
+                continue
+            cells = [f"{run[key][str(kb)]:.2f}" if str(kb) in run[key] else "-"
+                     for kb in (64, KB, 4 * KB, 16 * KB, 64 * KB)]
+            rows.append(f"| {date} | {run['hosts']} | {run['rate']} | {operation} | "
+                        + " | ".join(cells) + " |")
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.child:
+        child(json.loads(args.child))
+        return 0
+    return bench.measure_and_write(NAME, args, measure, MD_HEADER, markdown_rows)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
