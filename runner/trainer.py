@@ -306,8 +306,10 @@ class Trainer:
         log.info("eval at epoch %.2f step %d: %s", epoch, state.step,
                  {s: {k: round(v, 4) for k, v in m.items()} for s, m in results.items()})
         if self.runlog:
+            wall, spent = time.perf_counter() - self.start_time, self.timers.seconds
             where = {"epoch": round(epoch, 4), "step": state.step, "samples": state.samples,
-                     "wall_s": round(time.perf_counter() - self.start_time, 3), "lr": self.lr}
+                     "wall_s": round(wall, 3), "lr": self.lr,
+                     "train_s": round(wall - spent["eval"] - spent["checkpoint"], 3)}
             state.history += self.runlog.record_evaluation(results, consensus, per_rank, where,
                                                            self.evaluator.examples)
 

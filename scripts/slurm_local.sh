@@ -6,6 +6,9 @@
 #   scripts/slurm_local.sh status   say whether the cluster answers (exit 1 if not)
 #   scripts/slurm_local.sh env      print the `export SLURM_CONF=...` line for `eval`
 #   scripts/slurm_local.sh clean-shm  remove MPICH's /dev/shm segments that no process maps
+#   scripts/slurm_local.sh up --nodes N   a cluster of N nodes: one slurmd on each host of
+#                                   the lab (scripts/lab_cluster.sh, brought up if needed)
+#   scripts/slurm_local.sh down|status|env --lab   the same commands for that cluster
 #
 # Everything (slurm.conf, munge key and socket, state, spool, logs, pid files) lives in one
 # directory, $SLURM_LOCAL_DIR (default /tmp/adpsgd-slurm); nothing under /etc is touched, so
@@ -21,7 +24,29 @@
 # maps, as a cluster's epilog does.
 set -euo pipefail
 
-DIR=${SLURM_LOCAL_DIR:-/tmp/adpsgd-slurm}
+HERE=$(cd "$(dirname "$0")" && pwd)
+NODES=0  # 0: the single-node cluster on this machine; N: N nodes on the lab's hosts
+COMMAND=${1:-}
+shift || true
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --nodes) NODES=${2:-}; shift 2 || true
+                 [[ "$NODES" =~ ^[1-9][0-9]*$ ]] || { echo "slurm_local: error: --nodes needs a number of nodes (1 or more)" >&2; exit 2; } ;;
+        --lab) NODES=lab; shift ;;
+        *) echo "slurm_local: error: unknown option '$1' (--nodes N or --lab)" >&2; exit 2 ;;
+    esac
+done
+if [ "$NODES" = 0 ]; then
+    DIR=${SLURM_LOCAL_DIR:-/tmp/adpsgd-slurm}
+    CTLD_PORT=6817 SLURMD_PORT=6818
+else  # beside the single-node cluster: its own directory and ports
+    DIR=${SLURM_LOCAL_DIR:-/tmp/adpsgd-slurm-lab}
+    CTLD_PORT=6917 SLURMD_PORT=6918
+    LAB_HEAD=${LAB_SUBNET:-10.213.0}.254
+    # --lab: as many nodes as the cluster was made with
+    [ "$NODES" != lab ] || NODES=$(cat "$DIR/nodes" 2>/dev/null || echo 0)
+fi
+
 CONF=$DIR/slurm.conf
 SOCKET=$DIR/munge/munge.socket.2
 # How long a requeued job waits before it may start again (SLURM's credential lifetime,
@@ -31,11 +56,22 @@ CRED_EXPIRE_S=${SLURM_LOCAL_CRED_EXPIRE_S:-5}
 say() { echo "slurm_local: $*"; }
 die() { echo "slurm_local: error: $*" >&2; exit 1; }
 
-answers() {  # the controller replies and the node is usable
+answers() {  # the controller replies and every node is usable
     [ -f "$CONF" ] || return 1
-    local state
-    state=$(SLURM_CONF=$CONF timeout 10 sinfo -h -N -o %t 2>/dev/null | head -n1) || return 1
-    case "$state" in idle*|mix*|alloc*|comp*) return 0 ;; *) return 1 ;; esac
+    local states state
+    states=$(SLURM_CONF=$CONF timeout 10 sinfo -h -N -o %t 2>/dev/null) || return 1
+    [ -n "$states" ] || return 1
+    for state in $states; do
+        case "$state" in idle*|mix*|alloc*|comp*) ;; *) return 1 ;; esac
+    done
+}
+
+lab_hosts() {  # the lab's hosts that are nodes of this cluster, in order
+    head -n "$NODES" "${LAB_DIR:-/run/adpsgd-lab}/hosts" 2>/dev/null
+}
+
+lab_address() {  # a lab host's address, from its hosts file
+    awk -v h="$1" '$2 == h {print $1}' "/etc/netns/$1/hosts"
 }
 
 alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
@@ -68,30 +104,45 @@ install_packages() {
 }
 
 write_config() {
-    local node_line host
+    local node_line host nodes controller partition node
     host=$(hostname -s)
     # The node as slurmd sees it (CPUs, sockets, cores, memory): a node declared larger than
     # the machine would be drained.
     node_line=$(slurmd -C | head -n1)
     [[ "$node_line" == NodeName=* ]] || die "slurmd -C printed no node line: $node_line"
+    if [ "$NODES" = 0 ]; then
+        controller="$host(127.0.0.1)"
+        nodes="$node_line NodeAddr=127.0.0.1 State=UNKNOWN"
+        partition=$host
+    else  # every lab host is a node at its address (they share this machine's cores)
+        controller="$host($LAB_HEAD)"
+        nodes=""
+        for node in $(lab_hosts); do
+            nodes+="${node_line/NodeName=$host/NodeName=$node} NodeAddr=$(lab_address "$node") State=UNKNOWN"$'\n'
+        done
+        partition=$(lab_hosts | paste -sd, -)
+    fi
     cat > "$CONF" <<EOF
-# Single-node SLURM written by scripts/slurm_local.sh for adpsgd; see docs/slurm.md.
+# SLURM written by scripts/slurm_local.sh for adpsgd; see docs/slurm.md.
 ClusterName=adpsgd-local
 MailProg=/bin/true
-SlurmctldHost=$host(127.0.0.1)
+SlurmctldHost=$controller
+SlurmctldPort=$CTLD_PORT
+SlurmdPort=$SLURMD_PORT
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
 AuthInfo=socket=$SOCKET,cred_expire=$CRED_EXPIRE_S
 StateSaveLocation=$DIR/state
-SlurmdSpoolDir=$DIR/spool
+SlurmdSpoolDir=$DIR/spool/%n
 SlurmctldPidFile=$DIR/run/slurmctld.pid
-SlurmdPidFile=$DIR/run/slurmd.pid
+SlurmdPidFile=$DIR/run/slurmd.%n.pid
 SlurmctldLogFile=$DIR/log/slurmctld.log
-SlurmdLogFile=$DIR/log/slurmd.log
+SlurmdLogFile=$DIR/log/slurmd.%n.log
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
+$( [ "$NODES" = 0 ] || echo "TaskProlog=$DIR/task_prolog.sh" )
 MpiDefault=pmi2
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
@@ -105,9 +156,54 @@ FirstJobId=$(( $(date +%s) % 60000000 + 1 ))
 MinJobAge=600
 KillWait=10
 SchedulerParameters=sched_interval=2
-$node_line NodeAddr=127.0.0.1 State=UNKNOWN
-PartitionName=local Nodes=$host Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
+$nodes
+PartitionName=local Nodes=$partition Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
 EOF
+    if [ "$NODES" != 0 ]; then
+        # The lab's hosts share one kernel, so MPI's network layer must be told to cross the
+        # links: MPICH over libfabric's tcp provider on eth0 (UCX, which the lab's ssh entry
+        # uses under mpiexec, sees one machine, and its addresses across the hosts did not
+        # pass through SLURM's PMI-2: "value not properly terminated in client request").
+        cat > "$DIR/task_prolog.sh" <<'EOF'
+#!/bin/sh
+echo "export MPIR_CVAR_CH4_NETMOD=${MPIR_CVAR_CH4_NETMOD:-ofi}"
+echo "export FI_PROVIDER=${FI_PROVIDER:-tcp}"
+echo "export FI_TCP_IFACE=eth0"
+EOF
+        chmod +x "$DIR/task_prolog.sh"
+        echo "$NODES" > "$DIR/nodes"
+    fi
+}
+
+start_slurmd() {
+    if [ "$NODES" = 0 ]; then
+        mkdir -p "$DIR/spool/$(hostname -s)"
+        SLURM_CONF=$CONF slurmd -f "$CONF" || die "slurmd did not start; see $DIR/log/slurmd.$(hostname -s).log"
+        return
+    fi
+    local node mounts
+    mounts=$(cgroup_mounts)
+    for node in $(lab_hosts); do  # inside the host: its address, its hostname
+        mkdir -p "$DIR/spool/$node"
+        bash "$HERE/lab_cluster.sh" ssh "$node" "$mounts SLURM_CONF=$CONF slurmd -f $CONF -N $node" \
+            || die "slurmd did not start on $node; see $DIR/log/slurmd.$node.log"
+    done
+}
+
+cgroup_mounts() {  # shell commands that mount this machine's cgroup file systems again
+    # Entering a lab host mounts a fresh /sys (its network devices), without the cgroup file
+    # systems that slurmd checks against /proc/self/cgroup: mount them as they are here.
+    awk '$2 ~ "^/sys/fs/cgroup" && ($3 == "tmpfs" || $3 ~ /^cgroup/) {
+             printf "mkdir -p %s && mount -t %s -o %s %s %s && ", $2, $3, $4, $1, $2 }' /proc/self/mounts
+}
+
+bring_up_lab() {  # the lab, with at least NODES hosts
+    local have
+    have=$(wc -l < "${LAB_DIR:-/run/adpsgd-lab}/hosts" 2>/dev/null || echo 0)
+    if [ "$have" -lt "$NODES" ] || ! bash "$HERE/lab_cluster.sh" status >/dev/null 2>&1; then
+        bash "$HERE/lab_cluster.sh" up "$(( have > NODES ? have : NODES ))" >/dev/null \
+            || die "the lab did not come up (scripts/lab_cluster.sh up $NODES)"
+    fi
 }
 
 start_munge() {
@@ -122,22 +218,36 @@ start_munge() {
 }
 
 usage_note() {
-    cat <<EOF
+    if [ "$NODES" = 0 ]; then
+        cat <<EOF
 slurm_local: single-node SLURM is up (node $(hostname -s), partition local, $(nproc) CPUs)
   export SLURM_CONF=$CONF
   sinfo; squeue
   adpsgd-run recipe=digit_images algo=ssgd launcher=slurm launcher.nodes=1 launcher.procs_per_node=2
   scripts/slurm_local.sh down    # stop it and delete $DIR
 EOF
+    else
+        cat <<EOF
+slurm_local: SLURM on the lab is up ($NODES nodes: $(lab_hosts | paste -sd' ' -), partition local)
+  export SLURM_CONF=$CONF
+  sinfo; squeue
+  adpsgd-run recipe=digit_images algo=ssgd launcher=slurm launcher.nodes=$NODES launcher.procs_per_node=1
+  scripts/slurm_local.sh down --lab    # stop it and delete $DIR (the lab stays: lab_cluster.sh down)
+EOF
+    fi
 }
 
 up() {
+    if [ "$NODES" != 0 ] && [ -f "$DIR/nodes" ] && [ "$(cat "$DIR/nodes")" != "$NODES" ]; then
+        down  # another number of nodes: start over
+    fi
     if answers; then
         usage_note
         return 0
     fi
     install_packages
     [ "$(id -u)" -eq 0 ] || die "run as root: slurmd starts each job's tasks as the user who submitted it"
+    [ "$NODES" = 0 ] || bring_up_lab
     stop_daemons  # leftovers of a half-started cluster
     remove_stale_mpi_segments
     mkdir -p "$DIR"/{state,spool,log,run,munge}
@@ -145,7 +255,7 @@ up() {
     write_config
     start_munge
     SLURM_CONF=$CONF slurmctld -f "$CONF" || die "slurmctld did not start; see $DIR/log/slurmctld.log"
-    SLURM_CONF=$CONF slurmd -f "$CONF" || die "slurmd did not start; see $DIR/log/slurmd.log"
+    start_slurmd
     for _ in $(seq 60); do
         if answers; then
             usage_note
@@ -153,13 +263,12 @@ up() {
         fi
         sleep 0.5
     done
-    die "the node did not become idle in 30 s: $(SLURM_CONF=$CONF sinfo -h -N -o '%N %t %E' 2>&1 | head -n1); logs in $DIR/log"
+    die "the nodes did not become idle in 30 s: $(SLURM_CONF=$CONF sinfo -h -N -o '%N %t %E' 2>&1 | paste -sd';' -); logs in $DIR/log"
 }
 
 stop_daemons() {
     local pidfile pid
-    for name in slurmd slurmctld munged; do
-        pidfile=$DIR/run/$name.pid
+    for pidfile in "$DIR"/run/slurmd*.pid "$DIR/run/slurmctld.pid" "$DIR/run/munged.pid"; do
         alive "$pidfile" || continue
         pid=$(cat "$pidfile")
         kill "$pid" 2>/dev/null || true
@@ -181,11 +290,11 @@ down() {
     say "stopped; removed $DIR"
 }
 
-case "${1:-}" in
+case "$COMMAND" in
     up) up ;;
     down) down ;;
     status) if answers; then say "up: export SLURM_CONF=$CONF"; else say "not running"; exit 1; fi ;;
     clean-shm) remove_stale_mpi_segments ;;
     env) answers || die "not running; start it with scripts/slurm_local.sh up"; echo "export SLURM_CONF=$CONF" ;;
-    *) echo "usage: $0 up|down|status|env|clean-shm" >&2; exit 2 ;;
+    *) echo "usage: $0 up [--nodes N]|down|status|env|clean-shm [--lab]" >&2; exit 2 ;;
 esac

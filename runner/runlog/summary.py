@@ -96,7 +96,7 @@ def build_summary(status: str, cfg: Any, world: Any, run: dict[str, Any],
            "procs_per_node": world.local_size, "epochs": cfg.trainer.epochs, **run}
     evals = [r for r in history if r["split"] == "eval"]
     final = {k: v for k, v in (evals[-1] if evals else {}).items()
-             if k not in ("epoch", "step", "samples", "wall_s", "split")}
+             if k not in ("epoch", "step", "samples", "wall_s", "train_s", "split")}
     times = [report["time"] for report in per_rank]
     means = {name: float(sum(t.get(name, 0.0) for t in times) / len(times)) for name in TIMES}
     algo_stats = [report["algo"] for report in per_rank]
@@ -170,7 +170,7 @@ def write_failure_summary(run_dir: str | Path, cfg: Any, exit_status: int,
         "last_eval": evals[-1] if evals else None, "logs": str(Path(run_dir) / "logs"),
         "restarts": read_restarts(run_dir)})
     last = {k: v for k, v in (evals[-1] if evals else {}).items()
-            if k not in ("epoch", "step", "samples", "split")}
+            if k not in ("epoch", "step", "samples", "train_s", "split")}
     writer = FileWriter(str(Path(run_dir) / "tb"))
     write_session_start(writer, hparams_of(cfg))  # none if the run died before
     write_session_end(writer, last, status)
@@ -178,7 +178,7 @@ def write_failure_summary(run_dir: str | Path, cfg: Any, exit_status: int,
 
 
 # Keys of summary["final"] that are not the recipe's metric.
-NOT_METRICS = {"loss", "consensus_distance", "lr"}
+NOT_METRICS = {"loss", "consensus_distance", "lr", "train_s"}
 
 
 def primary_metric(summary: dict[str, Any]) -> str | None:

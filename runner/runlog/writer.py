@@ -63,14 +63,15 @@ class RunLog:
                           per_rank: list[dict[str, Any]], where: dict[str, Any],
                           examples: list[tuple[str, str, str]]) -> list[dict[str, Any]]:
         """One evaluation: a metrics.jsonl row per split (``where``: epoch, step, samples,
-        wall_s, lr), its TensorBoard scalars, each rank's times and algorithm numbers, and
+        wall_s, train_s (wall less the evaluations and checkpoints so far), lr), its
+        TensorBoard scalars, each rank's times and algorithm numbers, and
         the decoded examples; returns the rows (the run's history)."""
         step = where["step"]
         rows = []
         for split, metrics in results.items():
             row = {"epoch": where["epoch"], "step": step, "samples": where["samples"],
-                   "wall_s": where["wall_s"], "split": split, **metrics,
-                   "consensus_distance": consensus, "lr": where["lr"]}
+                   "wall_s": where["wall_s"], "train_s": where.get("train_s"), "split": split,
+                   **metrics, "consensus_distance": consensus, "lr": where["lr"]}
             rows.append(row)
             self.evaluation(row)
             self.scalars({f"{split}/{k}": v for k, v in metrics.items()}, step)

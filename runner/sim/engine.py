@@ -329,7 +329,8 @@ class Simulation:
         consensus = float((self.x - self.x.mean(0)).double().pow(2).sum()) / self.models
         epoch = self.samples / len(self.train_set)
         where = {"epoch": round(epoch, 4), "step": self.step, "samples": self.samples,
-                 "wall_s": round(self.clocks.now(), 3), "lr": self.lr}
+                 "wall_s": round(self.clocks.now(), 3), "lr": self.lr,
+                 "train_s": round(self.clocks.now(), 3)}  # virtual time is training alone
         reports = self.rank_reports()
         shown = reports if self.n <= 16 else []  # per-learner TensorBoard cards stay readable
         self.history += self.runlog.record_evaluation(results, consensus, shown, where,
