@@ -34,7 +34,7 @@ if str(REPO) not in sys.path:  # run as a file from anywhere: this checkout's be
     sys.path.insert(0, str(REPO))
 
 from benchmarks import harness as bench  # noqa: E402
-from benchmarks.bench_network import lab  # noqa: E402
+from benchmarks.bench_network import lab, lab_with  # noqa: E402
 
 NAME = "lab_claims"
 ALGOS = ["ssgd", "dpsgd", "adpsgd", "adpsgd_random", "hadpsgd", "dasgd"]
@@ -147,12 +147,12 @@ def verdict(results: dict[str, Any]) -> dict[str, Any]:
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     record = bench.Record(NAME, "benchmarks/bench_lab_claims.py", args.argv, args.quick)
-    out = lab("up", str(args.hosts), "1gbit")
-    shell = dict(w.split("=", 1) for w in out.strip().splitlines()[-1].split())[
-        "launcher.remote_shell"]
-    networks = {network: run_network(args, network, shell) for network in args.networks}
-    for host in range(1, args.hosts + 1):
-        lab("rate", f"lab{host}", "1gbit")
+    _, shell, before = lab_with(args.hosts, "1gbit")
+    try:
+        networks = {network: run_network(args, network, shell) for network in args.networks}
+    finally:
+        for host, rate in before.items():  # the links as they were
+            lab("rate", host, rate)
     result = record.finish({"workload": WORKLOAD, "hosts": args.hosts, "epochs": args.epochs,
                             "target_top1": args.target, "networks": networks,
                             "rates": {n: NETWORKS[n][:args.hosts] for n in args.networks},

@@ -5,10 +5,11 @@ AD-PSGD's pairwise exchange, as fractions of the link rate, for messages of 64 k
     python benchmarks/bench_network.py --json docs/results/network/busbw.json
     python benchmarks/bench_network.py --quick           # 2 hosts, 2 sizes: seconds
 
-Needs root (the lab's network namespaces); it brings the lab up with as many hosts as it
-needs, sets every link to each rate in turn and leaves it up (``scripts/lab_cluster.sh down``
-removes it). One rank per host, started by the local launcher's own mpiexec command across the
-lab's hostfile, times the library's own operations on flat float32 buffers:
+Needs root (the lab's network namespaces); it brings the lab up when it has fewer hosts than
+it needs, sets every link to each rate in turn, and leaves the lab up with the rates it found
+(``scripts/lab_cluster.sh down`` removes it). One rank per host, started by the local
+launcher's own mpiexec command across the lab's hostfile, times the library's own operations
+on flat float32 buffers:
 
 * **allreduce**: ``Communicator.allreduce_`` (what SSGD's buckets run), reported as bus
   bandwidth, nccl-tests' measure: ``bytes x 2(n-1)/n / seconds``, which is the link rate for a
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import subprocess
 import sys
@@ -82,6 +84,21 @@ def lab(*words: str) -> str:
                         f"{(done.stderr or done.stdout).strip().splitlines()[-1]}",
                         "run the benchmark as root on Linux (network namespaces)")
     return done.stdout
+
+
+def lab_with(hosts: int, rate: str) -> tuple[list[str], str, dict[str, str]]:
+    """The lab with at least ``hosts`` hosts (brought up at ``rate`` when it has fewer; a
+    larger lab is kept as it is): its host names, its remote shell, and each host's rate now
+    (to put back afterwards)."""
+    status = subprocess.run(["bash", str(LAB), "status"], capture_output=True, text=True)
+    rates = dict(re.findall(r"^(\S+) +\S+ +link \w+ +rate (\S+)$", status.stdout, re.M))
+    if status.returncode != 0 or len(rates) < hosts:
+        lab("up", str(hosts), rate)
+        status = subprocess.run(["bash", str(LAB), "status"], capture_output=True, text=True)
+        rates = dict(re.findall(r"^(\S+) +\S+ +link \w+ +rate (\S+)$", status.stdout,
+                                re.M))
+    shell = re.search(r"launcher\.remote_shell=(\S+)", status.stdout).group(1)
+    return list(rates), shell, rates
 
 
 def rate_bits(rate: str) -> float:
@@ -145,19 +162,19 @@ def child(spec: dict[str, Any]) -> None:
 # ---- the benchmark ---------------------------------------------------------------------------
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     record = bench.Record(NAME, "benchmarks/bench_network.py", args.argv, args.quick)
-    out = lab("up", str(max(args.hosts)), args.rates[0])
-    overrides = dict(word.split("=", 1) for word in out.strip().splitlines()[-1].split())
-    hostfile = Path(overrides["launcher.hostfile"])
-    names = hostfile.read_text().split()
+    names, shell, before = lab_with(max(args.hosts), args.rates[0])
     runs = []
-    for rate in args.rates:
-        for host in names:
+    try:
+        for rate in args.rates:
+            for host in names:
+                lab("rate", host, rate)
+            for hosts in args.hosts:
+                for setting in args.allreduce:  # the exchange is timed once, with the first
+                    runs.append(run_job(args, names[:hosts], rate, setting,
+                                        exchange=setting == args.allreduce[0], shell=shell))
+    finally:
+        for host, rate in before.items():  # the links as they were
             lab("rate", host, rate)
-        for hosts in args.hosts:
-            for setting in args.allreduce:  # the exchange is timed once, with the first
-                runs.append(run_job(args, names[:hosts], rate, setting,
-                                    exchange=setting == args.allreduce[0],
-                                    shell=overrides["launcher.remote_shell"]))
     return record.finish({"sizes_kb": args.sizes_kb, "repeats": args.repeats, "runs": runs,
                           "goal": ">= 0.8 of the link rate from 4 MB up"})
 

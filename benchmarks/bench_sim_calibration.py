@@ -54,8 +54,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from runner.errors import UserError
-
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # run as a file from anywhere: this checkout's benchmarks
     sys.path.insert(0, str(REPO))
@@ -118,28 +116,6 @@ def cli(overrides: list[str], run_dir: Path) -> str:
 
 
 # ---- the simulated side ----------------------------------------------------------------------
-def simulate(root: Path, cases: dict[str, list[str]]) -> dict[str, dict[str, Any]]:
-    """Every case under launcher=sim, in this process, as adpsgd-run's launcher=sim runs it
-    (composed and validated by benchmarks.harness.prepare_cases); read_run of each."""
-    from runner.launch import LAUNCHERS
-
-    run_dirs = bench.prepare_cases(root, cases)
-    runs = {}
-    for name, run_dir in run_dirs.items():
-        # The validated config, typed as adpsgd-run hands it to the launcher (the saved
-        # run.yaml is plain YAML, which the measured cluster cannot be built from).
-        cfg = bench.compose(cases[name])
-        started = time.perf_counter()
-        status = LAUNCHERS.get(cfg.launcher.name)(cfg.launcher).launch(cfg, run_dir)
-        if status != 0:
-            raise UserError(f"the simulation of {name} ended with status {status}",
-                            f"see {run_dir / 'logs' / 'sim.log'}")
-        runs[name] = bench.read_run(run_dir)
-        print(f"  simulated {name}: {runs[name]['summary']['samples_per_s']:.0f} samples/s "
-              f"({time.perf_counter() - started:.1f} s here)", file=sys.stderr, flush=True)
-    return runs
-
-
 # ---- what a row holds ------------------------------------------------------------------------
 def side(summary: dict[str, Any], run_dir: str, command: str) -> dict[str, Any]:
     """One run's numbers: throughput, seconds, the time split (mean over ranks and per rank)
@@ -248,7 +224,7 @@ def measure(args: argparse.Namespace) -> dict:
     print(f"simulating {len(sim_cases)} runs on the cluster fitted to {summary_path} ...",
           file=sys.stderr, flush=True)
     started = time.perf_counter()
-    sim = simulate(sim_root, sim_cases)
+    sim = bench.simulate_cases(sim_root, sim_cases)
     sim_s = time.perf_counter() - started
 
     calibration = side(chosen["summary"], str(calibration_dir),

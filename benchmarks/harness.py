@@ -290,6 +290,28 @@ def read_run(run_dir: Path) -> dict[str, Any]:
             "metrics": read_metrics(run_dir)}
 
 
+def simulate_cases(root: Path, cases: dict[str, list[str]]) -> dict[str, dict[str, Any]]:
+    """Every case under launcher=sim, in this process, as adpsgd-run's launcher=sim runs it
+    (composed and validated by benchmarks.harness.prepare_cases); read_run of each."""
+    from runner.launch import LAUNCHERS
+
+    run_dirs = prepare_cases(root, cases)
+    runs = {}
+    for name, run_dir in run_dirs.items():
+        # The validated config, typed as adpsgd-run hands it to the launcher (the saved
+        # run.yaml is plain YAML, which the measured cluster cannot be built from).
+        cfg = compose(cases[name])
+        started = time.perf_counter()
+        status = LAUNCHERS.get(cfg.launcher.name)(cfg.launcher).launch(cfg, run_dir)
+        if status != 0:
+            raise UserError(f"the simulation of {name} ended with status {status}",
+                            f"see {run_dir / 'logs' / 'sim.log'}")
+        runs[name] = read_run(run_dir)
+        print(f"  simulated {name}: {runs[name]['summary']['samples_per_s']:.0f} samples/s "
+              f"({time.perf_counter() - started:.1f} s here)", file=sys.stderr, flush=True)
+    return runs
+
+
 def parameter_count(run_dir: str | Path) -> int:
     """Parameters of the model a run dir's config builds."""
     from recipes import RECIPES

@@ -106,6 +106,7 @@ class Trainer:
                         if tcfg.on_nonfinite == "skip_batch" else None)
         self.milestone_waits = 0  # evaluations and checkpoints met (see _meet)
         self.algo_finished = False  # algo.finish() has run (see _finish_algorithm)
+        self.paused = False  # algo.pause() has run and algo.resume() not yet (see _meet)
         # preempted or stopped (runner/checkpoint/preemption.py)
         self.stop_status: str | None = None
         if self.resumed_from:
@@ -211,17 +212,21 @@ class Trainer:
         agree on the exact global sample count. The time spent here is waiting for the
         slowest rank to reach the milestone (idle), also kept apart as milestone_wait."""
         with self.timers.time("idle"), self.timers.time("milestone_wait"):
-            if not self.algo_finished:
+            if not (self.algo_finished or self.paused):
                 self.algo.pause()
+                self.paused = True
             # Every rank learns the exact global count (asynchronous ranks only estimate it).
             self.state.samples = int(self.comm.allreduce_numbers([self.state.local_samples])[0])
             self.algo.sync_global_samples(self.state.samples)
         self.milestone_waits += 1
 
     def _leave(self) -> None:
-        """After a collective milestone: the algorithm goes on (unless it has finished)."""
-        if not self.algo_finished:
+        """After a collective milestone: the algorithm goes on, unless it has finished or
+        another collective milestone is due at this same count (an epoch's evaluation, then
+        its checkpoint): gossip resumed between the two would be waited for again at once."""
+        if not (self.algo_finished or self.milestones.collective_due(self.state.samples)):
             self.algo.resume()
+            self.paused = False
 
     def _finish_algorithm(self) -> None:
         """End the algorithm's communication (collective, once): at the final evaluation, or

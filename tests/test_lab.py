@@ -247,3 +247,34 @@ def test_a_host_that_does_not_answer_stops_the_run_before_it_starts(lab_override
     assert len(errors) == 1 and errors[0].startswith(
         "adpsgd-run: error: launcher.hostfile: host lab2 does not answer"), proc.stderr
     assert "Network is unreachable" in errors[0] and not run_dir.exists()
+
+
+# ---- the lab's benchmarks, in their --quick modes ------------------------------------------
+def test_the_lab_benchmarks_quick_modes(lab_overrides, tmp_path):
+    """bench_network (2 hosts, 2 sizes), bench_lab_claims (2 hosts, 1 epoch, ssgd and
+    adpsgd) and bench_lab_sim over the latter: the JSON has its structure and sane numbers,
+    the links carried the bytes, and the lab keeps its hosts and rates."""
+    from test_benchmarks import positive, run_quick
+
+    before = lab("status").stdout
+    network, rows = run_quick(tmp_path, "bench_network")
+    [run] = network["runs"]
+    assert (run["hosts"], run["rate"], run["allreduce"]) == (2, "1gbit", "ring") and len(rows) == 2
+    assert all(positive(f) for f in [*run["allreduce_busbw_fraction"].values(),
+                                     *run["exchange_fraction"].values()])
+    assert run["veth_bytes"] > 2 * 1024 * 1024  # 1 MB each way at least, over the links
+    claims, rows = run_quick(tmp_path, "bench_lab_claims", "--runs", str(tmp_path / "runs"))
+    results = claims["networks"]["1gbit"]
+    assert set(results) == {"ssgd", "adpsgd"} and len(rows) == 2
+    assert all(positive(r["samples_per_s"]) and 0 <= r["comm_share"] <= 1
+               for r in results.values())
+    assert [h["name"] for h in results["ssgd"]["hosts"]] == ["lab1", "lab2"]
+    (tmp_path / "claims.json").write_text(json.dumps(claims))
+    compared, rows = run_quick(tmp_path, "bench_lab_sim", "--claims",
+                               str(tmp_path / "claims.json"), "--network",
+                               str(tmp_path / "bench_network.json"), "--runs",
+                               str(tmp_path / "sim"))
+    assert compared["cases"] == 2 and len(rows) == 2
+    assert all(positive(r["simulated_samples_per_s"])
+               for r in compared["networks"]["1gbit"]["rows"].values())
+    assert lab("status").stdout == before

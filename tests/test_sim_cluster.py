@@ -366,3 +366,51 @@ def test_measured_from_a_real_ssgd_run(tmp_path):
                                                             summary["steps_per_rank"])])
     assert ClusterModel(cfg, 2).allreduce_s([0, 1], nbytes) == pytest.approx(comm_per_step)
     assert cfg.gpus_per_node == summary["procs_per_node"] and "digit_images" in cfg.description
+
+
+# ---- hosts with slower links, and the lab ------------------------------------------------
+def test_a_slow_node_link_limits_what_crosses_it():
+    """cluster.node_bandwidth_factor: node 1's link at a tenth; a message between nodes
+    takes the slower end's link, a ring allreduce over every node the slowest link's rate."""
+    cfg = dataclasses.replace(CLUSTER, nodes=3, node_bandwidth_factor={"1": 0.1})
+    model = ClusterModel(cfg, 12)
+    assert model.link(0, 4).bandwidth_Bps == pytest.approx(B_INTER / 10)  # node 0 to node 1
+    assert model.link(0, 8).bandwidth_Bps == pytest.approx(B_INTER)  # nodes 0 and 2
+    assert model.link(4, 5) == model.intra  # inside the slow node: its memory, not its link
+    ring = 2 * 2 / 3 * 1e6 / (B_INTER / 10) + 2 * 2 * A_INTER
+    assert model.allreduce_s([0, 4, 8], 1e6) == pytest.approx(ring)
+    assert model.allreduce_s([0, 8], 1e6) == pytest.approx(1e6 / B_INTER + 2 * A_INTER)
+    with pytest.raises(ConfigError, match="node_bandwidth_factor"):
+        dataclasses.replace(CLUSTER, node_bandwidth_factor={"1": 2.0}).check("cluster", None)
+
+
+def test_hosts_of_one_machine_share_its_cores(tmp_path):
+    """The lab's hosts are namespaces of one machine (one boot id): four hosts of one rank
+    each on 2 cores are ranks sharing cores, as one host of four ranks would be."""
+    summary = json.loads(write_run(tmp_path / "plain").read_text())
+    summary["per_rank"][0].update(idle=0.40, milestone_wait=0.10)
+    summary["hosts"] = [{"name": f"lab{i}", "cores": 2, "ranks": 1, "machine": "b00t"}
+                        for i in (1, 2, 3)]
+    assert measured_cluster(write_run(tmp_path / "lab", summary)).compute.contention > 0
+    for i, host in enumerate(summary["hosts"]):  # three machines: a core per rank
+        host["machine"] = f"m{i}"
+    assert measured_cluster(write_run(tmp_path / "three", summary)).compute.contention == 0
+
+
+def test_measured_takes_the_network_benchmarks_link(tmp_path):
+    """cluster.from_network: latency and bandwidth fitted to the exchanges measured at the
+    rate asked for (here exactly 1 ms + M / 100 MB/s); the run's allreduce fits nothing."""
+    sizes = [64, 1024, 16384]
+    network = tmp_path / "busbw.json"
+    network.write_text(json.dumps({"runs": [
+        {"hosts": 4, "rate": "1gbit", "seconds": {
+            "exchange": {str(kb): 1e-3 + kb * 1024 / 1e8 for kb in sizes}}},
+        {"hosts": 4, "rate": "100mbit", "seconds": {"exchange": {}}}]}))
+    base = ClusterConfig(from_network=str(network), network_rate="1gbit", gpus_per_node=2)
+    cfg = measured_cluster(write_run(tmp_path / "run"), base)
+    assert cfg.inter_node.latency_us == pytest.approx(1000.0)
+    assert cfg.inter_node.bandwidth_gbps == pytest.approx(0.8)
+    assert cfg.intra_node == base.intra_node and cfg.gpus_per_node == 2
+    with pytest.raises(UserError, match="no exchange measured at 100mbit"):
+        measured_cluster(write_run(tmp_path / "other"),
+                         dataclasses.replace(base, network_rate="100mbit"))

@@ -205,9 +205,10 @@ class MpiexecStderr:
         pending = b""
         while chunk := os.read(self.fd, 65536):
             pending += chunk
-            *lines, pending = pending.split(b"\n")
+            # Lines end at \n, and a progress bar's updates at \r.
+            *lines, pending = re.split(rb"(?<=[\r\n])", pending)
             for line in lines:
-                self._emit(line + b"\n")
+                self._emit(line)
             # A partial line (a progress bar's \r updates) goes out at once, unless it may
             # be the start of one of mpiexec's own lines.
             if pending and not any(own.startswith(pending[:len(own)]) for own in self.OWN):

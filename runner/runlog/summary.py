@@ -21,10 +21,15 @@ TIMES = ("compute", "comm", "idle", "data", "eval", "checkpoint", "comm_busy", "
 
 
 def host_record() -> dict[str, Any]:
-    """Where a rank ran: the host's name and the cores this process may use (the simulator's
-    measured cluster needs to know whether ranks shared cores)."""
+    """Where a rank ran: the host's name, the cores this process may use and the machine (its
+    kernel's boot id: hosts that are namespaces of one machine, as in the lab, share it), so
+    that the simulator's measured cluster knows whether ranks shared cores."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return {"name": platform.node(), "cores": int(cores or 1)}
+    try:
+        machine = Path("/proc/sys/kernel/random/boot_id").read_text().strip()[:8]
+    except OSError:
+        machine = platform.node()
+    return {"name": platform.node(), "cores": int(cores or 1), "machine": machine}
 
 
 def rank_report(trainer: Any) -> dict[str, Any]:

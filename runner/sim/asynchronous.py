@@ -72,8 +72,12 @@ class GossipDriver:
         self.ops: list[list[list]] = [[] for _ in range(count)]
         self.queue = EventQueue()
         nodes = int(sim.cluster.node_of(self.n - 1)) + 1
-        self.nic = [SharedChannel(self.queue, sim.cluster.link(0, sim.procs_per_node))
-                    if nodes > 1 else None for _ in range(nodes)]
+        # Each node's link, both ways: a message leaves on its sender's and enters on its
+        # receiver's (either may be the slower one: cluster.node_bandwidth_factor).
+        self.nic = [SharedChannel(self.queue, sim.cluster.node_link(node))
+                    if nodes > 1 else None for node in range(nodes)]
+        self.nic_in = [SharedChannel(self.queue, sim.cluster.node_link(node))
+                       if nodes > 1 else None for node in range(nodes)]
         self.steps = np.zeros(count, dtype=int)
         self.version = np.zeros(count, dtype=int)  # merges into x: staleness is counted in it
         self.read_version = np.zeros(count, dtype=int)
@@ -226,15 +230,16 @@ class GossipDriver:
         if nodes[0] == nodes[1] or self.nic[nodes[0]] is None:
             self.queue.after(sim.cluster.transfer_s(ranks[0], ranks[1], sim.nbytes), done)
             return
-        left = [2]
+        left = [4]
 
         def one_side() -> None:
             left[0] -= 1
             if left[0] == 0:
                 done()
 
-        for node in nodes:
-            self.nic[node].send(sim.nbytes, one_side)
+        for sender, receiver in (nodes, nodes[::-1]):  # both snapshots cross at once
+            self.nic[sender].send(sim.nbytes, one_side)
+            self.nic_in[receiver].send(sim.nbytes, one_side)
 
     def _exchanged(self, a: int, p: int, key: list, started: float) -> None:
         self.ops[a].append([MERGE, *key])

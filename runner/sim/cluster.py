@@ -101,11 +101,18 @@ class ClusterConfig(Section):
     intra_node: LinkConfig = field(default_factory=LinkConfig)
     inter_node: LinkConfig = field(default_factory=LinkConfig)
     allreduce: str = "ring"  # ring | tree | hierarchical (closed forms: ClusterModel)
+    # Nodes whose link to the network is slower than inter_node's (a shared or older uplink):
+    # node index -> that link's bandwidth as a fraction of inter_node's, e.g. {"1": 0.1}.
+    node_bandwidth_factor: dict[str, float] = field(default_factory=dict)
     # The least a blocking collective (allreduce, broadcast) takes, whatever its size: all its
     # ranks must be running, which on a host with more ranks than cores means waiting to be
     # scheduled (cluster=measured sets it there). 0: the closed forms alone.
     rendezvous_s: float = 0.0
     from_summary: Optional[str] = None  # cluster=measured: a real run's summary.json
+    # cluster=measured: the links of a network benchmark (benchmarks/bench_network.py's JSON)
+    # at this rate (tc's syntax, e.g. 1gbit) instead of a link fitted to the run's allreduce.
+    from_network: Optional[str] = None
+    network_rate: Optional[str] = None
 
     def check(self, prefix: str, cfg: Any) -> None:
         require(self.gpus_per_node >= 1, f"{prefix}.gpus_per_node",
@@ -117,6 +124,14 @@ class ClusterConfig(Section):
                 self.hint(prefix, "allreduce"))
         require(self.rendezvous_s >= 0, f"{prefix}.rendezvous_s",
                 f"must be >= 0, got {self.rendezvous_s}", self.hint(prefix, "rendezvous_s"))
+        for node, factor in dict(self.node_bandwidth_factor).items():
+            require(str(node).isdigit() and 0 < float(factor) <= 1,
+                    f"{prefix}.node_bandwidth_factor.{node}", "needs a node index and a "
+                    f"fraction in (0, 1], got {node}: {factor}",
+                    f"+{prefix}.node_bandwidth_factor.1=0.1")
+        require(not self.from_network or bool(self.network_rate), f"{prefix}.network_rate",
+                "cluster.from_network needs the rate whose links to use",
+                f"{prefix}.network_rate=1gbit")
         self.compute.check(f"{prefix}.compute", cfg)
         self.intra_node.check(f"{prefix}.intra_node", cfg)
         self.inter_node.check(f"{prefix}.inter_node", cfg)
@@ -232,12 +247,24 @@ class ClusterModel:
         self.procs_per_node = procs_per_node or cfg.gpus_per_node
         check_fits(cfg, nprocs, self.procs_per_node)
         self.intra, self.inter = as_link(cfg.intra_node), as_link(cfg.inter_node)
+        self.node_factor = {int(node): float(f)
+                            for node, f in dict(cfg.node_bandwidth_factor).items()}
 
     def node_of(self, rank: int) -> int:
         return rank // self.procs_per_node
 
+    def node_link(self, node: int) -> Link:
+        """A node's own link to the network (inter_node's, unless that node's is slower)."""
+        factor = self.node_factor.get(node, 1.0)
+        return Link(self.inter.latency_s, self.inter.bandwidth_Bps * factor)
+
     def link(self, a: int, b: int) -> Link:
-        return self.intra if self.node_of(a) == self.node_of(b) else self.inter
+        """Within a node the intra-node link; between nodes the slower of the two nodes' own
+        links to the network (a message leaves one and enters the other)."""
+        na, nb = self.node_of(a), self.node_of(b)
+        if na == nb:
+            return self.intra
+        return min(self.node_link(na), self.node_link(nb), key=lambda k: k.bandwidth_Bps)
 
     def transfer_s(self, a: int, b: int, nbytes: float) -> float:
         """One message from ``a`` to ``b`` on idle links: alpha + M / B (0 to itself)."""
@@ -253,7 +280,7 @@ class ClusterModel:
         """The slowest link among ``ranks``: the largest latency, the smallest bandwidth."""
         groups = self._groups(ranks)
         used = ([self.intra] if max(groups.values()) > 1 else []) + (
-            [self.inter] if len(groups) > 1 else [])
+            [self.node_link(node) for node in groups] if len(groups) > 1 else [])
         return Link(max(link.latency_s for link in used),
                     min(link.bandwidth_Bps for link in used))
 
@@ -282,8 +309,14 @@ class ClusterModel:
         if self.cfg.allreduce == "hierarchical":
             groups = self._groups(ranks)
             return (ring_allreduce_s(max(groups.values()), nbytes, self.intra)
-                    + ring_allreduce_s(len(groups), nbytes, self.inter))
+                    + ring_allreduce_s(len(groups), nbytes, self._leaders(groups)))
         return ring_allreduce_s(n, nbytes, self.slowest(ranks))
+
+    def _leaders(self, groups: dict[int, int]) -> Link:
+        """The slowest of the nodes' own links, which a ring among their leaders crosses."""
+        if len(groups) <= 1:
+            return self.inter
+        return self.slowest([self.procs_per_node * node for node in groups])
 
     def broadcast_s(self, ranks: list[int], nbytes: float) -> float:
         """M bytes from one of ``ranks`` to the others, on idle links (at least
@@ -305,7 +338,7 @@ class ClusterModel:
             return math.ceil(math.log2(n)) * self.slowest(ranks).transfer_s(nbytes)
         if self.cfg.allreduce == "hierarchical":
             groups = self._groups(ranks)
-            return (_scatter_allgather_s(len(groups), nbytes, self.inter)
+            return (_scatter_allgather_s(len(groups), nbytes, self._leaders(groups))
                     + _scatter_allgather_s(max(groups.values()), nbytes, self.intra))
         return _scatter_allgather_s(n, nbytes, self.slowest(ranks))
 
@@ -392,7 +425,7 @@ def measured_cluster(summary_path: str | Path, base: ClusterConfig | None = None
                      for r in range(n)])
     overhead = max(0.0, (train_s - float(timed)) / max(steps))
     contention = 0.0
-    shared = any(host["ranks"] > host["cores"] for host in _hosts(summary, path))
+    shared = any(ranks > cores for ranks, cores in _machines(_hosts(summary, path)))
     if shared:
         contention = float(np.mean([
             (per_rank[r].get("idle", 0.0) - per_rank[r].get("milestone_wait", 0.0))
@@ -408,18 +441,52 @@ def measured_cluster(summary_path: str | Path, base: ClusterConfig | None = None
     bandwidth = 2 * (n - 1) / n * nbytes / (comm - messages * alpha)
     link = LinkConfig(latency_us=alpha * 1e6, bandwidth_gbps=bandwidth * 8 / 1e9)
     base = _as_cluster(base)
+    intra = link
+    if base.from_network:
+        # The links the network benchmark measured between hosts; inside a host the base's
+        # (the lab's hosts are one machine's namespaces: their ranks share memory).
+        link, intra = network_link(base.from_network, str(base.network_rate)), base.intra_node
+        shared_collectives = False  # the collectives' time is the network's, not scheduling
+    else:
+        shared_collectives = shared
     compute = dataclasses.replace(
         base.compute, step_overhead_s=overhead, contention=contention,
         seconds_per_sample={**dict(base.compute.seconds_per_sample), recipe: per_sample})
     batch = (run.get("trainer") or {}).get("batch_size")
     return dataclasses.replace(
-        base, name="measured", gpus_per_node=ppn, nodes=0, compute=compute, intra_node=link,
-        inter_node=dataclasses.replace(link), allreduce="ring", from_summary=str(path),
-        rendezvous_s=comm if shared else 0.0,
+        base, name="measured", gpus_per_node=max(ppn, base.gpus_per_node), nodes=0,
+        compute=compute, intra_node=intra, inter_node=dataclasses.replace(link),
+        allreduce="ring", from_summary=str(path),
+        rendezvous_s=comm if shared_collectives else 0.0,
         description=f"measured from {path}: {recipe}, ssgd on {n} ranks ({ppn} per node), "
                     f"batch {batch} per rank, {nbytes / 1e6:.3g} MB of parameters"
                     + (f", ranks sharing cores (contention {contention:.2f})"
                        if contention else ""))
+
+
+def network_link(path: str | Path, rate: str) -> LinkConfig:
+    """The link between two hosts that a network benchmark (benchmarks/bench_network.py)
+    measured at ``rate``: latency and bandwidth fitted (least squares) to its pairwise
+    exchanges, ``t = alpha + M / B`` over the message sizes, on the most hosts it ran."""
+    path = Path(path)
+    fix = ("cluster.from_network=docs/results/network/busbw.json (python "
+           "benchmarks/bench_network.py) and a cluster.network_rate it measured")
+    data = _read_json(path)
+    runs = [r for r in data.get("runs", []) if r.get("rate") == rate
+            and (r.get("seconds") or {}).get("exchange")]
+    if not runs:
+        rates = sorted({str(r.get("rate")) for r in data.get("runs", [])})
+        raise UserError(f"{path} has no exchange measured at {rate} (it has: "
+                        f"{', '.join(rates) or 'none'})", fix)
+    measured = max(runs, key=lambda r: r["hosts"])["seconds"]["exchange"]
+    sizes = np.array([int(kb) * 1024.0 for kb in measured])
+    seconds = np.array([float(measured[kb]) for kb in measured])
+    slope, intercept = np.polyfit(sizes, seconds, 1)
+    if slope <= 0:
+        raise UserError(f"{path}: the exchanges at {rate} do not take longer as they grow",
+                        fix)
+    return LinkConfig(latency_us=max(float(intercept), 0.0) * 1e6,
+                      bandwidth_gbps=8 / float(slope) / 1e9)
 
 
 def _as_cluster(base: Any) -> ClusterConfig:
@@ -442,6 +509,17 @@ def _hosts(summary: dict, path: Path) -> list[dict]:
         raise UserError(f"{path} has a damaged 'hosts' entry (a list of name, cores, ranks)",
                         SUMMARY_FIX)
     return hosts
+
+
+def _machines(hosts: list[dict]) -> list[tuple[int, int]]:
+    """(ranks, cores) per machine: hosts with the same ``machine`` (namespaces of one kernel,
+    as in the lab) share its cores; a host without one is a machine of its own."""
+    machines: dict[str, list[int]] = {}
+    for host in hosts:
+        entry = machines.setdefault(str(host.get("machine") or host["name"]), [0, 0])
+        entry[0] += host["ranks"]
+        entry[1] = max(entry[1], host["cores"])
+    return [(ranks, cores) for ranks, cores in machines.values()]
 
 
 def _field(summary: dict, key: str, path: Path) -> Any:

@@ -69,6 +69,12 @@ class Milestones:
         model twice would only repeat a row)."""
         return any(m.kind == kind and m.samples <= samples for m in self.points[self.passed:])
 
+    def collective_due(self, samples: int) -> bool:
+        """Whether the next milestone is an evaluation or a checkpoint already reached at
+        ``samples`` (every rank meets it at once: the ranks can stay met)."""
+        return (self.passed < len(self.points) and self.points[self.passed].kind != STOP_CHECK
+                and self.points[self.passed].samples <= samples)
+
     @property
     def done(self) -> bool:
         return self.passed == len(self.points)
