@@ -34,21 +34,28 @@ JOB = ["recipe=digit_images", "algo=adpsgd", "trainer.epochs=4", "trainer.progre
        "launcher.time=00:10:00", "launcher.signal_lead_s=60"]
 
 
-@pytest.fixture(scope="session")
-def slurm_env() -> dict[str, str]:
-    """The environment for SLURM's commands: SLURM_CONF of the local cluster (the script is
-    idempotent, so this is quick when the cluster is already up)."""
+def slurm_up(*options: str) -> dict[str, str]:
+    """``scripts/slurm_local.sh up OPTIONS`` (idempotent: quick when the cluster is up) and
+    the environment for SLURM's commands, SLURM_CONF of that cluster; the test skips, with the
+    script's reason, when its daemons cannot start."""
+    command = " ".join(["scripts/slurm_local.sh up", *options])
     try:
-        proc = subprocess.run(["bash", str(REPO / "scripts" / "slurm_local.sh"), "up"],
-                              capture_output=True, text=True, timeout=900)
+        proc = subprocess.run(["bash", str(REPO / "scripts" / "slurm_local.sh"), "up",
+                               *options], capture_output=True, text=True, timeout=900)
     except subprocess.TimeoutExpired:
-        pytest.skip("scripts/slurm_local.sh up did not finish in 15 minutes")
+        pytest.skip(f"{command} did not finish in 15 minutes")
     conf = re.search(r"export SLURM_CONF=(\S+)", proc.stdout)
     if proc.returncode != 0 or not conf:
         reason = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
-        print(f"SLURM tests skip: the local SLURM did not start: {reason}", file=sys.stderr)
-        pytest.skip(f"the local SLURM did not start: {reason}")
+        print(f"SLURM tests skip: {command} failed: {reason}", file=sys.stderr)
+        pytest.skip(f"{command} failed: {reason}")
     return {**os.environ, "SLURM_CONF": conf.group(1), "PATH": f"{BIN}:{os.environ['PATH']}"}
+
+
+@pytest.fixture(scope="session")
+def slurm_env() -> dict[str, str]:
+    """The environment for SLURM's commands: SLURM_CONF of the local single-node cluster."""
+    return slurm_up()
 
 
 def slurm(args: list[str], env: dict[str, str], timeout: float = 60

@@ -10,20 +10,20 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import sys
 import time
 
 import pytest
+
+from conftest import REPO, read_run
 from test_slurm_cluster import (
     eval_epochs,
     job_fields,
     slurm,
     slurm_log,
+    slurm_up,
     submit,
     wait_for_job,
 )
-
-from conftest import BIN, REPO, read_run
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow]
 
@@ -39,17 +39,7 @@ def lab_slurm_env() -> dict[str, str]:
         pytest.skip("SLURM on the lab needs root (network namespaces): run the suite as root")
     was_up = subprocess.run(["bash", str(SCRIPT), "status", "--lab"], capture_output=True,
                             timeout=60).returncode == 0
-    try:
-        proc = subprocess.run(["bash", str(SCRIPT), "up", "--nodes", "2"], capture_output=True,
-                              text=True, timeout=900)
-    except subprocess.TimeoutExpired:
-        pytest.skip("scripts/slurm_local.sh up --nodes 2 did not finish in 15 minutes")
-    conf = re.search(r"export SLURM_CONF=(\S+)", proc.stdout)
-    if proc.returncode != 0 or not conf:
-        reason = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
-        print(f"SLURM-on-the-lab tests skip: {reason}", file=sys.stderr)
-        pytest.skip(f"SLURM on the lab did not start: {reason}")
-    yield {**os.environ, "SLURM_CONF": conf.group(1), "PATH": f"{BIN}:{os.environ['PATH']}"}
+    yield slurm_up("--nodes", "2")
     if not was_up:  # leave it as it was found
         subprocess.run(["bash", str(SCRIPT), "down", "--lab"], capture_output=True, timeout=300)
 
