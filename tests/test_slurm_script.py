@@ -228,8 +228,10 @@ def test_every_command_in_the_slurm_doc_matches_the_code(capsys):
     and SLURM's own commands (tests/test_slurm_cluster.py runs those for real)."""
     from runner.commands.run import check_command_line
 
-    local_dir = re.search(r"^DIR=\$\{SLURM_LOCAL_DIR:-(\S+)\}$",
-                          (REPO / "scripts" / "slurm_local.sh").read_text(), flags=re.M)[1]
+    # The single-node cluster's directory and the lab's (scripts/slurm_local.sh up --nodes N).
+    local_dirs = re.findall(r"^\s*DIR=\$\{SLURM_LOCAL_DIR:-(\S+)\}$",
+                            (REPO / "scripts" / "slurm_local.sh").read_text(), flags=re.M)
+    assert len(local_dirs) == 2, local_dirs
     commands = [line.strip() for block in doc_blocks("bash") for line in block.splitlines()
                 if line.strip()]
     assert sum(c.startswith("adpsgd-run") for c in commands) >= 4
@@ -239,9 +241,11 @@ def test_every_command_in_the_slurm_doc_matches_the_code(capsys):
             check_command_line([*words[1:], "launcher.dry_run=true"])
             assert capsys.readouterr().err == "", command
         elif words[0] == "scripts/slurm_local.sh":
-            assert words[1:] in (["up"], ["down"], ["status"], ["env"]), command
+            assert words[1] in ("up", "down", "status", "env") and words[2:] in (
+                [], ["--lab"], ["--nodes", "2"]) and (words[2:] != ["--lab"] or
+                                                     words[1] != "up"), command
         elif words[0] == "export":
-            assert words[1] == f"SLURM_CONF={local_dir}/slurm.conf", command
+            assert words[1] in [f"SLURM_CONF={d}/slurm.conf" for d in local_dirs], command
         else:
             assert words[0] == "scancel", f"docs/slurm.md command with no check: {command!r}"
 
