@@ -163,3 +163,26 @@ def test_a_simulation_started_with_sigint_ignored_still_stops_on_ctrl_c(tmp_path
                                        timeout=120, sigint_ignored=True)
     assert status == EXIT_STOPPED, output[-2000:]
     assert "stopped by Ctrl-C" in output
+
+
+@pytest.mark.parametrize("sigint_ignored", [False, True], ids=["terminal", "started-with-&"])
+def test_ctrl_c_while_the_command_loads_is_one_line(tmp_path, sigint_ignored):
+    """A Ctrl-C while the command still imports torch and Hydra (its first seconds) ends with
+    one line and status 130, also for a command started with & from a script (SIGINT comes
+    ignored); nothing trains, no run dir is made."""
+    proc = subprocess.Popen(
+        [str(BIN / "adpsgd-run"), *JOB, f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if sigint_ignored
+        else None)
+    maps = Path(f"/proc/{proc.pid}/maps")
+    deadline = time.monotonic() + 30
+    while "libtorch" not in maps.read_text():  # the command is loading torch
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == EXIT_STOPPED, (out, err)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("adpsgd-run: interrupted (Ctrl-C)"), err
+    assert "Traceback" not in err and not (tmp_path / "run").exists()

@@ -9,3 +9,20 @@
 
 Ranks are started as ``python -m runner.worker RUN_DIR`` (by a launcher, never by hand).
 """
+
+
+def run() -> None:
+    """adpsgd-run's entry point. Its modules take seconds to load (torch, Hydra): a Ctrl-C
+    then ends it with one line, not a traceback; and it takes Ctrl-C also where SIGINT came
+    ignored (a job started with & from a script), as every later stage of the command does."""
+    import signal
+    import sys
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        from .run import main
+    except KeyboardInterrupt:
+        print("\nadpsgd-run: interrupted (Ctrl-C) while starting; nothing was run",
+              file=sys.stderr)
+        raise SystemExit(130) from None
+    main()
