@@ -29,7 +29,7 @@ from .comm import Communicator, World
 from .comm.buffers import broadcast_model, flatten_parameters
 from .errors import UserError
 from .recipe import RECIPES
-from .runlog.progress import ProgressBar
+from .runlog.progress import ProgressBar, evaluation_postfix
 from .runlog.records import record_training_again
 from .runlog.summary import gather_summary, rank_report
 from .runlog.writer import RunLog
@@ -147,7 +147,8 @@ class Trainer:
         shown = self.world.is_main and self.cfg.trainer.progress
         self.progress = ProgressBar(self.progress_stream if shown else None,
                                     self.milestones.budget, state.samples,
-                                    f"{self.cfg.algo.name} x{self.world.size}")
+                                    f"{self.cfg.algo.name} x{self.world.size}",
+                                    self.cfg.trainer.progress_every_s)
         self.stop = StopAgreement(self.comm.mpi_comm, self.world.rank, self.cfg.comm.timeout_s)
         # Start together (set-up time differs between ranks), unless asked to stop meanwhile.
         self.stop_status = self.stop.at_start()
@@ -317,6 +318,7 @@ class Trainer:
                      "train_s": round(wall - spent["eval"] - spent["checkpoint"], 3)}
             state.history += self.runlog.record_evaluation(results, consensus, per_rank, where,
                                                            self.evaluator.examples)
+        self.progress.update(state.samples, force=True, **evaluation_postfix(results))
 
     def save_checkpoint(self, reason: str) -> None:
         """Collective: quiesce the algorithm, refuse a poisoned state, write every rank's

@@ -31,7 +31,8 @@ class TrainerConfig(Section):
     log_every: int = 10  # steps between TensorBoard training scalars
     device: str = "auto"  # auto | cpu | cuda
     dtype: str = "float32"  # float64 for numerical checks (equivalence tests)
-    progress: bool = True  # tqdm bar from rank 0
+    progress: bool = True  # rank 0's progress: a bar on a terminal, plain lines elsewhere
+    progress_every_s: float = 30.0  # without a terminal: a progress line this often
     # The data and compute path (runner/train/data.py, runner/train/compute_path.py).
     pin_memory: bool = True  # page-locked batches, copied to a GPU asynchronously (GPU only)
     persistent_workers: bool = True  # keep the loader workers across epochs (num_workers > 0)
@@ -58,6 +59,8 @@ class TrainerConfig(Section):
                 self.hint(prefix, "num_workers"))
         require(self.log_every >= 1, f"{prefix}.log_every", "must be >= 1",
                 self.hint(prefix, "log_every"))
+        require(self.progress_every_s > 0, f"{prefix}.progress_every_s",
+                f"must be > 0, got {self.progress_every_s}", self.hint(prefix, "progress_every_s"))
         require(self.device in ("auto", "cpu", "cuda"), f"{prefix}.device",
                 f"must be auto, cpu or cuda, got {self.device!r}", self.hint(prefix, "device"))
         require(self.dtype in ("float32", "float64"), f"{prefix}.dtype",

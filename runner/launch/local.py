@@ -41,6 +41,7 @@ from ..checkpoint.files import complete_checkpoints, remove_partial_checkpoints
 from ..comm.hostfile import ranks_per_host, read_hostfile
 from ..config.section import require
 from ..errors import EXIT_PEER_LOST, EXIT_PREEMPTED, EXIT_STOPPED, ConfigError
+from ..runlog.progress import CONSOLE_IS_TERMINAL
 from .base import Launcher, LauncherConfig
 from .hosts import hostfile_args, mpi_flavor, remote_shell_path, unanswered_host
 from .registry import LAUNCHERS
@@ -381,6 +382,8 @@ class LocalLauncher(Launcher):
 
     def environment(self) -> dict[str, str]:
         env = dict(os.environ, PYTHONUNBUFFERED="1")
+        # Rank 0's progress reaches our stderr through a pipe: a bar only if that is a terminal.
+        env[CONSOLE_IS_TERMINAL] = "1" if sys.stderr.isatty() else "0"
         # One BLAS/OpenMP pool per core, not per rank: oversubscribed ranks thrash otherwise.
         # (With a hostfile, each host is taken to have this machine's cores.)
         env.setdefault("OMP_NUM_THREADS",

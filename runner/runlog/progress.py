@@ -1,28 +1,95 @@
-"""Rank 0's progress on the console."""
+"""Rank 0's progress on the console: a bar on a terminal, plain lines anywhere else.
+
+A bar redraws itself with carriage returns, which a SLURM output file, ``make demo > log``
+or a CI log keeps as one ever-growing line. Without a terminal the same progress is a short
+line every ``trainer.progress_every_s`` seconds and at each evaluation.
+"""
 
 from __future__ import annotations
 
+import os
+import time
 from typing import Any
+
+# Ranks under mpiexec write to a pipe that adpsgd-run relays: it tells them here whether its
+# own stderr, where their output ends, is a terminal ("1") or not ("0").
+CONSOLE_IS_TERMINAL = "ADPSGD_CONSOLE_IS_TERMINAL"
+
+
+def ends_on_terminal(stream: Any) -> bool:
+    """Whether what is written to ``stream`` ends on a terminal."""
+    told = os.environ.get(CONSOLE_IS_TERMINAL)
+    if told is not None:
+        return told == "1"
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):  # no isatty, or a closed stream
+        return False
+
+
+def clock(seconds: float) -> str:
+    seconds = int(max(seconds, 0))
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+def evaluation_postfix(results: dict[str, dict[str, float]]) -> dict[str, str]:
+    """An evaluation's metrics beside the progress: ``{"val loss": "0.3121", ...}``."""
+    return {f"{split} {name}": f"{value:.4g}" for split, metrics in results.items()
+            for name, value in metrics.items()}
 
 
 class ProgressBar:
-    """Rank 0's console bar over the run's sample budget (tqdm), or nothing."""
+    """Rank 0's progress over the run's sample budget: tqdm's bar on a terminal, a plain line
+    every ``every_s`` seconds (and when :meth:`update` is forced) elsewhere, or nothing when
+    ``stream`` is None."""
 
-    def __init__(self, stream: Any, total: int, done: int, label: str):
+    def __init__(self, stream: Any, total: int, done: int, label: str, every_s: float = 30.0):
         self.bar = None
-        if stream is not None:
+        self.stream = None
+        if stream is None:
+            return
+        if ends_on_terminal(stream):
             from tqdm import tqdm
 
             self.bar = tqdm(total=total, initial=min(done, total), file=stream,
                             unit="sample", unit_scale=True, dynamic_ncols=True, desc=label)
+            return
+        self.stream, self.total, self.label, self.every_s = stream, total, label, every_s
+        self.start = self.last_line = time.monotonic()
+        self.first = self.done = self.shown = min(done, total)
+        self.postfix: dict[str, str] = {}
 
-    def update(self, done: int, **postfix: str) -> None:
+    def update(self, done: int, force: bool = False, **postfix: str) -> None:
+        """Progress to ``done`` samples; ``postfix`` (loss, lr...) shows beside it. ``force``
+        prints a line now (an evaluation) where there is no bar."""
         if self.bar is not None:
             self.bar.update(min(done, self.bar.total) - self.bar.n)
             if postfix:
                 self.bar.set_postfix(**postfix)
+            return
+        if self.stream is None:
+            return
+        self.done = min(done, self.total)
+        self.postfix.update(postfix)
+        if force or time.monotonic() - self.last_line >= self.every_s:
+            self._line()
+
+    def _line(self) -> None:
+        now = time.monotonic()
+        rate = (self.done - self.first) / max(now - self.start, 1e-9)
+        parts = [f"{self.label}: {self.done:,}/{self.total:,} samples "
+                 f"({100.0 * self.done / max(self.total, 1):.1f}%)", f"{rate:,.0f} samples/s"]
+        parts += [f"{key} {value}" for key, value in self.postfix.items()]
+        parts.append(f"elapsed {clock(now - self.start)}")
+        if 0 < rate and self.done < self.total:
+            parts.append(f"ETA {clock((self.total - self.done) / rate)}")
+        print(", ".join(parts), file=self.stream, flush=True)
+        self.last_line, self.shown = now, self.done
 
     def close(self) -> None:
-        """End the bar's line (before an error line, or the bar would overwrite its start)."""
+        """End the bar's line (before an error line, or the bar would overwrite its start);
+        without a bar, a last line for progress not shown yet."""
         if self.bar is not None:
             self.bar.close()
+        elif self.stream is not None and self.done != self.shown:
+            self._line()

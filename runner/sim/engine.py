@@ -238,7 +238,8 @@ class Simulation:
         shown = self.cfg.trainer.progress
         self.progress = ProgressBar(self.progress_stream if shown else None,
                                     self.milestones.budget, self.samples,
-                                    f"{self.cfg.algo.name} x{self.n} (sim)")
+                                    f"{self.cfg.algo.name} x{self.n} (sim)",
+                                    self.cfg.trainer.progress_every_s)
         final_scored = False
         while not self.milestones.done:
             target = self.milestones.points[self.milestones.passed].samples

@@ -177,7 +177,8 @@ class TimingSimulation(Simulation):
         milestones = self.milestones
         progress = ProgressBar(self.progress_stream if self.cfg.trainer.progress else None,
                                milestones.budget, 0,
-                               f"{self.cfg.algo.name} x{self.n} (timing)")
+                               f"{self.cfg.algo.name} x{self.n} (timing)",
+                               self.cfg.trainer.progress_every_s)
         finished = False
         while not milestones.done:
             self.driver.advance_to(milestones.points[milestones.passed].samples)
