@@ -82,8 +82,7 @@ def test_a_sweep_dir_is_read_as_it_lies(tmp_path):
     assert sorted(proc.stderr.splitlines()) == [
         f"adpsgd-report: skipping {sweep / 'multirun.yaml'} (the sweep's Hydra config, not a "
         "run)",
-        f"adpsgd-report: skipping {sweep / 'notes.txt'} (not a run dir: no metrics.jsonl or "
-        "summary.json)",
+        f"adpsgd-report: skipping {sweep / 'notes.txt'} (a file, not a run dir)",
         f"adpsgd-report: skipping {sweep / 'unfinished'} (not a run dir: no metrics.jsonl or "
         "summary.json)"]
     lines = (out / "table.md").read_text().splitlines()
@@ -95,6 +94,28 @@ def test_a_sweep_dir_is_read_as_it_lies(tmp_path):
         assert cells[:5] == [f"optim.lr={lr}", lr, "ssgd", "digit_images", "1"]
         assert cells[5] == f"top1 {summary['top1']:.2f}"
     assert (out / "curves_wall.png").stat().st_size > 10_000
+    # As a user types it: the shell's glob over the sweep dir names multirun.yaml, the notes,
+    # a dry run's dir and a run stopped before its first evaluation beside the jobs.
+    subprocess.run([str(BIN / "adpsgd-run"), "recipe=digit_images", "launcher=slurm",
+                    "launcher.dry_run=true", f"hydra.run.dir={sweep / 'dry'}"], cwd=tmp_path,
+                   check=True, capture_output=True, timeout=120)
+    (sweep / "stopped").mkdir()
+    (sweep / "stopped" / "summary.json").write_text('{"status": "stopped"}')
+    proc = subprocess.run([str(BIN / "adpsgd-report"), *map(str, sorted(sweep.iterdir())),
+                           "--out", str(tmp_path / "globbed")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(proc.stderr.splitlines()) == [
+        f"adpsgd-report: skipping {sweep / 'dry'} (not a run dir: no metrics.jsonl or "
+        "summary.json)",
+        f"adpsgd-report: skipping {sweep / 'multirun.yaml'} (the sweep's Hydra config, not a "
+        "run)",
+        f"adpsgd-report: skipping {sweep / 'notes.txt'} (a file, not a run dir)",
+        f"adpsgd-report: skipping {sweep / 'stopped'} (no metrics.jsonl: the run (stopped) "
+        "never evaluated)",
+        f"adpsgd-report: skipping {sweep / 'unfinished'} (not a run dir: no metrics.jsonl or "
+        "summary.json)"]
+    assert (tmp_path / "globbed" / "table.md").read_text().splitlines()[2:] == lines[2:]
 
 
 @pytest.mark.mpi
@@ -129,8 +150,13 @@ def test_missing_and_empty_run_dirs_are_one_line_errors(tmp_path, capsys):
     no_jobs = tmp_path / "sweep"
     no_jobs.mkdir()
     (no_jobs / "multirun.yaml").write_text("hydra: {}\n")
+    (tmp_path / "multirun.yaml").write_text("hydra: {}\n")
     for args, expected in (([str(tmp_path / "nope")], "does not exist"),
-                           ([str(empty)], "holds no metrics.jsonl or summary.json"),
+                           ([str(empty)], f"nothing to report: {empty}: not a run dir: no "
+                            "metrics.jsonl or summary.json"),
+                           ([str(tmp_path / "multirun.yaml"), str(empty)],
+                            f"nothing to report: {tmp_path / 'multirun.yaml'}: the sweep's "
+                            f"Hydra config, not a run; {empty}: not a run dir"),
                            ([str(no_jobs)], f"sweep dir {no_jobs} holds no run dir"),
                            ([], "required")):
         assert report_main([*args, "--out", str(tmp_path / "out")]) == 2

@@ -15,10 +15,12 @@ Usage: ``adpsgd-report RUN_DIR [RUN_DIR ...] --out DIR [--rank0]``. Reads each r
   log dir: ``--logdir runs`` shows ``2026-11-23/21-21-22-digit_images-dpsgd/tb``).
 
 A RUN_DIR may also be a sweep dir as ``adpsgd-run -m`` leaves it (``hydra.sweep.dir``, with
-Hydra's ``multirun.yaml``): its run dirs are read in job order, every other entry is skipped
-with a one-line note on stderr, and those runs are labelled by the settings that differ between
-the runs (``topology=ring``, ``topology=random_ring``: the keys the runs' command lines set, as
-each run's ``.hydra/run.yaml`` has them), which become columns of the table too.
+Hydra's ``multirun.yaml``): its run dirs are read in job order, and those runs are labelled by
+the settings that differ between the runs (``topology=ring``, ``topology=random_ring``: the
+keys the runs' command lines set, as each run's ``.hydra/run.yaml`` has them), which become
+columns of the table too. Every entry of a sweep dir, and every path given, that is no run dir
+is skipped with a one-line note on stderr: the shell's ``SWEEP_DIR/*`` names multirun.yaml
+too, and a dry run's dir holds no metrics.
 
 Only the ``eval`` split is drawn (the averaged model for algorithms whose replicas differ);
 ``--rank0`` adds rank 0's own model (``eval_rank0``) as dashed lines. A run that stopped before
@@ -94,7 +96,8 @@ class Run:
 def load_run(path: Path) -> Run:
     """A run dir's evaluations and summary; one-line UserError when it holds neither."""
     if not path.is_dir():
-        raise UserError(f"run dir {path} does not exist",
+        raise UserError(f"run dir {path} does not exist" if not path.exists() else
+                        f"{path} is a file, not a run dir",
                         "give the directories that adpsgd-run printed ('run dir ...')")
     summary_path = path / "summary.json"
     try:
@@ -145,28 +148,61 @@ def _job_order(path: Path) -> tuple[int, str]:
     return (int(head) if head.isdigit() else sys.maxsize, path.name)
 
 
+def why_not_a_run(path: Path) -> str | None:
+    """Why an existing ``path`` is not a run dir to read, in a few words; None if it is one."""
+    if path.is_file():
+        if path.name == SWEEP_FILE:
+            return "the sweep's Hydra config, not a run"
+        return "a file, not a run dir"
+    if path.name == ".hydra":
+        return "a run's Hydra config, not a run"
+    if not is_run_dir(path):
+        return f"not a run dir: no {' or '.join(RUN_FILES)}"
+    if not (path / "metrics.jsonl").is_file():  # stopped or failed before its first evaluation
+        try:
+            status = json.loads((path / "summary.json").read_text()).get("status", "unknown")
+        except (OSError, ValueError, AttributeError):
+            status = "unreadable summary.json"
+        return f"no metrics.jsonl: the run ({status}) never evaluated"
+    return None
+
+
 def find_run_dirs(paths: Sequence[Path], skipped: Callable[[str], None] = note
                   ) -> list[tuple[Path, bool]]:
     """(run dir, found in a sweep dir) for every path: a run dir as given; a sweep dir (one
     holding multirun.yaml and no run files of its own) stands for the run dirs inside it, in
-    job order, and each other entry is passed to ``skipped`` as one line."""
+    job order. Every other path or entry (the shell's ``SWEEP_DIR/*`` gives multirun.yaml too;
+    a dry run's dir holds no metrics) is passed to ``skipped`` as one line, unless nothing is
+    left to read: then that is the error."""
     found: list[tuple[Path, bool]] = []
+    skips: list[tuple[Path, str]] = []
     for path in map(Path, paths):
+        if not path.exists():
+            raise UserError(f"run dir {path} does not exist",
+                            "give the directories that adpsgd-run printed ('run dir ...')")
         if not (path.is_dir() and (path / SWEEP_FILE).is_file() and not is_run_dir(path)):
-            found.append((path, False))
+            reason = why_not_a_run(path)
+            if reason:
+                skips.append((path, reason))
+            else:  # a sweep's job given by itself (SWEEP_DIR/*) is labelled as in its sweep
+                found.append((path, (path.parent / SWEEP_FILE).is_file()))
             continue
         entries = sorted(path.iterdir(), key=_job_order)
-        runs = [entry for entry in entries if entry.is_dir() and is_run_dir(entry)]
+        runs = [entry for entry in entries if why_not_a_run(entry) is None]
         if not runs:
             raise UserError(f"sweep dir {path} holds no run dir with {' or '.join(RUN_FILES)}"
                             " (no job has evaluated yet)",
                             "give it again once a job has evaluated, or give run dirs")
-        for entry in entries:
-            if entry.name == SWEEP_FILE:
-                skipped(f"skipping {entry} (the sweep's Hydra config, not a run)")
-            elif entry not in runs:
-                skipped(f"skipping {entry} (not a run dir: no {' or '.join(RUN_FILES)})")
+        skips += [(entry, why_not_a_run(entry)) for entry in entries if entry not in runs]
         found += [(run, True) for run in runs]
+    if not found:
+        shown = "; ".join(f"{path}: {reason}" for path, reason in skips[:2])
+        more = f" (and {len(skips) - 2} more)" if len(skips) > 2 else ""
+        raise UserError(f"nothing to report: {shown}{more}",
+                        "give run dirs (those adpsgd-run printed) or sweep dirs; a dry run or "
+                        "a run stopped before its first evaluation has no metrics to draw")
+    for path, reason in skips:
+        skipped(f"skipping {path} ({reason})")
     return found
 
 
