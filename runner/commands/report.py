@@ -8,6 +8,8 @@ Usage: ``adpsgd-report RUN_DIR [RUN_DIR ...] --out DIR [--rank0]``. Reads each r
 * ``curves_epoch.png``: the same against epochs: what an algorithm does with the data;
 * ``throughput.png``: samples/s per run, and the mean seconds per rank spent computing,
   communicating (what overlap did not hide) and idle (waiting for slower ranks);
+* ``learners.png``: per run, each learner's own work and waiting per step (which learner
+  is slow);
 * ``table.md``: run, algo, recipe, ranks, final metric, samples/s, compute/comm/idle seconds,
   consensus distance, status (also printed);
 * ``tb/LABEL``: a link to each run's ``tb/``, so that ``tensorboard --logdir DIR/tb`` names
@@ -320,9 +322,32 @@ def plot_throughput(runs: list[Run], out: Path) -> None:
     fig.savefig(out)
 
 
+def plot_learners(runs: list[Run], out: Path) -> None:
+    """Per run, a bar per learner: its own work per step (computing, loading batches) with
+    its waiting per step stacked on top, so that the slow learner stands out."""
+    shown = [r for r in runs if r.summary.get("learners")]
+    fig, axes = _figure(len(shown))
+    for ax, run in zip(axes, shown):
+        learners = run.summary["learners"]
+        ranks = [learner["rank"] for learner in learners]
+        work = [learner["compute_s"] * 1e3 for learner in learners]
+        wait = [learner["wait_s"] * 1e3 for learner in learners]
+        ax.bar(ranks, work, color="#4c72b0", label="own work")
+        ax.bar(ranks, wait, bottom=work, color="#c44e52", label="waiting")
+        ax.set(xlabel="learner (rank)", ylabel="ms per step", title=run.label)
+        if len(ranks) <= 16:
+            hosts = [learner.get("host") or "" for learner in learners]
+            named = len(set(hosts)) > 1  # the host under the rank where they differ
+            ax.set_xticks(ranks, [f"{rank}\n{host}" if named else str(rank)
+                                  for rank, host in zip(ranks, hosts)], fontsize=7)
+        ax.grid(axis="y", alpha=0.3)
+    axes[0].legend(fontsize=7)
+    fig.savefig(out)
+
+
 def write_report(run_dirs: Sequence[Path], out: Path, rank0: bool = False,
                  skipped: Callable[[str], None] = note) -> dict[str, Path]:
-    """Load the runs (run dirs, or sweep dirs: see :func:`find_run_dirs`) and write the three
+    """Load the runs (run dirs, or sweep dirs: see :func:`find_run_dirs`) and write the
     PNGs and table.md into ``out``; return the paths."""
     runs = []
     for path, in_sweep in find_run_dirs(run_dirs, skipped):
@@ -337,6 +362,9 @@ def write_report(run_dirs: Sequence[Path], out: Path, rank0: bool = False,
         plot_curves(runs, "wall_s", "wall time (s)", rank0, paths["curves_wall"])
         plot_curves(runs, "epoch", "epoch", rank0, paths["curves_epoch"])
         plot_throughput(runs, paths["throughput"])
+        if any(run.summary.get("learners") for run in runs):  # runs from before it: none
+            paths["learners"] = out / "learners.png"
+            plot_learners(runs, paths["learners"])
         paths["table"].write_text(markdown_table(
             runs, [key for key in settings if key not in SHOWN_SETTINGS]))
         paths["tb"] = link_event_dirs(runs, out / "tb")

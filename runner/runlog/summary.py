@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .learners import learners_of, slowest_learner_line
 from .records import read_metrics, read_restarts, write_json_atomic
 from .writer import hparams_of, write_session_end, write_session_start
 
@@ -118,6 +119,8 @@ def build_summary(status: str, cfg: Any, world: Any, run: dict[str, Any],
         **{f"{name}_s": means[name] for name in TIMES},
         "per_rank": times,
         "steps_per_rank": [report["steps"] for report in per_rank],
+        # Seconds per step of each learner, its own work apart from waiting (learners.py).
+        "learners": learners_of(per_rank),
         # Waiting at evaluations and checkpoints for the other ranks (part of idle_s).
         "milestones": per_rank[0]["milestones"],
         # Steps whose update was dropped for a non-finite loss (skip_batch).
@@ -233,4 +236,7 @@ def results_table(run_dir: str | Path) -> str:
         replicas = replicas_line(summary)
         if replicas:
             lines.append(replicas)
+        slowest = slowest_learner_line(summary.get("learners") or [])
+        if slowest:
+            lines.append(slowest)
     return "\n".join(lines)

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from .learners import learner_times
 from .records import finite_json, write_json_atomic
 
 
@@ -91,6 +92,10 @@ class RunLog:
                           for name in TIME_SPLIT if name in report["time"]}, step)
             self.scalars({f"algo/{name}/rank{rank}": value
                           for name, value in report["algo"].items()}, step)
+            # Which learner is slow: its own work and its waiting per step so far.
+            self.scalars({f"learners/{name}/rank{rank}": value
+                          for name, value in learner_times(report).items()
+                          if name != "step_s"}, step)
         if examples:  # a markdown table: reference against hypothesis
             table = [f"| {utt} | {ref} | {hyp} |" for utt, ref, hyp in examples]
             self.text("eval/examples", "\n".join(
@@ -141,6 +146,9 @@ def custom_scalars_layout(metric: str) -> dict[str, dict[str, list[Any]]]:
         # the five lines of a run share its colour and cannot be told apart.
         "time split": {f"{name} s": ["Multiline", [f"^time/{name}_s$"]]
                        for name in TIME_SPLIT},
+        # Which learner is slow: one line per rank (runner/runlog/learners.py).
+        "learners": {"own work per step (s)": ["Multiline", [r"^learners/compute_s/rank\d+$"]],
+                     "waiting per step (s)": ["Multiline", [r"^learners/wait_s/rank\d+$"]]},
     }
 
 
