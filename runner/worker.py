@@ -19,6 +19,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -27,7 +28,7 @@ from typing import TextIO
 from omegaconf import DictConfig, OmegaConf
 
 from .checkpoint.preemption import PREEMPTED, STOPPED, install_stop_handlers, request_stop
-from .comm.deadline import CommTimeout
+from .comm.deadline import DEADLINES, CommTimeout
 from .errors import (
     EXIT_PEER_LOST,
     EXIT_PREEMPTED,
@@ -163,10 +164,10 @@ def _run_rank(run_dir: Path, in_process: bool) -> int:
         tensor_backend,
         torch_subgroups,
     )
-    from .comm.deadline import DEADLINES
     from .comm.pairwise import ExchangeTimeout
     from .comm.world import detect_world, mpi
     from .train.compute_path import resolve_device
+    from .train.timers import activity
     from .trainer import Trainer
 
     tune_mpi(run_dir)
@@ -179,8 +180,11 @@ def _run_rank(run_dir: Path, in_process: bool) -> int:
         if not in_process:
             write_pid_file(run_dir, rank)
             # The samples this rank has seen, for a launcher that restarts a failed job.
+            main_thread = threading.get_ident()
             start_heartbeat(run_dir, rank,
-                            lambda: trainer.state.samples if trainer is not None else None)
+                            lambda: trainer.state.samples if trainer is not None else None,
+                            lambda: activity(trainer.timers, trainer.state.step,
+                                             DEADLINES.waiting(main_thread)))
             hold_shared(run_dir)
     except OSError as ex:  # nowhere to write: say it on the terminal, end the job
         print(f"adpsgd-run: error: {start_failure(ex, run_dir)}", file=sys.stderr, flush=True)

@@ -21,6 +21,7 @@ import torch
 
 from runner.checkpoint.files import complete_checkpoints, load_rank_state
 from runner.errors import EXIT_PREEMPTED
+from runner.launch.watchdog import rank_operation
 
 from conftest import BIN, REPO, read_run, run_cli
 
@@ -44,10 +45,32 @@ EXACT = ["recipe=digit_images", "algo=ssgd", "launcher.nprocs=2", "trainer.dtype
 KILL_CASES = sorted(case for case in bench.CASES if case[1] == 4)
 
 
+def reported_its_operation(victim: int):
+    """Ready to kill: a checkpoint is complete and the victim's heartbeat has said what it is
+    doing (its first such beat comes HEARTBEAT_S into training)."""
+    return lambda run_dir: (bench.has_complete_checkpoint(run_dir)
+                            and rank_operation(run_dir, victim) is not None)
+
+
+def failure_events(run_dir: str | Path) -> list[dict]:
+    """The events of a failed job, from summary.json; TensorBoard's text panel shows them."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = json.loads((Path(run_dir) / "summary.json").read_text())["events"]
+    board = EventAccumulator(str(Path(run_dir) / "tb"), size_guidance={"tensors": 0})
+    board.Reload()
+    shown = [t.tensor_proto.string_val[0].decode()
+             for t in board.Tensors("events/text_summary")]
+    for event in events:
+        assert shown and f"| {event['event']} | {event['learner']} |" in shown[-1], shown
+    return events
+
+
 @pytest.mark.parametrize("algo,nprocs", KILL_CASES)
 def test_a_killed_rank_ends_the_job_naming_it(tmp_path, algo, nprocs):
     victim, overrides = bench.CASES[(algo, nprocs)]
-    result = bench.kill_one_rank(tmp_path, algo, nprocs, victim, overrides)
+    result = bench.kill_one_rank(tmp_path, algo, nprocs, victim, overrides,
+                                 ready=reported_its_operation(victim))
     stderr = result["stderr"]
     assert result["verdict_s"] is not None, f"rank {victim} was not named:\n{stderr}"
     print(f"{algo} x{nprocs}: killed rank {victim}; named after {result['verdict_s']:.2f} s, "
@@ -60,6 +83,9 @@ def test_a_killed_rank_ends_the_job_naming_it(tmp_path, algo, nprocs):
     assert "Traceback" not in stderr, stderr
     assert result["leftover_pids"] == [], "orphan rank processes"
     assert result["checkpoint"], "the newest complete checkpoint does not load"
+    [event] = failure_events(result["run_dir"])
+    assert (event["event"], event["learner"]) == ("died", victim), event
+    assert event["host"] and event["operation"].startswith("step "), event
 
 
 @pytest.mark.parametrize("algo", ["ssgd", "adpsgd"])
@@ -89,6 +115,11 @@ def test_a_hung_rank_ends_the_job_through_communication_timeouts(tmp_path, algo)
         assert "rank 1 (pid" in stderr and "or hung until rank 0 gave up on it" in stderr
     assert "Traceback" not in stderr
     assert result["leftover_pids"] == [], "the stopped rank was left behind"
+    # The waiting rank and the call it waited in; then the silent rank, taken down with it.
+    events = failure_events(result["run_dir"])
+    assert (events[0]["event"], events[0]["learner"]) == ("gave up", 0), events
+    assert any(text in events[0]["cause"] for text in waiting), events
+    assert [(e["event"], e["learner"]) for e in events[1:]] in ([], [("died", 1)]), events
 
 
 def test_a_stopped_rank_with_default_timeouts_ends_the_job_by_its_heartbeat(tmp_path):
@@ -96,7 +127,7 @@ def test_a_stopped_rank_with_default_timeouts_ends_the_job_by_its_heartbeat(tmp_
     launcher's watchdog misses its heartbeat and ends the job after launcher.stall_timeout_s
     (10 s here; 60 s by default, docs/failures.md), naming it."""
     result = bench.kill_one_rank(tmp_path, "ssgd", 2, 1, ["launcher.stall_timeout_s=10"],
-                                 signum=signal.SIGSTOP)
+                                 signum=signal.SIGSTOP, ready=reported_its_operation(1))
     stderr = result["stderr"]
     print(f"ssgd: rank 1 stopped; job ended after {result['exit_s']:.1f} s")
     # The stall is counted from the last heartbeat (the pid file's time, untouched since the
@@ -112,6 +143,9 @@ def test_a_stopped_rank_with_default_timeouts_ends_the_job_by_its_heartbeat(tmp_
     assert "Fix: look for the cause in" in lines[0] and "resume=auto" in lines[0]
     assert "Traceback" not in stderr
     assert result["leftover_pids"] == [], "the stopped rank was left behind"
+    [event] = failure_events(result["run_dir"])
+    assert (event["event"], event["learner"]) == ("stalled", 1), event
+    assert event["operation"].startswith("step "), event  # what it did at its last beat
 
 
 def test_kill_9_of_mpiexec_names_mpiexec(tmp_path):

@@ -59,6 +59,11 @@ class Deadlines:
             else:
                 self._watched[me] = previous
 
+    def waiting(self, thread: int) -> str | None:
+        """The watched call thread ``thread`` is waiting in now, as ``watch`` named it."""
+        watched = self._watched.get(thread)
+        return watched[0] if watched else None
+
     def _start(self) -> None:
         if self._thread is None:
             with self._lock:

@@ -24,6 +24,7 @@ While the job runs the launcher supervises it (runner/launch/watchdog.py):
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shutil
@@ -406,6 +407,7 @@ class LocalLauncher(Launcher):
             if failure is None:
                 return status
             progress = [rank_progress(run_dir, r) for r in range(self.cfg.nprocs)]
+            failure.record(run_dir, progress)
             try:
                 restarting = restarts.decide(failure, progress)
             except KeyboardInterrupt:  # between two jobs: no rank to forward it to
@@ -468,7 +470,8 @@ class LocalLauncher(Launcher):
             return 128 + signal.SIGKILL, JobFailure(
                 f"rank {stalled.rank}{where} stalled (no heartbeat for launcher.stall_timeout_s="
                 f"{self.cfg.stall_timeout_s:g} s)", True, ended,
-                lambda: self.report_stalled(run_dir, stalled))
+                lambda: self.report_stalled(run_dir, stalled), event="stalled",
+                learner=stalled.rank, host=stalled.host)
         if status == 0:
             if forwarding.received:  # the signal came after the last chance to stop
                 names = ", ".join(signal.Signals(s).name for s in forwarding.received)
@@ -489,13 +492,15 @@ class LocalLauncher(Launcher):
             return 128 + signum, JobFailure(
                 f"rank {rank} on {host} was killed by signal {signum} "
                 f"({signal.Signals(signum).name})", True, ended,
-                lambda: self.report_killed_elsewhere(run_dir, rank, host, signum, others))
+                lambda: self.report_killed_elsewhere(run_dir, rank, host, signum, others),
+                event="died", learner=rank, host=host)
         if status < 0 and self.mpiexec_ended_first(watchdog, dead, ended):
             # mpiexec itself was killed from outside; its ranks went down after it.
             name = signal.Signals(-status).name
             return 128 - status, JobFailure(
                 f"mpiexec was killed by signal {-status} ({name}) from outside", True, ended,
-                lambda: self.report_mpiexec_killed(run_dir, proc.pid, -status))
+                lambda: self.report_mpiexec_killed(run_dir, proc.pid, -status),
+                event="mpiexec killed")
         if dead is not None:
             # The shell's convention for "killed by a signal", whether mpiexec or the watchdog
             # ended the job (mpiexec would return the bare signal number).
@@ -505,13 +510,13 @@ class LocalLauncher(Launcher):
                    else "died without reporting an error")
             return 128 + (signum or signal.SIGKILL), JobFailure(
                 f"rank {dead.rank} {how}", True, dead.when,
-                lambda: self.report_dead_rank(run_dir, dead, output))
+                lambda: self.report_dead_rank(run_dir, dead, output), event="died",
+                learner=dead.rank)
         status = 128 - status if status < 0 else status
         mpiexec_said = self.mpiexec_report(watchdog, output)
-        cause, restartable = (reported_failure(run_dir, self.cfg.nprocs)
-                              or (f"the MPI job exited with status {status}", True))
-        return status, JobFailure(cause, restartable, ended,
-                                  lambda: self.report_failure(run_dir, status, mpiexec_said))
+        report = functools.partial(self.report_failure, run_dir, status, mpiexec_said)
+        return status, (reported_failure(run_dir, self.cfg.nprocs, ended, report) or JobFailure(
+            f"the MPI job exited with status {status}", True, ended, report))
 
     def supervise(self, proc: subprocess.Popen, watchdog: RankWatchdog,
                   forwarding: StopForwarding, grace_s: float) -> int:

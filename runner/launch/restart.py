@@ -151,6 +151,7 @@ def main(argv: list[str] | None = None) -> None:
         nprocs = int(launcher.nprocs)
         failure = failure_of_batch_step(run_dir, nprocs, args.after_failure)
         progress = [rank_progress(run_dir, r) for r in range(nprocs)]
+        failure.record(run_dir, progress)
         restarts = Restarts(run_dir, args.max_restarts, taken=args.taken)
         raise SystemExit(0 if restarts.decide(failure, progress) else 1)
     # Exit records of an earlier start must not be read as this one's.

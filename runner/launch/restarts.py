@@ -33,8 +33,10 @@ from pathlib import Path
 from omegaconf import OmegaConf, open_dict
 
 from ..checkpoint.files import complete_checkpoints
+from ..errors import EXIT_PEER_LOST
+from ..runlog.events import record_event
 from ..runlog.records import read_restarts, write_restarts
-from .watchdog import exit_record, failure_records
+from .watchdog import exit_record, failure_records, rank_host, rank_operation
 
 CHECKPOINTS = "checkpoints"
 
@@ -73,6 +75,34 @@ class JobFailure:
     restartable: bool  # a lost rank, process or node; False for a user's error
     when: float  # time.time() of the failure
     report: Callable[[], None]  # the launcher's full report, when the job is not restarted
+    # For the run's events (runner/runlog/events.py): what happened and to which rank.
+    event: str = "failed"  # died | stalled | gave up | error | failed | mpiexec killed
+    learner: int | None = None
+    host: str | None = None  # where the launcher heard of it; else the rank's pid file's
+
+    def record(self, run_dir: Path, progress: list[int | None]) -> None:
+        """Add this failure to the run's events, with what the rank was doing at its last
+        heartbeat; a peer that gave up waiting on it first (a hung rank, taken down by that
+        peer's abort) is an event of its own, before it."""
+        gave_up = [r for r in failure_records(run_dir, len(progress))
+                   if r.status == EXIT_PEER_LOST and r.message]
+        if gave_up and (self.event, self.learner) != ("gave up", gave_up[0].rank):
+            peer = gave_up[0]
+            self._record(run_dir, progress, "gave up", peer.rank, None,
+                         peer.message.removeprefix("adpsgd-run: "))
+        self._record(run_dir, progress, self.event, self.learner, self.host, self.cause)
+
+    def _record(self, run_dir: Path, progress: list[int | None], event: str,
+                rank: int | None, host: str | None, cause: str) -> None:
+        known = [p for p in progress if p is not None]
+        at = progress[rank] if rank is not None and rank < len(progress) else None
+        record_event(run_dir, {
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(self.when)),
+            "event": event, "learner": rank,
+            "host": host or (rank_host(run_dir, rank) if rank is not None else None),
+            "operation": rank_operation(run_dir, rank) if rank is not None else None,
+            "at_samples": at if at is not None else (max(known) if known else None),
+            "cause": cause})
 
 
 class Restarts:
@@ -140,25 +170,30 @@ def say(line: str) -> None:
     print(f"adpsgd-run: {line}", file=sys.stderr, flush=True)
 
 
-def reported_failure(run_dir: Path, nprocs: int) -> tuple[str, bool] | None:
-    """The first rank's own failure line, as a cause, and whether it is worth a restart (not
-    a user's error, status 2: a bad config, missing data, a non-finite loss fail again);
-    None when no rank reported one."""
+def reported_failure(run_dir: Path, nprocs: int, when: float,
+                     report: Callable[[], None] = lambda: None) -> JobFailure | None:
+    """The first rank's own failure line as the cause, worth a restart unless it is a user's
+    error (status 2: a bad config, missing data, a non-finite loss fail again); None when no
+    rank reported one."""
     failed = [r for r in failure_records(run_dir, nprocs) if r.message]
     if not failed:
         return None
-    return failed[0].message.removeprefix("adpsgd-run: "), failed[0].status != 2
+    first = failed[0]
+    event = {2: "error", EXIT_PEER_LOST: "gave up"}.get(first.status, "failed")
+    return JobFailure(first.message.removeprefix("adpsgd-run: "), first.status != 2, when,
+                      report, event=event, learner=first.rank)
 
 
 def failure_of_batch_step(run_dir: Path, nprocs: int, status: int) -> JobFailure:
     """How a batch job's ranks ended, from their exit records (srun or mpiexec inside the
     allocation: no watchdog saw the order of the deaths, so every silent rank is named)."""
-    if (reported := reported_failure(run_dir, nprocs)) is not None:
-        return JobFailure(*reported, time.time(), lambda: None)
+    if (reported := reported_failure(run_dir, nprocs, time.time())) is not None:
+        return reported
     silent = [r for r in range(nprocs) if exit_record(run_dir, r) is None]
     if silent:
         ranks = ", ".join(map(str, silent))
         return JobFailure(f"rank(s) {ranks} ended without a word (killed, crashed, or their "
-                          "node was lost)", True, time.time(), lambda: None)
+                          "node was lost)", True, time.time(), lambda: None, event="died",
+                          learner=silent[0] if len(silent) == 1 else None)
     return JobFailure(f"the ranks' job step exited with status {status}", True, time.time(),
                       lambda: None)

@@ -121,11 +121,14 @@ def watch_launcher(pid: int, on_gone) -> None:
 
 
 def start_heartbeat(run_dir: str | Path, rank: int,
-                    progress: Callable[[], int | None] = lambda: None) -> None:
+                    progress: Callable[[], int | None] = lambda: None,
+                    operation: Callable[[], str | None] = lambda: None) -> None:
     """A daemon thread that touches the rank's pid file every HEARTBEAT_S. Once
     ``progress()`` (the global samples the rank has seen) has a value, each beat rewrites the
     file with it as a third field, which a launcher that restarts a failed job reads (see
-    ``rank_progress``); on a full disk the beat only touches the file (its time changes)."""
+    ``rank_progress``), and what ``operation()`` says the rank is doing as the rest of the
+    line (``rank_operation``: named when the rank stalls or dies); on a full disk the beat only
+    touches the file (its time changes)."""
     path = _path(run_dir, rank, "pid")
     tmp = path.with_name(path.name + ".beat")
     identity = f"{os.getpid()} {socket.gethostname()}"
@@ -139,7 +142,8 @@ def start_heartbeat(run_dir: str | Path, rank: int,
                 if samples is None:
                     os.utime(path)
                 else:
-                    tmp.write_text(f"{identity} {samples}\n")
+                    doing = " ".join((operation() or "").split())  # one line
+                    tmp.write_text(f"{identity} {samples} {doing}".rstrip() + "\n")
                     os.replace(tmp, path)
             except OSError:
                 try:
@@ -293,6 +297,15 @@ def rank_progress(run_dir: str | Path, rank: int) -> int | None:
         return int(fields[2]) if len(fields) > 2 else None
     except (OSError, ValueError):
         return None
+
+
+def rank_operation(run_dir: str | Path, rank: int) -> str | None:
+    """What the rank was doing at its last heartbeat (None: not reported)."""
+    try:
+        fields = _path(run_dir, rank, "pid").read_text().split()
+    except OSError:
+        return None
+    return " ".join(fields[3:]) or None
 
 
 def heartbeat_age(run_dir: str | Path, rank: int, now: float) -> float | None:

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .events import read_events, write_events_text
 from .learners import learners_of, slowest_learner_line
 from .records import read_metrics, read_restarts, write_json_atomic
 from .writer import hparams_of, write_session_end, write_session_start
@@ -71,7 +72,9 @@ def gather_summary(trainer: Any, status: str) -> dict[str, Any]:
            # The newest checkpoint, and the one this session resumed from (if any).
            "checkpoint": str(last) if last else None,
            "resumed_from": str(t.resumed_from.path) if t.resumed_from else None,
-           "restarts": read_restarts(t.run_dir)}
+           "restarts": read_restarts(t.run_dir),
+           # Ranks lost, stalled or failed in earlier jobs of this run (restarts).
+           "events": read_events(t.run_dir)}
     summary = build_summary(status, t.cfg, t.world, run, t.state.history, per_rank, digests,
                             t.recipe, recipe_reports)
     t.runlog.finish(summary)
@@ -170,18 +173,20 @@ def write_failure_summary(run_dir: str | Path, cfg: Any, exit_status: int,
         return
     checkpoints = complete_checkpoints(run_dir)
     evals = [r for r in read_metrics(run_dir) if r.get("split") == "eval"]
+    events = read_events(run_dir)
     nprocs = cfg.launcher.nprocs
     write_json_atomic(Path(run_dir) / "summary.json", {
         "status": status, "exit_status": exit_status, "algo": cfg.algo.name,
         "recipe": cfg.recipe.name, "nprocs": nprocs,
         "checkpoint": str(checkpoints[-1].path) if checkpoints else None,
         "last_eval": evals[-1] if evals else None, "logs": str(Path(run_dir) / "logs"),
-        "restarts": read_restarts(run_dir)})
+        "restarts": read_restarts(run_dir), "events": events})
     last = {k: v for k, v in (evals[-1] if evals else {}).items()
             if k not in ("epoch", "step", "samples", "train_s", "split")}
     writer = FileWriter(str(Path(run_dir) / "tb"))
     write_session_start(writer, hparams_of(cfg))  # none if the run died before
     write_session_end(writer, last, status)
+    write_events_text(writer, events, evals[-1]["step"] if evals else 0)
     writer.close()
 
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from .events import write_events_text
 from .learners import learner_times
 from .records import finite_json, write_json_atomic
 
@@ -112,6 +113,8 @@ class RunLog:
         write_session_end(self.writer._get_file_writer(), {
             **summary["final"], "samples_per_s": summary.get("samples_per_s"),
             "wall_s": summary.get("wall_s")}, summary["status"])
+        write_events_text(self.writer._get_file_writer(), summary.get("events") or [],
+                          summary.get("steps") or 0)
         self.summary(summary)
         self.close()
 
