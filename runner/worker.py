@@ -308,9 +308,27 @@ def exit_at_once(status: int) -> None:
     os._exit(status)
 
 
+def prepare_data(run_dir: str | Path) -> int:
+    """Build the recipe's caches for the run in ``run_dir`` (a batch job does, once, before
+    its ranks start); 0, or 2 after one line naming the cause."""
+    import recipes  # noqa: F401 - fills the recipe registry
+
+    from .recipe import RECIPES
+
+    try:
+        cfg = load_run_config(Path(run_dir))
+        RECIPES.get(cfg.recipe.name)(cfg.recipe).prepare()
+    except UserError as ex:
+        print(f"adpsgd: error: {ex}", file=sys.stderr, flush=True)
+        return 2
+    return 0
+
+
 def main() -> None:
+    if len(sys.argv) == 3 and sys.argv[2] == "--prepare":
+        raise SystemExit(prepare_data(sys.argv[1]))
     if len(sys.argv) != 2:
-        print("usage: python -m runner.worker RUN_DIR", file=sys.stderr)
+        print("usage: python -m runner.worker RUN_DIR [--prepare]", file=sys.stderr)
         raise SystemExit(2)
     status = run_rank(sys.argv[1])
     if status in (0, EXIT_PREEMPTED, EXIT_STOPPED):  # every rank ended normally

@@ -418,3 +418,22 @@ def test_the_step_watcher_ends_a_lingering_step_and_the_ranks_left_on_this_host(
     restart.watch_step(tmp_path, step.pid, 2, stall_s=60, poll_s=0.1)
     assert step.wait(timeout=10) == -9 and hung.wait(timeout=10) == -9
     assert time.monotonic() - started < 10
+
+
+@pytest.mark.slow
+def test_the_job_builds_the_recipes_caches_not_the_submission(tmp_path):
+    """A login node is no place for a corpus's synthesis and features, and a dry run needs
+    none: adpsgd-run launcher=slurm leaves them to the job, which builds them once before its
+    ranks (python -m runner.worker RUN_DIR --prepare)."""
+    cache, run_dir = tmp_path / "cache", tmp_path / "run"
+    run_cli(["recipe=spoken_digits", "recipe.synth.num_train=24", "recipe.synth.num_eval=8",
+             "recipe.synth.train_speakers=4", f"recipe.data.cache_dir={cache}",
+             "launcher=slurm", "launcher.dry_run=true", f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+    assert not cache.exists() or not any(cache.iterdir())
+    assert '"$PYTHON" -m runner.worker "$RUN_DIR" --prepare || exit 2' in (
+        run_dir / "job.sbatch").read_text()
+    proc = subprocess.run([sys.executable, "-m", "runner.worker", str(run_dir), "--prepare"],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert len(list(cache.rglob("feats.scp"))) + len(list(cache.rglob("*.ark"))) > 0, sorted(
+        str(p.relative_to(cache)) for p in cache.rglob("*"))[:20]

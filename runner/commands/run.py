@@ -148,15 +148,16 @@ def run_job(cfg: DictConfig) -> None:
     try:
         from ..recipe import RECIPES
 
-        if not typed.launcher.get("timing_only"):  # caches, before ranks start
-            RECIPES.get(typed.recipe.name)(typed.recipe).prepare()
+        launcher_class = LAUNCHERS.get(typed.launcher.name)
+        if launcher_class.prepares_data and not typed.launcher.get("timing_only"):
+            RECIPES.get(typed.recipe.name)(typed.recipe).prepare()  # caches, before ranks
     except UserError as ex:
         print(f"adpsgd-run: error: {ex}", file=sys.stderr)
         raise SystemExit(2) from None
     print(f"adpsgd-run: {typed.algo.name} on {typed.recipe.name} with "
           f"{typed.launcher.nprocs} rank(s); run dir {run_dir}", flush=True)
     try:
-        launcher = LAUNCHERS.get(typed.launcher.name)(typed.launcher)
+        launcher = launcher_class(typed.launcher)
         status = launcher.launch(typed, run_dir)
     except UserError as ex:
         print(f"adpsgd-run: error: {ex}", file=sys.stderr)

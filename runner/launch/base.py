@@ -45,6 +45,9 @@ class Launcher(ABC):
     # False for batch systems: launch() returns once the job is queued, before any result
     # exists (the CLI then prints no results table).
     blocking: ClassVar[bool] = True
+    # Whether adpsgd-run builds the recipe's caches (generated corpora, features) before it
+    # launches; a batch launcher leaves it to the job, off the login node.
+    prepares_data: ClassVar[bool] = True
 
     def __init__(self, cfg: Any):
         self.cfg = cfg

@@ -210,6 +210,10 @@ forward() {{
 trap 'forward USR1' USR1
 trap 'forward TERM' TERM
 
+# The recipe's caches (generated corpora, features), built once here on the job's first
+# node, not on the login node at submission; the ranks only read them.
+"$PYTHON" -m runner.worker "$RUN_DIR" --prepare || exit 2
+
 taken=0
 overlap=""
 while true; do
@@ -259,6 +263,7 @@ exit "$status"
 class SlurmLauncher(Launcher):
     Config = SlurmConfig
     blocking = False  # returns once sbatch has queued the job
+    prepares_data = False  # the job does, on its first node (a dry run needs none)
 
     def launch(self, run_cfg, run_dir):
         run_dir = Path(run_dir).resolve()
