@@ -82,8 +82,9 @@ class JobFailure:
 
     def record(self, run_dir: Path, progress: list[int | None]) -> None:
         """Add this failure to the run's events, with what the rank was doing at its last
-        heartbeat; a peer that gave up waiting on it first (a hung rank, taken down by that
-        peer's abort) is an event of its own, before it."""
+        heartbeat (HEARTBEAT_S apart) and the most samples any rank had reported; a peer that
+        gave up waiting on it first (a hung rank, taken down by that peer's abort) is an event
+        of its own, before it."""
         gave_up = [r for r in failure_records(run_dir, len(progress))
                    if r.status == EXIT_PEER_LOST and r.message]
         if gave_up and (self.event, self.learner) != ("gave up", gave_up[0].rank):
@@ -94,14 +95,13 @@ class JobFailure:
 
     def _record(self, run_dir: Path, progress: list[int | None], event: str,
                 rank: int | None, host: str | None, cause: str) -> None:
-        known = [p for p in progress if p is not None]
-        at = progress[rank] if rank is not None and rank < len(progress) else None
+        known = [p for p in progress if p is not None]  # the job's progress, as restarts'
         record_event(run_dir, {
             "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(self.when)),
             "event": event, "learner": rank,
             "host": host or (rank_host(run_dir, rank) if rank is not None else None),
             "operation": rank_operation(run_dir, rank) if rank is not None else None,
-            "at_samples": at if at is not None else (max(known) if known else None),
+            "at_samples": max(known) if known else None,
             "cause": cause})
 
 
