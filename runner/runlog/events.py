@@ -37,7 +37,7 @@ def read_events(run_dir: str | Path) -> list[dict[str, Any]]:
     crash) is left out."""
     path = Path(run_dir) / EVENTS
     try:
-        lines = path.read_text().splitlines()
+        lines = path.read_text(errors="replace").splitlines()  # a flipped byte: one bad line
     except OSError:
         return []
     events = []
