@@ -80,6 +80,10 @@ def check_output_dir(overrides: list[str], multirun: bool) -> None:
     try first whether a directory can be created where it will go."""
     key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
     given = [o.split("=", 1)[1] for o in overrides if o.startswith(f"{key}=")]
+    if given and not given[-1].strip():  # Hydra would take the current directory
+        raise UserError(f"{key} is empty, so the run would write into the current directory "
+                        f"({Path.cwd()})", f"name a directory, e.g. {key}=runs/NAME, or leave "
+                        f"{key} out for the default under runs/")
     target = Path(given[-1].split("$", 1)[0] if given else "runs").expanduser()
     existing = target.absolute()
     while not existing.exists() and existing != existing.parent:
