@@ -203,8 +203,20 @@ def test_missing_wav_file(corpus: Path) -> None:
     assert_user_error(excinfo, "b.wav", "rec_b", "does not exist")
     with pytest.raises(UserError) as excinfo:
         data.validate(check_audio_files=True)
-    assert_user_error(excinfo, "b.wav", "rec_b", "wav.scp")
+    message = assert_user_error(excinfo, "b.wav", "rec_b", "wav.scp")
+    assert "relative path" not in message  # absolute: nothing to explain
     data.validate(check_audio_files=False)
+
+
+def test_a_missing_relative_wav_path_says_what_it_was_taken_against(
+        corpus: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    scp = corpus / "wav.scp"
+    scp.write_text(scp.read_text().replace(str(corpus.parent / "audio") + "/", "audio/"))
+    monkeypatch.chdir(corpus)  # not the dir the relative paths were written for
+    with pytest.raises(UserError) as excinfo:
+        load_data_dir(corpus).validate(check_audio_files=True)
+    assert_user_error(excinfo, "audio file audio/a.wav (a relative path: taken from the "
+                      f"current directory {corpus}, as Kaldi does)")
 
 
 def test_missing_file_inside_pipe_command(tmp_path: Path) -> None:
@@ -405,6 +417,25 @@ def test_prepare_features_rerun_is_a_no_op(corpus: Path, tmp_path: Path,
     prepare_features(corpus, out, FbankOptions(deltas=2))
     assert stamp_and_mtimes(out)[0] != after_options[0]
     assert list(load_features(out / "feats.scp")) == ["rec_a", "rec_b"]
+
+
+def test_audio_replaced_in_place_is_computed_and_checked_again(corpus: Path,
+                                                              tmp_path: Path) -> None:
+    """The same wav.scp, the same paths, other audio: the cache is stale (its key holds each
+    file's size and modification time), so the new audio's features are computed, and a
+    file at another sample rate is refused as on the first run."""
+    out = tmp_path / "feats"
+    prepare_features(corpus, out)
+    wav = Path(load_data_dir(corpus).wav_scp["rec_b"])
+    write_wav(wav, tone(0.6, 900))
+    prepare_features(corpus, out)
+    features = load_features(out / "feats.scp")
+    audio, _ = load_data_dir(corpus).read_audio("rec_b")
+    torch.testing.assert_close(features["rec_b"], compute_fbank(audio), rtol=0, atol=0)
+    write_wav(wav, tone(0.6, 900, rate=8000), rate=8000)
+    with pytest.raises(UserError) as excinfo:
+        prepare_features(corpus, out)
+    assert_user_error(excinfo, "8000 Hz", "16000 Hz is expected")
 
 
 def test_interrupted_run_leaves_no_complete_looking_cache(corpus: Path, tmp_path: Path,

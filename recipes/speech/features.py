@@ -40,7 +40,7 @@ import torchaudio.functional as AF
 
 from runner.errors import UserError, one_line
 
-from .kaldi_data import KaldiDataDir, load_data_dir
+from .kaldi_data import KaldiDataDir, audio_identity, load_data_dir
 
 log = logging.getLogger(__name__)
 
@@ -265,13 +265,17 @@ def speaker_mean_normalize(feats: Mapping[str, torch.Tensor | np.ndarray],
 
 def inputs_digest(data: KaldiDataDir) -> str:
     """SHA-256 of everything in the data dir the features depend on: per utterance its id,
-    transcript, speaker, segment and wav.scp entry. Audio contents are not hashed (too slow
-    for thousands of hours): audio files are assumed never to change under the same path."""
+    transcript, speaker, segment and wav.scp entry, and the size and modification time of the
+    audio files it reads (their contents are not hashed: too slow for thousands of hours), so
+    that audio replaced in place is computed again, and checked again (its sample rate)."""
     digest = hashlib.sha256()
+    audio: dict[str, list] = {}  # per recording: several segments share one file
     for utt in data.utterances:
         rec = data.recording_of(utt)
+        if rec not in audio:
+            audio[rec] = audio_identity(data.wav_scp[rec])
         seg = list(data.segments[utt]) if data.segments is not None else None
-        row = [utt, data.text[utt], data.utt2spk[utt], rec, data.wav_scp[rec], seg]
+        row = [utt, data.text[utt], data.utt2spk[utt], rec, data.wav_scp[rec], seg, audio[rec]]
         digest.update(json.dumps(row, ensure_ascii=False).encode() + b"\n")
     return digest.hexdigest()
 

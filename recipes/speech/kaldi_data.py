@@ -160,8 +160,8 @@ class KaldiDataDir:
         if missing:
             rec, first = missing[0]
             more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
-            raise UserError(f"audio file {first} of recording {rec!r} in "
-                            f"{self.path / 'wav.scp'} does not exist{more}",
+            raise UserError(f"audio file {first}{relative_to_cwd(first)} of recording {rec!r} "
+                            f"in {self.path / 'wav.scp'} does not exist{more}",
                             f"restore the audio or correct wav.scp, {FIX_DATA_DIR}")
 
     def _check_command(self, rec: str, entry: str) -> None:
@@ -218,8 +218,8 @@ class KaldiDataDir:
             name = f"the output of {command!r}"
         else:
             if not Path(entry).is_file():
-                raise UserError(f"audio file {entry} of utterance {utt!r} (listed in "
-                                f"{self.path / 'wav.scp'}) does not exist",
+                raise UserError(f"audio file {entry}{relative_to_cwd(entry)} of utterance "
+                                f"{utt!r} (listed in {self.path / 'wav.scp'}) does not exist",
                                 f"restore the audio or correct wav.scp, {FIX_DATA_DIR}")
             source, name = entry, entry
         try:
@@ -254,6 +254,30 @@ class KaldiDataDir:
                                 f"correct or remove the segment, {FIX_DATA_DIR}")
             end = len(audio)
         return audio[start:end].copy()
+
+
+def relative_to_cwd(path: str) -> str:
+    """For a relative audio path: what it was taken against (as Kaldi's tools, the current
+    directory, not the data dir), as a parenthesis; empty for an absolute one."""
+    if Path(path.strip()).is_absolute():
+        return ""
+    return f" (a relative path: taken from the current directory {Path.cwd()}, as Kaldi does)"
+
+
+def audio_identity(entry: str) -> list[tuple[str, int | None, int | None]]:
+    """(path, size, modification time in ns) of each audio file a wav.scp entry reads (the
+    file itself, or the files its command names), None for one that is missing: what a cache
+    of features keys on, since hashing thousands of hours of audio would take longer than the
+    features themselves."""
+    paths = _paths_in_command(entry) if is_pipe(entry) else [entry.strip()]
+    identity: list[tuple[str, int | None, int | None]] = []
+    for path in paths:
+        try:
+            status = os.stat(path)
+            identity.append((path, status.st_size, status.st_mtime_ns))
+        except OSError:
+            identity.append((path, None, None))
+    return identity
 
 
 def _paths_in_command(entry: str) -> list[str]:
