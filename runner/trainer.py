@@ -198,15 +198,19 @@ class Trainer:
                     return
                 self._finish_algorithm()  # nothing may change the model after it is scored
                 self.evaluate(final=True, met=True)
-            elif milestone.kind == EVALUATE:
-                self.evaluate()
-            elif milestone.kind == CHECKPOINT:
-                self.save_checkpoint("scheduled")
-            elif reason := self.stop.check():
-                log.info("stop requested (%s): checkpointing at step %d",
-                         "Ctrl-C" if reason == STOPPED else "SIGUSR1/SIGTERM", self.state.step)
-                self.stop_status = reason
-                return
+            else:
+                if milestone.kind == EVALUATE:
+                    self.evaluate()
+                elif milestone.kind == CHECKPOINT:
+                    self.save_checkpoint("scheduled")
+                # At an evaluation or a checkpoint the ranks have met anyway: a stop asked
+                # meanwhile is agreed there at once, else at the preemption checks.
+                reason = self.stop.check() if milestone.kind == STOP_CHECK else self.stop.now()
+                if reason:
+                    log.info("stop requested (%s): checkpointing at step %d", "Ctrl-C" if
+                             reason == STOPPED else "SIGUSR1/SIGTERM", self.state.step)
+                    self.stop_status = reason
+                    return
 
     def _meet(self) -> None:
         """Before a collective milestone (evaluation, checkpoint): quiesce the algorithm and
@@ -303,7 +307,9 @@ class Trainer:
             # score the model once, there, rather than twice in a row.
             self._leave()
             return
+        log.info("evaluating at step %d (%d samples)", state.step, state.samples)
         with self.timers.time("eval"):
+            self.faults.slow_evaluation()
             results = self.evaluator.score(self.algo.identical_replicas, final)
             consensus = self.evaluator.consensus_distance()
             per_rank = self.comm.gather_objects(rank_report(self))

@@ -104,7 +104,8 @@ def test_ctrl_c_while_training_checkpoints_and_resume_continues(tmp_path):
     summary = assert_user_stop(result, "after checkpointing")
     assert len([x for x in result["stderr"].splitlines() if x.strip()]) == 2, result["stderr"]
     newest = complete_checkpoints(result["run_dir"])[-1]
-    assert summary["checkpoint"] == str(newest.path) and newest.reason == "stopped"
+    # The stop's own checkpoint, or the scheduled one it came right after (the same state).
+    assert summary["checkpoint"] == str(newest.path) and newest.step == summary["steps"]
     assert f"resume=auto hydra.run.dir={result['run_dir']}" in result["stderr"]
     # The same command with resume=auto goes on from there (a shorter budget, to finish).
     job = [o for o in JOB if not o.startswith("trainer.epochs")]
@@ -121,11 +122,29 @@ def writing_a_checkpoint(run_dir: Path, _out: str = "") -> bool:
 
 
 def test_ctrl_c_while_a_checkpoint_is_written(tmp_path):
-    """The write in progress completes, then the ranks stop at the next check with a
-    checkpoint of their own: every checkpoint dir on disk is complete."""
+    """The write in progress completes and the ranks stop right after it (they have met
+    there): that checkpoint is the run's last, no step came after it, and every checkpoint
+    dir on disk is complete."""
     result = interrupt(tmp_path, writing_a_checkpoint, ["faults.checkpoint_write_delay_s=1.0"])
-    assert_user_stop(result, "after checkpointing")
-    assert complete_checkpoints(result["run_dir"])[-1].reason == "stopped"
+    summary = assert_user_stop(result, "after checkpointing")
+    newest = complete_checkpoints(result["run_dir"])[-1]
+    assert summary["checkpoint"] == str(newest.path) and summary["steps"] == newest.step
+
+
+def evaluating(run_dir: Path, _out: str = "") -> bool:
+    log = run_dir / "logs" / "rank0.log"
+    return log.exists() and "evaluating at step" in log.read_text()
+
+
+def test_ctrl_c_during_an_evaluation_stops_right_after_it(tmp_path):
+    """A slow evaluation (3 s) interrupted: the ranks stop once it is scored, at its step,
+    with one row of metrics; they do not train on to the next check or the next epoch."""
+    result = interrupt(tmp_path, evaluating, ["faults.eval_delay_s=3", "trainer.eval_every=5"])
+    summary = assert_user_stop(result, "after checkpointing")
+    rows = [json.loads(line) for line in
+            (result["run_dir"] / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in rows if row["split"] == "eval"] == [summary["steps"]], rows
+    assert complete_checkpoints(result["run_dir"])[-1].step == summary["steps"]
 
 
 def test_a_second_ctrl_c_stops_at_once_and_removes_the_half_written_checkpoint(tmp_path):

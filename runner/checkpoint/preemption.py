@@ -13,9 +13,11 @@ The agreement rides on preemption-check milestones (runner/train/milestones.py),
 meets in the same order: at check j each rank starts a non-blocking MAX-allreduce of its flag
 and reads the result of check j-1, which has long completed unless a peer is more than a
 check behind (that wait is bounded by ``comm.timeout_s``). A rank that sees a set flag stops
-right there, and so does every other rank, at the same check. A signal is acted on within two
-checks (``STOP_CHECK_STEPS`` steps' worth of samples each), wherever it arrived; one that
-arrived while the ranks were still starting is acted on before the first step. The flag says
+right there, and so does every other rank, at the same check. At an evaluation or a
+checkpoint, where the ranks meet anyway, they agree at once (a blocking MAX-allreduce), so a
+signal that arrived during one is acted on right after it. Elsewhere a signal is acted on
+within two checks (``STOP_CHECK_STEPS`` steps' worth of samples each); one that arrived while
+the ranks were still starting is acted on before the first step. The flag says
 why: a user's stop outranks a preemption.
 """
 
@@ -112,6 +114,19 @@ class StopAgreement:
                              self.timeout_s):
             self.comm.Allreduce(self._flag, self._result, op=self.MPI.MAX)
         return _reason(self._result[0])
+
+    def now(self) -> str | None:
+        """At a milestone every rank meets anyway (an evaluation, a checkpoint; blocking,
+        every rank calls it there): the stop reason if any rank has a stop request now. A
+        Ctrl-C during an evaluation then stops the run right after it, not two preemption
+        checks later (most of an epoch on a small data set)."""
+        from ..comm.deadline import DEADLINES
+
+        flag, result = np.array([_level(stop_reason())]), np.zeros(1)
+        with DEADLINES.watch(f"rank {self.rank}: agreement on a stop at a milestone with "
+                             "every rank", self.timeout_s):
+            self.comm.Allreduce(flag, result, op=self.MPI.MAX)
+        return _reason(result[0])
 
     def check(self) -> str | None:
         """At a preemption-check milestone: the stop reason when some rank had a stop

@@ -178,6 +178,9 @@ class FaultsConfig(Section):
     # Every rank sleeps this long inside each checkpoint write, after writing its temporary
     # file and before renaming it: lets a test kill a rank in the middle of a write.
     checkpoint_write_delay_s: float = 0.0
+    # Every rank sleeps this long in each evaluation (a slow held-out set): lets a test press
+    # Ctrl-C in the middle of one.
+    eval_delay_s: float = 0.0
 
     def check(self, prefix: str, cfg: DictConfig) -> None:
         require(self.delay_s >= 0, f"{prefix}.delay_s", f"must be >= 0, got {self.delay_s}",
@@ -196,6 +199,8 @@ class FaultsConfig(Section):
                 f"{prefix}.sigkill.step=10")
         require(self.checkpoint_write_delay_s >= 0, f"{prefix}.checkpoint_write_delay_s",
                 "must be >= 0", self.hint(prefix, "checkpoint_write_delay_s"))
+        require(self.eval_delay_s >= 0, f"{prefix}.eval_delay_s", "must be >= 0",
+                self.hint(prefix, "eval_delay_s"))
 
 
 @dataclass

@@ -24,6 +24,7 @@ class FaultInjector:
         nan = cfg.nonfinite_loss
         self.poisoned_steps = set(nan.steps) if rank in nan.ranks else set()
         self.sigkill_step = cfg.sigkill.step if rank in cfg.sigkill.ranks else None
+        self.eval_delay_s = cfg.eval_delay_s
 
     def poison(self, loss: torch.Tensor, step: int) -> torch.Tensor:
         """NaN at the steps ``faults.nonfinite_loss`` names for this rank."""
@@ -43,3 +44,8 @@ class FaultInjector:
     def jitter(self) -> None:
         if self.delay_s:
             time.sleep(self.rng.uniform(0, self.delay_s))
+
+    def slow_evaluation(self) -> None:
+        """Every rank's evaluation takes ``faults.eval_delay_s`` longer."""
+        if self.eval_delay_s:
+            time.sleep(self.eval_delay_s)
