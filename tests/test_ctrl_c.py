@@ -97,6 +97,10 @@ def test_ctrl_c_while_the_ranks_start(tmp_path):
     summary = assert_user_stop(result, how)
     assert len([x for x in result["stderr"].splitlines() if x.strip()]) == 2, result["stderr"]
     assert summary["steps"] == 0 and complete_checkpoints(result["run_dir"]) == []
+    # Nothing was learned: the same command starts the run again in that dir.
+    job = [o for o in JOB if not o.startswith("trainer.epochs")]
+    run_cli([*job, "trainer.epochs=1", f"hydra.run.dir={result['run_dir']}"], cwd=tmp_path)
+    assert read_run(result["run_dir"])[1]["status"] == "completed"
 
 
 def test_ctrl_c_while_training_checkpoints_and_resume_continues(tmp_path):

@@ -196,6 +196,26 @@ def test_preempted_job_checkpoints_requeues_and_resumes(slurm_env, uninterrupted
     assert summary["top1"] > 80, summary
 
 
+def test_a_users_scontrol_requeue_needs_no_second_requeue(slurm_env, tmp_path):
+    """``scontrol requeue JOBID`` by hand: SLURM signals the job and requeues it itself; the
+    ranks checkpoint and exit 75, and the script, seeing the requeue counted, says so instead
+    of requeueing again (which fails) and advising a second sbatch on the same run dir."""
+    [(job_id, run_dir)] = submit([*JOB, f"hydra.run.dir={tmp_path}/run"], tmp_path, slurm_env)
+    deadline = time.monotonic() + 180
+    while not (run_dir / "metrics.jsonl").exists():
+        assert time.monotonic() < deadline, job_fields(job_id, slurm_env)
+        time.sleep(0.2)
+    requeued = slurm(["scontrol", "requeue", job_id], slurm_env)
+    assert requeued.returncode == 0, requeued.stderr
+    fields = wait_for_job(job_id, slurm_env, timeout=300)
+    log = slurm_log(run_dir, job_id)
+    assert fields["JobState"] == "COMPLETED" and fields["Restarts"] == "1", (fields, log)
+    assert "requeue failed" not in log and "continue with" not in log, log
+    if "ranks exited with status 75" in log:  # they checkpointed before SLURM's KillWait
+        assert "SLURM has requeued the job already" in log, log
+    assert read_run(run_dir)[1]["status"] == "completed"
+
+
 def test_a_killed_rank_restarts_inside_the_allocation_and_the_run_completes(slurm_env,
                                                                             tmp_path):
     """kill -9 of rank 1 once a checkpoint is complete, launcher.max_restarts=2: srun takes

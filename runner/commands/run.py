@@ -204,7 +204,8 @@ def report_user_stop(typed: DictConfig, run_dir: Path) -> None:
         how = "before training started"
     then = (f"the newest checkpoint is {checkpoints[-1].path}; to continue, run the same "
             f"command with resume=auto hydra.run.dir={run_dir}" if checkpoints else
-            "no checkpoint was written, so there is nothing to continue from")
+            "no checkpoint was written, so there is nothing to continue from: the same "
+            "command starts the run again there")
     print(f"adpsgd-run: stopped by Ctrl-C {how} (status stopped in {run_dir / 'summary.json'})"
           f"; {then}", file=sys.stderr)
 
@@ -214,7 +215,7 @@ def claim_run_dir(run_dir: Path, resume: str | None) -> None:
     (runner/launch/run_dir.py)."""
     from ..launch import run_dir as ownership
 
-    ownership.claim(run_dir, check=partial(ownership.check_fresh_start, run_dir)
+    ownership.claim(run_dir, check=partial(ownership.start_fresh, run_dir)
                     if resume is None else None)
 
 

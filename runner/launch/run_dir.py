@@ -129,7 +129,8 @@ def check_fresh_start(run_dir: str | Path) -> None:
     run_dir = Path(run_dir)
     checkpoints = sorted(checkpoints_dir(run_dir).glob("samples-*")) \
         if checkpoints_dir(run_dir).is_dir() else []
-    results = [p for p in (run_dir / "metrics.jsonl", run_dir / "summary.json") if p.exists()]
+    results = [p for p in (run_dir / "metrics.jsonl", run_dir / "summary.json")
+               if p.exists() and not (p.name == "summary.json" and never_trained(p))]
     if not (checkpoints or results):
         return
     what = (f"another run's checkpoints (newest: {checkpoints[-1].name})" if checkpoints else
@@ -137,3 +138,26 @@ def check_fresh_start(run_dir: str | Path) -> None:
     raise ConfigError("hydra.run.dir", f"{run_dir} holds {what}; a fresh start there would mix "
                       "the two runs", "continue that run with resume=auto, or choose another "
                       "hydra.run.dir")
+
+
+def never_trained(summary_path: Path) -> bool:
+    """Whether summary.json is that of a run that stopped or failed before its first step (a
+    Ctrl-C while the ranks started, a rank that failed at start-up): nothing of it would mix
+    with a fresh start (:func:`start_fresh` clears it). An unreadable one counts as a run."""
+    try:
+        summary = json.loads(summary_path.read_text())
+    except (OSError, ValueError):
+        return False
+    return (isinstance(summary, dict) and summary.get("status") in ("stopped", "failed")
+            and not summary.get("steps"))
+
+
+def start_fresh(run_dir: str | Path) -> None:
+    """:func:`check_fresh_start`, then clear what a run that never trained left there (its
+    summary.json and TensorBoard session), so that the new run's are the only ones; its logs
+    stay, appended to."""
+    check_fresh_start(run_dir)
+    run_dir = Path(run_dir)
+    (run_dir / "summary.json").unlink(missing_ok=True)
+    for events in (run_dir / "tb").glob("events.out.tfevents.*"):
+        events.unlink(missing_ok=True)

@@ -239,16 +239,28 @@ while true; do
     [ "$signalled" = 1 ] && break
     # A lost rank or node: start the ranks again in this allocation (launcher.max_restarts),
     # unless the failure repeats before a newer checkpoint (runner/launch/restart.py).
-    "$PYTHON" -m runner.launch.restart "$RUN_DIR" --after-failure "$status" \
+    "$PYTHON" -m runner.launch.restart "$RUN_DIR" --after-failure "$status" \\
         --max-restarts "$MAX_RESTARTS" --taken "$taken" || break
     taken=$((taken + 1))
     overlap="--overlap"  # a lost step may still hold its CPUs in SLURM's books
 done
 
+# SLURM counts a requeue at once, so a requeue from outside (scontrol requeue, a preemption
+# that requeues) shows as more restarts than this start saw.
+requeued() {{
+    local now
+    now=$(scontrol show job "$SLURM_JOB_ID" 2>/dev/null | grep -o 'Restarts=[0-9]*')
+    [ "${{now#Restarts=}}" -gt "$restarts" ] 2>/dev/null
+}}
 if [ "$status" -eq "$PREEMPTED" ]; then
-    if [ "$restarts" -lt "$MAX_REQUEUES" ]; then
+    if requeued; then
+        echo "adpsgd: checkpoint written; SLURM has requeued the job already: it continues from" \\
+             "this checkpoint"
+        exit 0
+    elif [ "$restarts" -lt "$MAX_REQUEUES" ]; then
         echo "adpsgd: checkpoint written; requeueing (requeue $((restarts + 1)) of $MAX_REQUEUES)"
         scontrol requeue "$SLURM_JOB_ID" && exit 0
+        requeued && echo "adpsgd: SLURM has requeued the job meanwhile" && exit 0
         echo "adpsgd: scontrol requeue failed; continue with: sbatch $RUN_DIR/{JOB_SCRIPT}"
     else
         echo "adpsgd: checkpoint written; requeue limit ($MAX_REQUEUES) reached; continue with:" \\
