@@ -1,16 +1,22 @@
 """What a newcomer hit from a fresh clone, each held by a test: an empty run dir, a run dir
-left by a run that never trained."""
+left by a run that never trained, a cluster file of one's own, a space in an override."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
+import subprocess
 
 import pytest
 
-from runner.commands.run import check_command_line
-from runner.errors import ConfigError
+from runner.commands.run import check_command_line, split_argv
+from runner.config.compose import compose_all
+from runner.errors import ConfigError, UserError
 from runner.launch.run_dir import check_fresh_start, start_fresh
+
+from conftest import BIN, REPO
 
 
 @pytest.mark.parametrize("override", ["hydra.run.dir=", "hydra.run.dir= ", "-m"])
@@ -57,3 +63,60 @@ def test_a_run_that_trained_still_blocks_a_fresh_start(tmp_path, left, named):
     with pytest.raises(ConfigError, match=f"holds another run's results \\({named}\\)"):
         check_fresh_start(tmp_path)
     assert (tmp_path / named).exists()
+
+
+def own_cluster(root, name: str, typo: bool = False):
+    """ROOT/cluster/NAME.yaml as docs/simulator.md makes it: h100x8's file, renamed."""
+    text = (REPO / "conf" / "cluster" / "h100x8.yaml").read_text()
+    text = text.replace("name: h100x8", f"name: {name}")
+    if typo:
+        text = text.replace("\nnodes: 1", "\nnodse: 1")
+    (root / "cluster").mkdir(parents=True, exist_ok=True)
+    (root / "cluster" / f"{name}.yaml").write_text(text)
+
+
+@pytest.mark.parametrize("given", ["-cd {root}", "--config-dir={root}",
+                                   "hydra.searchpath=[file://{root}]"])
+def test_a_cluster_file_of_ones_own_composes_the_documented_ways(tmp_path, given):
+    own_cluster(tmp_path, "mycluster")
+    argv = [*shlex.split(given.format(root=tmp_path)), "recipe=digit_images", "launcher=sim",
+            "cluster=mycluster", "launcher.nprocs=8"]
+    overrides, multirun, config_name, _ = split_argv(argv)
+    [cfg] = compose_all(overrides, multirun, config_name)
+    assert cfg.cluster.name == "mycluster" and cfg.cluster.gpus_per_node == 8
+
+
+def test_a_typo_in_a_cluster_file_names_the_file_and_the_key(tmp_path):
+    own_cluster(tmp_path, "typo", typo=True)
+    overrides, multirun, config_name, _ = split_argv(
+        ["-cd", str(tmp_path), "recipe=digit_images", "launcher=sim", "cluster=typo"])
+    with pytest.raises(UserError) as error:
+        compose_all(overrides, multirun, config_name)
+    path = tmp_path / "cluster" / "typo.yaml"
+    assert str(error.value) == (f"unknown key 'nodse' in {path} (cluster.nodse). Fix: did you "
+                                f"mean nodes? (in {path})")
+
+
+@pytest.mark.parametrize("argv", [["trainer.epochs=", "3"], ["trainer.epochs", "=3"]])
+def test_a_space_around_the_equals_sign_is_named(argv, capsys):
+    with pytest.raises(SystemExit) as ended:
+        check_command_line(["recipe=digit_images", *argv])
+    assert ended.value.code == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"adpsgd-run: error: trainer.epochs: a space around '=' made {' '.join(argv)} two "
+        "words of the command line. Fix: write trainer.epochs=3, without spaces"]
+
+
+@pytest.mark.slow
+def test_the_documented_own_cluster_commands_run(tmp_path):
+    """docs/simulator.md's commands, from a directory of one's own."""
+    block = re.search(r"### Your own cluster.*?```bash\n(.*?)```",
+                      (REPO / "docs" / "simulator.md").read_text(), re.S).group(1)
+    commands = block.strip().splitlines()
+    (tmp_path / "conf").symlink_to(REPO / "conf")  # as in a clone
+    subprocess.run(["bash", "-c", " && ".join(commands[:2])], cwd=tmp_path, check=True)
+    run = [str(BIN / "adpsgd-run"), *shlex.split(commands[2])[1:],
+           f"hydra.run.dir={tmp_path / 'run'}"]
+    proc = subprocess.run(run, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["cluster"] == "mycluster"

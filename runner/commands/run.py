@@ -22,7 +22,14 @@ from omegaconf import DictConfig, OmegaConf
 
 import recipes  # noqa: F401 - fills the recipe registry (runner/recipe.py)
 
-from ..config.compose import CONFIG_MODULE, CONFIG_NAME, compose_all, sweep_jobs, validate_job
+from ..config.compose import (
+    CONFIG_MODULE,
+    CONFIG_NAME,
+    check_override_spacing,
+    compose_all,
+    sweep_jobs,
+    validate_job,
+)
 from ..errors import EXIT_PREEMPTED, EXIT_STOPPED, ConfigError, UserError
 
 # Flags after which Hydra only prints something (no run): skip the preflight.
@@ -33,7 +40,10 @@ VALUE_FLAGS = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--conf
 
 
 def split_argv(argv: list[str]) -> tuple[list[str], bool, str, bool]:
-    """(overrides, multirun, config name, info-only) from a Hydra command line."""
+    """(overrides, multirun, config name, info-only) from a Hydra command line. A config dir
+    (``-cd DIR``, Hydra's ``--config-dir``) becomes ``hydra.searchpath=[file://DIR]`` among
+    the overrides, which is what Hydra makes of it, so that the checks before the job find the
+    user's own config files (conf/cluster/ ones, say) as Hydra will."""
     overrides, multirun, config_name, info = [], False, CONFIG_NAME, False
     i = 0
     while i < len(argv):
@@ -43,8 +53,12 @@ def split_argv(argv: list[str]) -> tuple[list[str], bool, str, bool]:
             multirun = True
         elif arg.startswith("-"):
             info = info or name in INFO_FLAGS
+            value = inline or (argv[i + 1] if i + 1 < len(argv) else "")
             if name in ("--config-name", "-cn"):
-                config_name = inline or (argv[i + 1] if i + 1 < len(argv) else config_name)
+                config_name = value or config_name
+            if name in ("--config-dir", "-cd") and value and not any(
+                    a.startswith("hydra.searchpath=") for a in argv):
+                overrides.append(f"hydra.searchpath=[file://{Path(value).absolute()}]")
             if name in VALUE_FLAGS and not inline and i + 1 < len(argv) \
                     and not argv[i + 1].startswith("-") and "=" not in argv[i + 1]:
                 i += 1
@@ -117,6 +131,7 @@ def preflight(argv: list[str]) -> None:
     overrides, multirun, config_name, info = split_argv(argv)
     if info:
         return
+    check_override_spacing(overrides)
     check_output_dir(overrides, multirun)
     jobs = sweep_jobs(overrides, multirun)
     for job, cfg in zip(jobs, compose_all(overrides, multirun, config_name)):

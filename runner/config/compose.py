@@ -15,7 +15,9 @@ import dataclasses
 import difflib
 import hashlib
 import importlib.resources
+import importlib.util
 import re
+from pathlib import Path
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
@@ -111,9 +113,48 @@ def _dotted_keys(node, prefix: str = "") -> list[str]:
     return keys
 
 
-def hydra_error(ex: Exception, base: DictConfig | None) -> UserError:
-    """Turn Hydra's multi-line composition errors into one actionable line."""
+def config_dirs(overrides: list[str]) -> list[Path]:
+    """Where Hydra looks for config files: ``hydra.searchpath``'s directories (a ``-cd DIR``
+    is one, runner/commands/run.py), then the package's conf/."""
+    dirs = [Path(found) for o in overrides if o.startswith("hydra.searchpath=")
+            for found in re.findall(r"file://([^,\]\s'\"]+)", o)]
+    package = importlib.util.find_spec(CONFIG_MODULE)
+    return dirs + [Path(p) for p in (package.submodule_search_locations or [])]
+
+
+def check_override_spacing(overrides: list[str]) -> None:
+    """A space around ``=`` (``trainer.epochs= 3``, ``trainer.epochs =3``) splits one override
+    into two words, which Hydra reports as a lexer exception: name the key and the space."""
+    for word, after in zip(overrides, [*overrides[1:], ""]):
+        if word.endswith("=") and after and "=" not in after:  # KEY= VALUE
+            key, value = word[:-1], after
+        elif "=" not in word and after.startswith("="):  # KEY =VALUE
+            key, value = word, after[1:]
+        else:
+            continue
+        raise UserError(f"{key}: a space around '=' made {word} {after} two words of the "
+                        "command line", f"write {key}={value}, without spaces")
+
+
+def hydra_error(ex: Exception, base: DictConfig | None,
+                searchpath: list[Path] | None = None) -> UserError:
+    """Turn Hydra's multi-line composition errors into one actionable line (``searchpath``:
+    where the config files are, to name the file a mistyped key is in)."""
     text = str(ex)
+    in_file = re.search(r"In '([^']+)': ConfigKeyError raised while composing config:\s*"
+                        r"Key '([^']+)' not in '\w+'\s*full_key: (\S+)", text)
+    if in_file:  # a mistyped key in a config file (one of conf/cluster/, say)
+        source, leaf, full = in_file.groups()
+        path = next((d / f"{source}.yaml" for d in searchpath or []
+                     if (d / f"{source}.yaml").is_file()), Path(f"{source}.yaml"))
+        parent = full.rpartition(".")[0]
+        section = OmegaConf.select(base, parent) if base is not None and parent else None
+        siblings = [str(k) for k in section.keys()] if isinstance(section, DictConfig) else []
+        close = difflib.get_close_matches(leaf, siblings, n=1)
+        fix = (f"did you mean {close[0]}? (in {path})" if close else
+               f"the keys of {parent} are {', '.join(siblings)}" if siblings else
+               f"correct it in {path}")
+        return UserError(f"unknown key {leaf!r} in {path} ({full})", fix)
     missing = re.search(r"Could not find '([^/']+)/([^']+)'", text)
     if missing:
         group, option = missing.groups()
@@ -183,7 +224,8 @@ def compose_all(overrides: list[str], multirun: bool, config_name: str) -> list[
             try:
                 configs.append(compose(config_name=config_name, overrides=list(job)))
             except Exception as ex:  # noqa: BLE001
-                raise hydra_error(ex, _chosen_groups(compose, config_name, job)) from None
+                raise hydra_error(ex, _chosen_groups(compose, config_name, job),
+                                  config_dirs(list(job))) from None
     return configs
 
 
