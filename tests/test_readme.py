@@ -24,9 +24,9 @@ SPEECH_TEST_SIZE = ("recipe.synth.num_train=320 recipe.synth.num_eval=32 "
 COVERED_BY = {"adpsgd-run": "make demo"}
 
 
-def shrunk(command: str) -> str:
-    if command == "make demo":
-        return f'make demo DEMO_ARGS="{SPEECH_TEST_SIZE}"'
+def shrunk(command: str, demo_dir=None) -> str:
+    if command == "make demo":  # its run dir in the test's, not in the user's runs/
+        return f'make demo DEMO_ARGS="{SPEECH_TEST_SIZE} hydra.run.dir={demo_dir}"'
     words = command.split()
     trains_speech = words[0] == "adpsgd-run" and not any(
         w.startswith(("recipe=", "experiment=", "--")) and w != "recipe=spoken_digits"
@@ -96,8 +96,11 @@ def test_every_readme_command_runs(tmp_path):
                                          c.stdout).group(1)) for c in counts)
             assert 0 < fast < total and "not mpi" in tier.group(1), (fast, total)
         elif command.startswith("make "):
-            proc = shell(shrunk(command), cwd=REPO)
+            before = sorted((REPO / "runs").rglob("*")) if (REPO / "runs").exists() else []
+            proc = shell(shrunk(command, tmp_path / "demo"), cwd=REPO)
             assert proc.returncode == 0, f"{command}\n{proc.stdout[-2000:]}\n{proc.stderr}"
+            after = sorted((REPO / "runs").rglob("*")) if (REPO / "runs").exists() else []
+            assert after == before, "a README command left a run in the repository's runs/"
             if command == "make demo":
                 assert "samples/s" in proc.stdout and "status completed" in proc.stdout
                 # ...and as written it is the bare command (COVERED_BY).

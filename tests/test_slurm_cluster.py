@@ -13,6 +13,7 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -53,9 +54,19 @@ def slurm_up(*options: str) -> dict[str, str]:
 
 
 @pytest.fixture(scope="session")
-def slurm_env() -> dict[str, str]:
-    """The environment for SLURM's commands: SLURM_CONF of the local single-node cluster."""
-    return slurm_up()
+def slurm_env() -> Iterator[dict[str, str]]:
+    """The environment for SLURM's commands: SLURM_CONF of the local single-node cluster,
+    brought down after the tests when they brought it up (CI's `make slurm-up` keeps its)."""
+    script = str(REPO / "scripts" / "slurm_local.sh")
+    was_up = subprocess.run(["bash", script, "status"], capture_output=True,
+                            timeout=120).returncode == 0
+    yield slurm_up()
+    if not was_up:
+        subprocess.run(["bash", script, "down"], capture_output=True, timeout=300)
+        where = os.environ.get("SLURM_LOCAL_DIR", "/tmp/adpsgd-slurm")  # the script's
+        left = subprocess.run(["pgrep", "-f", f"(slurmctld|slurmd|munged) .*{where}/"],
+                              capture_output=True, text=True).stdout.split()
+        assert not left, f"SLURM's daemons outlived the tests that started them: {left}"
 
 
 def slurm(args: list[str], env: dict[str, str], timeout: float = 60
