@@ -120,3 +120,32 @@ def test_the_documented_own_cluster_commands_run(tmp_path):
     proc = subprocess.run(run, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["cluster"] == "mycluster"
+
+
+@pytest.mark.slow
+def test_the_simulators_console_and_report_read_well(tmp_path):
+    """A simulation's console: progress lines with the held-out metrics and the results
+    table, no log records (Python dicts, checkpoint paths), simulated seconds that show; a
+    timing-only run: no empty table, a row in the report but no blank curves."""
+    run = [str(BIN / "adpsgd-run"), "recipe=digit_images", "algo=adpsgd", "launcher=sim",
+           "launcher.nprocs=8", "trainer.epochs=2"]
+    proc = subprocess.run([*run, f"hydra.run.dir={tmp_path / 'sim'}"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    console = proc.stdout + proc.stderr
+    assert "{" not in console and "checkpoint (scheduled)" not in console, console
+    assert "eval top1" in proc.stderr  # the progress line at each evaluation
+    rows = [line.split() for line in proc.stdout.splitlines() if re.match(r"\s+\d\.\d\d ", line)]
+    assert len(rows) == 2 and all(float(row[2]) > 0 for row in rows), proc.stdout
+    assert "eval at epoch" in (tmp_path / "sim" / "logs" / "sim.log").read_text()  # kept there
+    timing = subprocess.run([*run, "launcher.timing_only=true", "launcher.nprocs=64",
+                             f"hydra.run.dir={tmp_path / 'timing'}"], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=300)
+    assert timing.returncode == 0 and "epoch       step" not in timing.stdout, timing.stdout
+    out = tmp_path / "report"
+    report = subprocess.run([str(BIN / "adpsgd-report"), str(tmp_path / "timing"), "--out",
+                             str(out)], capture_output=True, text=True, timeout=120)
+    assert report.returncode == 0, report.stderr
+    assert "no curves: none of these runs evaluated" in report.stderr
+    assert not (out / "curves_wall.png").exists() and (out / "throughput.png").exists()
+    assert "| timing | adpsgd | digit_images | 64 |" in (out / "table.md").read_text()

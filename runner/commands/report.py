@@ -160,12 +160,16 @@ def why_not_a_run(path: Path) -> str | None:
         return "a run's Hydra config, not a run"
     if not is_run_dir(path):
         return f"not a run dir: no {' or '.join(RUN_FILES)}"
-    if not (path / "metrics.jsonl").is_file():  # stopped or failed before its first evaluation
+    if not (path / "metrics.jsonl").is_file():
+        # A timing-only simulation evaluates nothing but has its summary to compare; a run
+        # stopped or failed before its first evaluation has nothing to draw.
         try:
-            status = json.loads((path / "summary.json").read_text()).get("status", "unknown")
+            summary = json.loads((path / "summary.json").read_text())
+            status = summary.get("status", "unknown")
         except (OSError, ValueError, AttributeError):
             status = "unreadable summary.json"
-        return f"no metrics.jsonl: the run ({status}) never evaluated"
+        if status != "completed":
+            return f"no metrics.jsonl: the run ({status}) never evaluated"
     return None
 
 
@@ -270,12 +274,17 @@ def _figure(columns: int):
     return fig, [fig.add_subplot(1, columns, i + 1) for i in range(columns)]
 
 
+MARKERS = "osD^v<>ph*"  # one per run beside its colour: runs that overlap stay visible
+PERCENT = ("top1", "top5", "wer", "acc", "err")  # metrics the recipes report in percent
+
+
 def plot_curves(runs: list[Run], x_key: str, x_label: str, rank0: bool, out: Path) -> None:
-    """Loss and each recipe metric present against ``x_key``, one colour per run."""
+    """Loss and each recipe metric present against ``x_key``, one colour and marker per run
+    (runs without evaluations, timing-only simulations, have no line)."""
     metrics = ["loss"] + sorted({r.metric for r in runs if r.metric})
     fig, axes = _figure(len(metrics))
     for index, run in enumerate(runs):
-        color = f"C{index % 10}"
+        color, marker = f"C{index % 10}", MARKERS[index % len(MARKERS)]
         for ax, metric in zip(axes, metrics):
             for split, style in (("eval", "-"), ("eval_rank0", "--")):
                 points = [(r[x_key], r[metric]) for r in run.split(split)
@@ -284,11 +293,13 @@ def plot_curves(runs: list[Run], x_key: str, x_label: str, rank0: bool, out: Pat
                     continue
                 xs, ys = zip(*points)
                 label = run.label if split == "eval" else f"{run.label} (rank 0)"
-                ax.plot(xs, ys, style, color=color, marker="o", markersize=3, label=label)
+                ax.plot(xs, ys, style, color=color, marker=marker, markersize=4, alpha=0.85,
+                        markerfacecolor="none" if index % 2 else color, label=label)
     for ax, metric in zip(axes, metrics):
         better = "lower" if lower_is_better(metric) else "higher"
-        ax.set(xlabel=x_label, ylabel=f"held-out {metric}",
-               title=f"held-out {metric} ({better} is better)")
+        unit = " (%)" if any(word in metric for word in PERCENT) else ""
+        ax.set(xlabel=x_label, ylabel=f"held-out {metric}{unit}",
+               title=f"{metric} on the held-out split ({better} is better)")
         ax.grid(alpha=0.3)
         if metric == "loss" and all(v > 0 for line in ax.get_lines() for v in line.get_ydata()):
             ax.set_yscale("log")
@@ -315,7 +326,7 @@ def plot_throughput(runs: list[Run], out: Path) -> None:
         time_ax.bar(positions, values, bottom=bottom, color=color, label=key[:-2])
         bottom = [b + v for b, v in zip(bottom, values)]
     time_ax.set(ylabel="seconds (mean per rank)", title="where a rank's time went")
-    time_ax.legend(fontsize=7)
+    fig.legend(*time_ax.get_legend_handles_labels(), fontsize=7, loc="outside right upper")
     for ax in (rate_ax, time_ax):
         ax.set_xticks(list(positions), labels, rotation=30, ha="right", fontsize=7)
         ax.grid(axis="y", alpha=0.3)
@@ -341,7 +352,7 @@ def plot_learners(runs: list[Run], out: Path) -> None:
             ax.set_xticks(ranks, [f"{rank}\n{host}" if named else str(rank)
                                   for rank, host in zip(ranks, hosts)], fontsize=7)
         ax.grid(axis="y", alpha=0.3)
-    axes[0].legend(fontsize=7)
+    fig.legend(*axes[0].get_legend_handles_labels(), fontsize=7, loc="outside right upper")
     fig.savefig(out)
 
 
@@ -359,8 +370,12 @@ def write_report(run_dirs: Sequence[Path], out: Path, rank0: bool = False,
         out.mkdir(parents=True, exist_ok=True)
         paths = {"curves_wall": out / "curves_wall.png", "curves_epoch": out / "curves_epoch.png",
                  "throughput": out / "throughput.png", "table": out / "table.md"}
-        plot_curves(runs, "wall_s", "wall time (s)", rank0, paths["curves_wall"])
-        plot_curves(runs, "epoch", "epoch", rank0, paths["curves_epoch"])
+        if any(run.evaluations for run in runs):
+            plot_curves(runs, "wall_s", "wall time (s)", rank0, paths["curves_wall"])
+            plot_curves(runs, "epoch", "epoch", rank0, paths["curves_epoch"])
+        else:  # timing-only simulations: nothing to draw against time
+            skipped("no curves: none of these runs evaluated (timing-only simulations)")
+            del paths["curves_wall"], paths["curves_epoch"]
         plot_throughput(runs, paths["throughput"])
         if any(run.summary.get("learners") for run in runs):  # runs from before it: none
             paths["learners"] = out / "learners.png"

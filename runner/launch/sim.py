@@ -75,6 +75,14 @@ class SimLauncher(Launcher):
         logger = logging.getLogger("adpsgd")
         logger.setLevel(logging.INFO)
         logger.addHandler(handler)
+        # The console shows the progress lines and the results table; the simulator's own
+        # records (evaluations as Python dicts, checkpoints) go to logs/sim.log only, and only
+        # its warnings reach Hydra's console handler as well.
+        quiet = QuietInfo()
+        consoles = [h for h in logging.getLogger().handlers if isinstance(h, logging.StreamHandler)
+                    and not isinstance(h, logging.FileHandler)]
+        for console in consoles:
+            console.addFilter(quiet)
         # Ctrl-C raises KeyboardInterrupt even where SIGINT came ignored (a job started with
         # `&` from a script inherits that), as the local launcher's ranks also stop on it.
         previous = signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -96,7 +104,16 @@ class SimLauncher(Launcher):
             signal.signal(signal.SIGINT, previous)
             logger.removeHandler(handler)
             handler.close()
+            for console in consoles:
+                console.removeFilter(quiet)
         return 0
+
+
+class QuietInfo(logging.Filter):
+    """Lets through everything but the adpsgd logger's records below WARNING."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.name.startswith("adpsgd") and record.levelno < logging.WARNING)
 
 
 def _nearly_full(run_dir: Path) -> bool:

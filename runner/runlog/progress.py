@@ -33,8 +33,10 @@ def clock(seconds: float) -> str:
 
 
 def evaluation_postfix(results: dict[str, dict[str, float]]) -> dict[str, str]:
-    """An evaluation's metrics beside the progress: ``{"val loss": "0.3121", ...}``."""
-    return {f"{split} {name}": f"{value:.4g}" for split, metrics in results.items()
+    """An evaluation's metrics beside the progress, ``{"eval loss": "0.3121", ...}``: the
+    ``eval`` split's (the averaged model where replicas differ), else every split's."""
+    shown = {"eval": results["eval"]} if "eval" in results else results
+    return {f"{split} {name}": f"{value:.4g}" for split, metrics in shown.items()
             for name, value in metrics.items()}
 
 

@@ -220,6 +220,14 @@ def replicas_line(summary: dict[str, Any]) -> str | None:
     return "; ".join(parts) or None
 
 
+def seconds_cell(seconds: float) -> str:
+    """A 9-wide cell of seconds that shows a simulated run's too (milliseconds of virtual
+    time on a fast modelled cluster): 1 decimal from 10 s, 3 below, then scientific."""
+    if seconds >= 10 or seconds == 0:
+        return f"{seconds:9.1f}"
+    return f"{seconds:9.3f}" if seconds >= 0.01 else f"{seconds:9.2e}"
+
+
 def results_table(run_dir: str | Path) -> str:
     """A short console table of the evaluations and the final summary of one run."""
     rows = [r for r in read_metrics(run_dir) if r.get("split") == "eval"]
@@ -228,9 +236,9 @@ def results_table(run_dir: str | Path) -> str:
     metric_keys = [k for k in ("top1", "top5", "wer", "wer_swb", "wer_ch")
                    if any(k in r for r in rows)]
     header = ["epoch", "step", "wall_s", "loss", *metric_keys]
-    lines = ["  ".join(f"{h:>9}" for h in header)]
+    lines = ["  ".join(f"{h:>9}" for h in header)] if rows else []  # timing-only: no rows
     for r in rows:
-        cells = [f"{r['epoch']:9.2f}", f"{r['step']:9d}", f"{r['wall_s']:9.1f}",
+        cells = [f"{r['epoch']:9.2f}", f"{r['step']:9d}", seconds_cell(r["wall_s"]),
                  f"{r['loss']:9.4f}"] + [f"{r.get(k, float('nan')):9.2f}" for k in metric_keys]
         lines.append("  ".join(cells))
     if summary:

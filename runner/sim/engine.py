@@ -29,7 +29,7 @@ from ..comm.communicator import Communicator
 from ..comm.world import World, mpi
 from ..errors import ConfigError, UserError
 from ..recipe import RECIPES
-from ..runlog.progress import ProgressBar
+from ..runlog.progress import ProgressBar, evaluation_postfix
 from ..runlog.summary import build_summary
 from ..runlog.writer import RunLog
 from ..train.compute_path import ComputePath
@@ -336,6 +336,7 @@ class Simulation:
         shown = reports if self.n <= 16 else []  # per-learner TensorBoard cards stay readable
         self.history += self.runlog.record_evaluation(results, consensus, shown, where,
                                                       self.evaluator.examples)
+        self.progress.update(self.samples, force=True, **evaluation_postfix(results))
         log.info("eval at epoch %.2f (virtual %.1f s): %s", epoch, self.clocks.now(),
                  {s: {k: round(v, 4) for k, v in m.items()} for s, m in results.items()})
         self.host_eval_s += time.perf_counter() - started

@@ -237,8 +237,8 @@ def one_line(s: dict[str, Any]) -> str:
     split = s["time_split"]
     return (f"timing: {s['algo']} x{s['nprocs']} on {s['cluster']} ({s['recipe']}, "
             f"{s['samples_per_epoch']:,} samples/epoch, batch {s['batch_size']}, "
-            f"{s['model_bytes'] / 1e6:.1f} MB model): {s['epoch_s']:.1f} s per epoch "
-            f"({s['epoch_s'] / 3600:.2f} h; {s['virtual_s']:.1f} s for {s['epochs']} epoch(s)), "
+            f"{s['model_bytes'] / 1e6:.1f} MB model): {s['epoch_s']:.3g} s per epoch "
+            f"({s['epoch_s'] / 3600:.2f} h; {s['virtual_s']:.3g} s for {s['epochs']} epoch(s)), "
             f"{s['samples_per_s']:.0f} samples/s, {1000 * s['step_s']:.1f} ms per step; "
             f"compute {100 * split['compute']:.0f}% comm {100 * split['comm']:.0f}% "
             f"idle {100 * split['idle']:.0f}%; host {s['host_s']:.1f} s")
