@@ -207,6 +207,18 @@ def test_preempted_job_checkpoints_requeues_and_resumes(slurm_env, uninterrupted
     assert summary["top1"] > 80, summary
 
 
+def test_a_job_larger_than_the_cluster_is_not_submitted(slurm_env, tmp_path):
+    """4 nodes on a 1-node cluster would pend forever (PartitionConfig): one line instead."""
+    before = slurm(["squeue", "-h", "-o", "%i"], slurm_env).stdout.split()
+    proc = run_cli([*JOB, "launcher.nodes=4", f"hydra.run.dir={tmp_path}/run"], cwd=tmp_path,
+                   env=slurm_env, check=False)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith(
+        "adpsgd-run: error: SLURM cannot run this job: 4 node(s) x 2 task(s) of 1 CPU(s) is "
+        "more than any set of its nodes offers"), proc.stderr
+    assert slurm(["squeue", "-h", "-o", "%i"], slurm_env).stdout.split() == before
+
+
 def test_a_users_scontrol_requeue_needs_no_second_requeue(slurm_env, tmp_path):
     """``scontrol requeue JOBID`` by hand: SLURM signals the job and requeues it itself; the
     ranks checkpoint and exit 75, and the script, seeing the requeue counted, says so instead

@@ -298,10 +298,32 @@ class SlurmLauncher(Launcher):
               f"scancel --batch --signal=USR1 {job_id})", flush=True)
         return 0
 
+    def check_fits(self, script: Path) -> None:
+        """One line before submitting a job larger than the cluster (``sbatch --test-only``
+        says no node configuration can run it; submitted, it would pend forever). Any other
+        answer, or none, is left to the real submission."""
+        try:
+            proc = subprocess.run([self.cfg.sbatch, "--test-only", str(script)],
+                                  capture_output=True, text=True, timeout=60)
+        except (OSError, subprocess.TimeoutExpired):
+            return
+        if proc.returncode != 0 and NEVER_RUNS in (proc.stderr + proc.stdout).lower():
+            cfg = self.cfg
+            gpus = f", {cfg.gpus_per_node} GPU(s) per node" if cfg.gpus_per_node else ""
+            partition = f" -p {cfg.partition}" if cfg.partition else ""
+            raise UserError(
+                f"SLURM cannot run this job: {cfg.nodes} node(s) x {cfg.procs_per_node} "
+                f"task(s) of {cfg.cpus_per_task} CPU(s){gpus} is more than any set of its "
+                f"nodes offers (sbatch --test-only: {one_line(proc.stderr or proc.stdout)}); "
+                "submitted, it would pend forever",
+                f"ask for what `sinfo{partition} -o '%D %c %G'` lists (nodes, CPUs and GPUs "
+                "per node), e.g. fewer launcher.nodes or launcher.procs_per_node")
+
     def submit(self, script: Path) -> str:
         """``sbatch --parsable SCRIPT``; the job id, or a UserError with sbatch's reason. The
         controller is pinged first: sbatch itself retries an unreachable one for a minute."""
         check_controller(self.cfg.sbatch)
+        self.check_fits(script)
         command = [self.cfg.sbatch, "--parsable", str(script)]
         try:
             proc = subprocess.run(command, capture_output=True, text=True, timeout=120)
@@ -318,6 +340,11 @@ class SlurmLauncher(Launcher):
                             "fix the launcher.* key behind the #SBATCH line it names "
                             "(partition, account, qos, time, nodes)")
         return job_id
+
+
+# sbatch --test-only's answer for a job that no node configuration of the cluster can run
+# (submitted, it would pend forever with reason PartitionConfig or PartitionNodeLimit).
+NEVER_RUNS = "requested node configuration is not available"
 
 
 SLURM_SETUP_FIX = ("point SLURM_CONF at your cluster's slurm.conf (or submit from a login node "
