@@ -37,8 +37,9 @@ HEADER = ("mistake", "overrides", "found", "adpsgd-run prints")
 FOUND = ("command line", "before ranks", "in a rank")
 # The last line adpsgd-run prints before the launcher starts the ranks.
 LAUNCHING = re.compile(r"^adpsgd-run: \S+ on \S+ with \d+ rank\(s\); run dir ", re.M)
-# tqdm's bar on rank 0 (stderr): the only other thing allowed next to the error line.
-PROGRESS_BAR = re.compile(r"^\S+ x\d+: +\d+%\|")
+# Rank 0's progress (stderr): tqdm's bar on a terminal, a plain line elsewhere; the only other
+# thing allowed next to the error line.
+PROGRESS_BAR = re.compile(r"^\S+ x\d+: +(\d+%\||[\d,]+/[\d,]+ samples )")
 SWITCHBOARD_RATE = 8000  # recipe=swb300 expects 8 kHz audio
 PLACEHOLDER = re.compile(r"\{(\w+)\}")
 

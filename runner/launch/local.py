@@ -402,6 +402,11 @@ class LocalLauncher(Launcher):
                       flush=True)
             return run_rank(run_dir, in_process=True)
         restarts = Restarts(run_dir, self.cfg.max_restarts)
+        sharing, cores = self.ranks_per_machine(), os.cpu_count() or 1
+        if sharing > cores:  # their start-up alone (each imports torch) takes a while
+            print(f"adpsgd-run: starting {sharing} ranks on {cores} core(s) (oversubscribed): "
+                  f"they load and start together before the first step, which takes longer "
+                  f"the more ranks share a core", file=sys.stderr, flush=True)
         while True:
             status, failure = self.run_job(run_dir)
             if failure is None:
