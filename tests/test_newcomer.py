@@ -149,3 +149,29 @@ def test_the_simulators_console_and_report_read_well(tmp_path):
     assert "no curves: none of these runs evaluated" in report.stderr
     assert not (out / "curves_wall.png").exists() and (out / "throughput.png").exists()
     assert "| timing | adpsgd | digit_images | 64 |" in (out / "table.md").read_text()
+
+
+@pytest.mark.slow
+def test_resume_auto_says_what_it_continues(tmp_path):
+    """resume=auto without a run dir continues nothing (Hydra makes a new dir): it says so;
+    on a finished run it starts no rank and says the run is done (fewer epochs than the run
+    trained crashed a rank before: the schedule's rate was 0 there)."""
+    job = [str(BIN / "adpsgd-run"), "recipe=digit_images", "algo=ssgd", "launcher.nprocs=1",
+           "trainer.progress=false"]
+    fresh = subprocess.run([*job, "trainer.epochs=1", "resume=auto"], cwd=tmp_path,
+                           capture_output=True, text=True, timeout=300)
+    assert fresh.returncode == 0, fresh.stderr[-2000:]
+    assert fresh.stdout.startswith("adpsgd-run: resume=auto without hydra.run.dir: "), fresh.stdout
+    run_dir = tmp_path / "run"
+    subprocess.run([*job, "trainer.epochs=2", f"hydra.run.dir={run_dir}"], cwd=tmp_path,
+                   check=True, capture_output=True, timeout=300)
+    log = (run_dir / "logs" / "rank0.log").read_text()
+    for epochs in (2, 1):
+        done = subprocess.run([*job, f"trainer.epochs={epochs}", "resume=auto",
+                               f"hydra.run.dir={run_dir}"], cwd=tmp_path, capture_output=True,
+                              text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert done.stdout.startswith(f"adpsgd-run: {run_dir} has trained 2.00 epochs, "
+                                      f"trainer.epochs={epochs}: nothing to train"), done.stdout
+        assert "status completed" in done.stdout  # the run's own results table
+        assert (run_dir / "logs" / "rank0.log").read_text() == log  # no rank started

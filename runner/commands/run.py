@@ -68,17 +68,28 @@ def split_argv(argv: list[str]) -> tuple[list[str], bool, str, bool]:
     return overrides, multirun, config_name, info
 
 
-def check_resume(typed: DictConfig, run_dir: Path | None) -> str | None:
+def check_resume(typed: DictConfig, run_dir: Path | None,
+                 run_dir_given: bool = True) -> str | None:
     """Raise ConfigError when ``resume`` names no usable checkpoint or one that does not fit
     this job (before any rank starts); return what the job will do. Without a run dir (the
-    preflight) only an explicit checkpoint path can be checked."""
+    preflight) only an explicit checkpoint path can be checked. ``run_dir_given``: the
+    command line named the run dir (else Hydra made a new one, where auto finds nothing)."""
     from ..checkpoint.files import check_compatible, resolve_resume
 
     if typed.resume is None or (run_dir is None and typed.resume == "auto"):
         return None
     checkpoint = resolve_resume(typed.resume, run_dir or Path.cwd())
+    if checkpoint is None and not run_dir_given:
+        return (f"resume=auto without hydra.run.dir: {run_dir} is a new run dir, so there is "
+                "nothing to continue: starting fresh (to continue a run, add "
+                "hydra.run.dir=ITS_RUN_DIR)")
     if checkpoint is None:
         return f"no complete checkpoint in {run_dir}: starting fresh"
+    if checkpoint.epoch >= typed.trainer.epochs - 1e-9:
+        raise RunFinished(f"{checkpoint.path.parent.parent} has trained {checkpoint.epoch:.2f} "
+                          f"epochs, trainer.epochs={typed.trainer.epochs}: nothing to train; "
+                          f"to train on, raise trainer.epochs (e.g. trainer.epochs="
+                          f"{int(checkpoint.epoch) + typed.trainer.epochs}) with resume=auto")
     check_compatible(checkpoint, OmegaConf.to_container(typed), typed.resume_averaged)
     nprocs = typed.launcher.nprocs
     merged = (f"; written by {checkpoint.nprocs} ranks, so {nprocs} start from the mean of their "
@@ -87,6 +98,14 @@ def check_resume(typed: DictConfig, run_dir: Path | None) -> str | None:
               if typed.resume_averaged else "")
     return (f"resuming from {checkpoint.path} (step {checkpoint.step}, epoch "
             f"{checkpoint.epoch:.2f}){merged}")
+
+
+# Whether the command line named the run dir (main() then pins it into sys.argv either way).
+RUN_DIR_GIVEN = [True]
+
+
+class RunFinished(Exception):
+    """``resume`` names a checkpoint at or past this job's last epoch: no rank need start."""
 
 
 def check_output_dir(overrides: list[str], multirun: bool) -> None:
@@ -155,10 +174,15 @@ def run_job(cfg: DictConfig) -> None:
     try:
         typed = validate_job(cfg)
         claim_run_dir(run_dir, typed.resume)  # a sweep's job (a single run's: in main())
-        resuming = check_resume(typed, run_dir)
+        resuming = check_resume(typed, run_dir, RUN_DIR_GIVEN[0])
     except UserError as ex:
         print(f"adpsgd-run: error: {ex}", file=sys.stderr)
         raise SystemExit(2) from None
+    except RunFinished as done:
+        print(f"adpsgd-run: {done}", flush=True)
+        if (run_dir / "metrics.jsonl").exists():
+            print(results_table(run_dir), flush=True)
+        return
     if resuming:
         print(f"adpsgd-run: {resuming}", flush=True)
     for sub in ("tb", "logs", "checkpoints"):
@@ -289,6 +313,8 @@ def check_command_line(argv: list[str]) -> None:
 def main() -> None:
     try:
         check_command_line(sys.argv[1:])
+        RUN_DIR_GIVEN[0] = any(a.startswith(("hydra.run.dir=", "hydra.sweep.dir="))
+                               for a in sys.argv[1:])
         try:
             single = single_run_dir(sys.argv[1:])
             if single:  # before Hydra writes anything into it

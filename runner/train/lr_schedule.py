@@ -36,7 +36,8 @@ class LRSchedule:
     def start_ramp(self, samples: float, from_rate: float) -> None:
         """Climb from ``from_rate`` (the rate before a resize) at ``samples`` to this
         schedule's rate over ``optim.resize_warmup_epochs``; a lower rate applies at once."""
-        factor = from_rate / self.scheduled(samples)
+        scheduled = self.scheduled(samples)
+        factor = from_rate / scheduled if scheduled > 0 else 1.0  # the schedule's very end
         self.ramp = ((samples, factor) if factor < 1 and self.optim.resize_warmup_epochs > 0
                      else None)
 
