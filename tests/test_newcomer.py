@@ -175,3 +175,10 @@ def test_resume_auto_says_what_it_continues(tmp_path):
                                       f"trainer.epochs={epochs}: nothing to train"), done.stdout
         assert "status completed" in done.stdout  # the run's own results table
         assert (run_dir / "logs" / "rank0.log").read_text() == log  # no rank started
+    # The same for a checkpoint named by its path, into another run dir.
+    last = sorted((run_dir / "checkpoints").glob("samples-*"))[-1]
+    done = subprocess.run([*job, "trainer.epochs=2", f"resume={last}",
+                           f"hydra.run.dir={tmp_path / 'other'}"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert done.stdout.startswith(f"adpsgd-run: {last} has trained 2.00 epochs"), done.stdout

@@ -85,8 +85,9 @@ def check_resume(typed: DictConfig, run_dir: Path | None,
                 "hydra.run.dir=ITS_RUN_DIR)")
     if checkpoint is None:
         return f"no complete checkpoint in {run_dir}: starting fresh"
-    if checkpoint.epoch >= typed.trainer.epochs - 1e-9:
-        raise RunFinished(f"{checkpoint.path.parent.parent} has trained {checkpoint.epoch:.2f} "
+    if run_dir is not None and checkpoint.epoch >= typed.trainer.epochs - 1e-9:
+        where = run_dir if typed.resume == "auto" else checkpoint.path
+        raise RunFinished(f"{where} has trained {checkpoint.epoch:.2f} "
                           f"epochs, trainer.epochs={typed.trainer.epochs}: nothing to train; "
                           f"to train on, raise trainer.epochs (e.g. trainer.epochs="
                           f"{int(checkpoint.epoch) + typed.trainer.epochs}) with resume=auto")
