@@ -182,3 +182,17 @@ def test_resume_auto_says_what_it_continues(tmp_path):
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-2000:]
     assert done.stdout.startswith(f"adpsgd-run: {last} has trained 2.00 epochs"), done.stdout
+
+
+@pytest.mark.parametrize("argv,line", [
+    (["-cd", "/no/such/dir", "cluster=mycluster"],
+     "the config dir /no/such/dir (-cd or hydra.searchpath) is not a directory. Fix: give the "
+     "directory that holds your group folders, e.g. -cd myconf for myconf/cluster/NAME.yaml"),
+    (["-cd", "launcher=sim"],
+     "-cd needs a directory, e.g. -cd myconf (Hydra would take 'launcher=sim' for one). Fix: "
+     "give -cd DIR before the overrides")])
+def test_a_config_dir_that_is_no_directory_is_one_line(argv, line, capsys):
+    with pytest.raises(SystemExit) as ended:
+        check_command_line(["recipe=digit_images", *argv])
+    assert ended.value.code == 2
+    assert capsys.readouterr().err.splitlines() == [f"adpsgd-run: error: {line}"]

@@ -27,6 +27,7 @@ from ..config.compose import (
     CONFIG_NAME,
     check_override_spacing,
     compose_all,
+    config_dirs,
     sweep_jobs,
     validate_job,
 )
@@ -53,10 +54,16 @@ def split_argv(argv: list[str]) -> tuple[list[str], bool, str, bool]:
             multirun = True
         elif arg.startswith("-"):
             info = info or name in INFO_FLAGS
-            value = inline or (argv[i + 1] if i + 1 < len(argv) else "")
+            following = argv[i + 1] if i + 1 < len(argv) else ""
+            value = inline or (following if "=" not in following
+                               and not following.startswith("-") else "")
             if name in ("--config-name", "-cn"):
                 config_name = value or config_name
-            if name in ("--config-dir", "-cd") and value and not any(
+            if name in ("--config-dir", "-cd") and not value:
+                raise UserError(f"{name} needs a directory, e.g. {name} myconf"
+                                + (f" (Hydra would take {following!r} for one)" if following
+                                   else ""), f"give {name} DIR before the overrides")
+            if name in ("--config-dir", "-cd") and not any(
                     a.startswith("hydra.searchpath=") for a in argv):
                 overrides.append(f"hydra.searchpath=[file://{Path(value).absolute()}]")
             if name in VALUE_FLAGS and not inline and i + 1 < len(argv) \
@@ -152,6 +159,11 @@ def preflight(argv: list[str]) -> None:
     if info:
         return
     check_override_spacing(overrides)
+    for config_dir in config_dirs(overrides)[:-1]:  # the user's (the last is the package's)
+        if not config_dir.is_dir():
+            raise UserError(f"the config dir {config_dir} (-cd or hydra.searchpath) is not a "
+                            "directory", "give the directory that holds your group folders, "
+                            "e.g. -cd myconf for myconf/cluster/NAME.yaml")
     check_output_dir(overrides, multirun)
     jobs = sweep_jobs(overrides, multirun)
     for job, cfg in zip(jobs, compose_all(overrides, multirun, config_name)):
