@@ -9,7 +9,7 @@ import pytest
 from runner.commands.run import sweep_naming
 from runner.config.compose import SWEEP_NAME_MAX, sweep_subdir
 
-from conftest import REPO, read_run, run_cli
+from conftest import BIN, REPO, read_run, run_cli
 
 BAD_COMMANDS = [
     (["recipe=nope"], "unknown recipe 'nope'", "recipe=spoken_digits"),
@@ -252,3 +252,14 @@ def test_seed_paper_presets_carry_the_papers_numbers():
     # ADPSGD's 3x larger global batch than SSGD (12,288 against 4,096).
     assert hadpsgd.launcher.nprocs * hadpsgd.trainer.batch_size == 12288
     assert ssgd.launcher.nprocs * ssgd.trainer.batch_size == 4096
+
+
+@pytest.mark.slow
+def test_help_into_a_reader_that_leaves_early_is_quiet():
+    """`adpsgd-run --help | head -1`: the pipe closes before the help ends."""
+    proc = subprocess.Popen([str(BIN / "adpsgd-run"), "--help"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, bufsize=0)
+    proc.stdout.read(10)
+    proc.stdout.close()
+    _, err = proc.communicate(timeout=120)
+    assert b"Traceback" not in err and proc.returncode in (0, 141), err.decode()

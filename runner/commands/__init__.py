@@ -25,4 +25,10 @@ def run() -> None:
         print("\nadpsgd-run: interrupted (Ctrl-C) while starting; nothing was run",
               file=sys.stderr)
         raise SystemExit(130) from None
-    main()
+    try:
+        main()
+    except BrokenPipeError:  # `adpsgd-run --help | head`: the reader left before the end
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit
+        raise SystemExit(128 + signal.SIGPIPE) from None
