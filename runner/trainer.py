@@ -203,9 +203,10 @@ class Trainer:
                     self.evaluate()
                 elif milestone.kind == CHECKPOINT:
                     self.save_checkpoint("scheduled")
-                # At an evaluation or a checkpoint the ranks have met anyway: a stop asked
-                # meanwhile is agreed there at once, else at the preemption checks.
-                reason = self.stop.check() if milestone.kind == STOP_CHECK else self.stop.now()
+                # Met anyway at an evaluation or a checkpoint: a stop is agreed there at once
+                # (none after the final evaluation: the run has completed), else at the checks.
+                reason = (self.stop.check() if milestone.kind == STOP_CHECK else
+                          None if self.algo_finished else self.stop.now())
                 if reason:
                     log.info("stop requested (%s): checkpointing at step %d", "Ctrl-C" if
                              reason == STOPPED else "SIGUSR1/SIGTERM", self.state.step)

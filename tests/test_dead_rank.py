@@ -105,9 +105,11 @@ def test_a_hung_rank_ends_the_job_through_communication_timeouts(tmp_path, algo)
     # that milestone's collective; either way the line names the waiting rank and the
     # operation (it comes from the waiting rank's exit record, runner/launch/watchdog.py).
     collective = "rank 0 of the world communicator (2 ranks)"
+    # At an evaluation or checkpoint the ranks also agree on a stop (preemption.py's now()).
+    at_milestone = "rank 0: agreement on a stop at a milestone with every rank"
     gossip = [f"participant 0: {phase} with participant 1"
               for phase in ("request", "model exchange")]
-    waiting = [collective] if algo == "ssgd" else [collective, *gossip]
+    waiting = [collective, at_milestone] + (gossip if algo == "adpsgd" else [])
     assert any(text in errors[0] for text in waiting), errors[0]
     assert "got no answer in 5 s" in errors[0] and "raise comm.timeout_s" in errors[0]
     # The silent rank went down with the job (MPI_Abort): the launcher names it too.

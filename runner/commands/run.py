@@ -92,13 +92,13 @@ def check_resume(typed: DictConfig, run_dir: Path | None,
                 "hydra.run.dir=ITS_RUN_DIR)")
     if checkpoint is None:
         return f"no complete checkpoint in {run_dir}: starting fresh"
+    check_compatible(checkpoint, OmegaConf.to_container(typed), typed.resume_averaged)
     if run_dir is not None and checkpoint.epoch >= typed.trainer.epochs - 1e-9:
         where = run_dir if typed.resume == "auto" else checkpoint.path
         raise RunFinished(f"{where} has trained {checkpoint.epoch:.2f} "
                           f"epochs, trainer.epochs={typed.trainer.epochs}: nothing to train; "
                           f"to train on, raise trainer.epochs (e.g. trainer.epochs="
                           f"{int(checkpoint.epoch) + typed.trainer.epochs}) with resume=auto")
-    check_compatible(checkpoint, OmegaConf.to_container(typed), typed.resume_averaged)
     nprocs = typed.launcher.nprocs
     merged = (f"; written by {checkpoint.nprocs} ranks, so {nprocs} start from the mean of their "
               "states and share the rest of the epoch" if checkpoint.nprocs != nprocs else
