@@ -196,3 +196,21 @@ def test_a_config_dir_that_is_no_directory_is_one_line(argv, line, capsys):
         check_command_line(["recipe=digit_images", *argv])
     assert ended.value.code == 2
     assert capsys.readouterr().err.splitlines() == [f"adpsgd-run: error: {line}"]
+
+
+@pytest.mark.slow
+def test_resume_auto_without_a_checkpoint_starts_over_cleanly(tmp_path):
+    """A run that evaluated but left no complete checkpoint (a simulation stopped between an
+    evaluation and its checkpoint; checkpoints deleted by hand): resume=auto starts fresh, and
+    the earlier attempt's rows do not stay in metrics.jsonl beside the new ones."""
+    run = [str(BIN / "adpsgd-run"), "recipe=digit_images", "algo=dpsgd", "launcher=sim",
+           "launcher.nprocs=4", "trainer.epochs=1", f"hydra.run.dir={tmp_path / 'run'}"]
+    subprocess.run(run, cwd=tmp_path, check=True, capture_output=True, timeout=300)
+    for checkpoint in (tmp_path / "run" / "checkpoints").glob("samples-*"):
+        (checkpoint / "COMPLETE").unlink()
+    again = subprocess.run([*run, "resume=auto"], cwd=tmp_path, capture_output=True, text=True,
+                           timeout=300)
+    assert again.returncode == 0, again.stderr[-2000:]
+    rows = [json.loads(line) for line in
+            (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [row["epoch"] for row in rows if row["split"] == "eval"] == [1.0], rows

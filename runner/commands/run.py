@@ -198,6 +198,12 @@ def run_job(cfg: DictConfig) -> None:
         return
     if resuming:
         print(f"adpsgd-run: {resuming}", flush=True)
+    if typed.resume == "auto" and (run_dir / "metrics.jsonl").exists():
+        from ..checkpoint.files import complete_checkpoints
+        from ..launch.restarts import start_over
+
+        if not complete_checkpoints(run_dir):  # an attempt that evaluated, then stopped
+            start_over(run_dir)  # before its first checkpoint: its rows would mix with ours
     for sub in ("tb", "logs", "checkpoints"):
         (run_dir / sub).mkdir(parents=True, exist_ok=True)
     OmegaConf.save(typed, run_dir / RUN_CONFIG)
