@@ -193,13 +193,14 @@ def find_run_dirs(paths: Sequence[Path], skipped: Callable[[str], None] = note
             else:  # a sweep's job given by itself (SWEEP_DIR/*) is labelled as in its sweep
                 found.append((path, (path.parent / SWEEP_FILE).is_file()))
             continue
-        entries = sorted(path.iterdir(), key=_job_order)
-        runs = [entry for entry in entries if why_not_a_run(entry) is None]
+        reasons = {entry: why_not_a_run(entry) for entry in sorted(path.iterdir(),
+                                                                   key=_job_order)}
+        runs = [entry for entry, reason in reasons.items() if reason is None]
         if not runs:
             raise UserError(f"sweep dir {path} holds no run dir with {' or '.join(RUN_FILES)}"
                             " (no job has evaluated yet)",
                             "give it again once a job has evaluated, or give run dirs")
-        skips += [(entry, why_not_a_run(entry)) for entry in entries if entry not in runs]
+        skips += [(entry, reason) for entry, reason in reasons.items() if reason is not None]
         found += [(run, True) for run in runs]
     if not found:
         shown = "; ".join(f"{path}: {reason}" for path, reason in skips[:2])

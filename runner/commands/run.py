@@ -59,15 +59,15 @@ def split_argv(argv: list[str]) -> tuple[list[str], bool, str, bool]:
                                and not following.startswith("-") else "")
             if name in ("--config-name", "-cn"):
                 config_name = value or config_name
-            if name in ("--config-dir", "-cd") and not value:
-                raise UserError(f"{name} needs a directory, e.g. {name} myconf"
-                                + (f" (Hydra would take {following!r} for one)" if following
-                                   else ""), f"give {name} DIR before the overrides")
-            if name in ("--config-dir", "-cd") and not any(
-                    a.startswith("hydra.searchpath=") for a in argv):
-                overrides.append(f"hydra.searchpath=[file://{Path(value).absolute()}]")
-            if name in VALUE_FLAGS and not inline and i + 1 < len(argv) \
-                    and not argv[i + 1].startswith("-") and "=" not in argv[i + 1]:
+            if name in ("--config-dir", "-cd"):
+                if not value:
+                    raise UserError(f"{name} needs a directory, e.g. {name} myconf"
+                                    + (f" (Hydra would take {following!r} for one)"
+                                       if following else ""),
+                                    f"give {name} DIR before the overrides")
+                if not any(a.startswith("hydra.searchpath=") for a in argv):
+                    overrides.append(f"hydra.searchpath=[file://{Path(value).absolute()}]")
+            if name in VALUE_FLAGS and not inline and value:  # the value is the next word
                 i += 1
         else:
             overrides.append(arg)
