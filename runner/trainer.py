@@ -35,6 +35,7 @@ from .runlog.summary import gather_summary, rank_report
 from .runlog.writer import RunLog
 from .train.compute_path import ComputePath
 from .train.data import BatchFetcher, ShardedBatches
+from .train.elastic import EpochLedger, Membership, elastic_step, lost_samples
 from .train.evaluation import Evaluator
 from .train.faults import FaultInjector
 from .train.lr_schedule import LRSchedule
@@ -100,6 +101,7 @@ class Trainer:
         self.milestones = Milestones(len(self.train_set), tcfg.epochs, global_batch,
                                      tcfg.eval_every, tcfg.checkpoint_every, STOP_CHECK_STEPS)
         self.faults = FaultInjector(cfg.faults, world.rank, cfg.seed)
+        self.ledger = None if self.algo.asynchronous else EpochLedger(len(self.train_set))
         self.state = RunState()
         self.skipper = (BatchSkipper(self.model, self.state, world.rank,
                                      lambda: self.checkpointer.last)
@@ -122,29 +124,16 @@ class Trainer:
         if self.runlog and self.resumed_from:
             self.runlog.rewrite_metrics(self.state.history)
 
-    @property
-    def step(self) -> int:
-        return self.state.step
-
-    @property
-    def samples(self) -> int:
-        return self.state.samples
-
     # ---- training --------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
         """Train until the global sample count reaches ``epochs`` passes over the data, or
         until a graceful stop (runner/checkpoint/preemption.py: SIGUSR1/SIGTERM checkpoint with
-        summary status "preempted", Ctrl-C with status "stopped"; a stop requested while the ranks
-        were starting ends the run before its first step, with nothing to checkpoint).
-
-        Lockstep algorithms know that count exactly and every rank takes the same steps.
-        Asynchronous ones estimate it, so fast ranks take more steps than slow ones (each
-        cycles through its own shard); evaluations, checkpoints and preemption checks are
-        collective and happen when the count crosses a milestone, which every rank does in
-        the same order. A resumed run starts at the checkpoint's epoch and batch.
-        """
-        state = self.state
-        shown = self.world.is_main and self.cfg.trainer.progress
+        status "preempted", Ctrl-C with status "stopped"; a stop while the ranks were starting
+        ends the run before its first step). Lockstep algorithms know that count exactly;
+        asynchronous ones estimate it, so fast ranks take more steps than slow ones (each
+        cycles through its own shard). Milestones are collective and met in the same order
+        by every rank. A resumed run starts at the checkpoint's epoch and batch."""
+        state, shown = self.state, self.world.is_main and self.cfg.trainer.progress
         self.progress = ProgressBar(self.progress_stream if shown else None,
                                     self.milestones.budget, state.samples,
                                     f"{self.cfg.algo.name} x{self.world.size}",
@@ -155,6 +144,7 @@ class Trainer:
         first_step = state.step
         self.start_time = time.perf_counter() - state.elapsed_before
         self._last_log = (time.perf_counter(), state.samples)
+        self.membership = Membership.of(self)  # None unless launcher.elastic
         epoch, first = state.position
         while not (self.milestones.done or self.stop_status):
             batches = self.shards.epoch_batches(epoch)
@@ -163,18 +153,9 @@ class Trainer:
             for k in range(first, steps):
                 with self.timers.time("data"):
                     batch = next(stream)
-                self.ctx.step_counts = self.shards.counts(k, epoch)
-                global_count = self.shards.global_count(k, epoch)
-                self.train_step(batch, len(batches[k]), global_count)
-                state.lockstep_samples += global_count
-                seen = self.algo.global_samples(state.local_samples, state.lockstep_samples)
-                state.samples = max(state.samples, int(seen))
-                state.position = (epoch, k + 1) if k + 1 < steps else (epoch + 1, 0)
-                if state.step % self.cfg.trainer.log_every == 0 or k == steps - 1:
-                    self.log_training()
-                self.progress.update(state.samples)
-                self._pass_milestones()
-                if self.milestones.done or self.stop_status:
+                # A learner lost (launcher.elastic): the step is undone, the rest dealt again.
+                if not elastic_step(self.membership, self._advance, batch, batches[k], epoch,
+                                    k, steps) or self.milestones.done or self.stop_status:
                     break
             epoch, first = state.position
         if self.stop_status and state.step > first_step:
@@ -183,6 +164,24 @@ class Trainer:
         self._finish_algorithm()
         self.progress.close()
         return self.finalize(self.stop_status or "completed")
+
+    def _advance(self, batch: Any, indices: np.ndarray, epoch: int, k: int, steps: int) -> None:
+        """Step ``k`` of the ``steps`` of ``epoch`` on ``batch`` (the samples ``indices``):
+        train, count, log, and act on the milestones it reaches."""
+        state = self.state
+        self.ctx.step_counts = self.shards.counts(k, epoch)
+        global_count = self.shards.global_count(k, epoch)
+        self.train_step(batch, len(indices), global_count)
+        state.lockstep_samples += global_count
+        seen = self.algo.global_samples(state.local_samples, state.lockstep_samples)
+        state.samples = max(state.samples, int(seen))
+        state.position = (epoch, k + 1) if k + 1 < steps else (epoch + 1, 0)
+        if self.ledger is not None:
+            self.ledger.record(indices, epoch, k == steps - 1, self.comm)
+        if state.step % self.cfg.trainer.log_every == 0 or k == steps - 1:
+            self.log_training()
+        self.progress.update(state.samples)
+        self._pass_milestones()
 
     def _pass_milestones(self) -> None:
         """Act on every milestone the sample count has reached, in order (an evaluation makes
@@ -221,8 +220,9 @@ class Trainer:
             if not (self.algo_finished or self.paused):
                 self.algo.pause()
                 self.paused = True
-            # Every rank learns the exact global count (asynchronous ranks only estimate it).
-            self.state.samples = int(self.comm.allreduce_numbers([self.state.local_samples])[0])
+            # The exact global count (asynchronous ranks only estimate it), lost learners' too.
+            self.state.samples = int(self.comm.allreduce_numbers([self.state.local_samples])[0]
+                                     + lost_samples(self.membership))
             self.algo.sync_global_samples(self.state.samples)
         self.milestone_waits += 1
 

@@ -220,7 +220,9 @@ def _run_rank(run_dir: Path, in_process: bool) -> int:
                  world.node, world.local_rank, world.local_size, os.getpid())
         device = resolve_device(cfg.trainer.device, world.host_rank)
         gpus = torch.cuda.device_count() if device.type == "cuda" else 0
-        backend = tensor_backend(cfg.comm.backend, device.type, world.host_size, gpus)
+        # Elastic runs move tensors over MPI, whose communicators shrink (NCCL's cannot).
+        backend = ("mpi" if cfg.launcher.get("elastic") else
+                   tensor_backend(cfg.comm.backend, device.type, world.host_size, gpus))
         if device.type == "cuda" and backend == "mpi" and world.rank == 0:
             log.info("%d ranks share %d GPU(s) on a machine: NCCL needs one GPU per rank, so "
                      "tensors go over MPI through pinned host memory", world.host_size, gpus)
@@ -237,8 +239,8 @@ def _run_rank(run_dir: Path, in_process: bool) -> int:
                                  timeout_s=timeout)
         trainer = Trainer(cfg, run_dir, world, comm, node_comm, device, progress_stream=console)
         trainer.run()
-        comm.close()
-        node_comm.close()
+        trainer.comm.close()  # the survivors' communicators, after a loss in an elastic run
+        trainer.ctx.node_comm.close()
         if started_torch_group:
             shutdown_torch_distributed()
         status = {None: 0, PREEMPTED: EXIT_PREEMPTED, STOPPED: EXIT_STOPPED}[
@@ -303,7 +305,9 @@ def exit_at_once(status: int) -> None:
             stream.flush()
         except (OSError, ValueError):  # a closed or broken stream: nothing more to say
             pass
-    if MPI.Is_initialized() and not MPI.Is_finalized():
+    from .comm import ulfm
+
+    if MPI.Is_initialized() and not MPI.Is_finalized() and not ulfm.LOST_PEERS:
         MPI.Finalize()
     os._exit(status)
 

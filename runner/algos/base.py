@@ -112,6 +112,9 @@ class Algorithm:
     identical_replicas: ClassVar[bool] = False  # every rank holds the same model after a step
     asynchronous: ClassVar[bool] = False  # ranks progress at their own pace
     uses_topology: ClassVar[bool] = False
+    # Survives a lost learner under launcher.elastic (runner/train/elastic.py): lockstep
+    # steps that can be undone, and continue_after_loss() for what must go on.
+    elastic: ClassVar[bool] = False
     # Why launcher=sim cannot run this algorithm, when it has no driver in runner/sim/ (the
     # simulator's error line says it; tests/test_sim_coverage.py asks every algorithm for one
     # or the other).
@@ -214,6 +217,17 @@ class Algorithm:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         pass
+
+    def close(self) -> None:
+        """Remove what :meth:`setup` installed on the model (gradient hooks): the object is
+        being replaced (launcher.elastic, after a learner was lost)."""
+
+    def continue_after_loss(self, previous: Algorithm) -> None:
+        """Take over from ``previous``, the object of the same algorithm before a learner was
+        lost (launcher.elastic; runner/train/elastic.py): this one is built for the survivors,
+        after every rank undid the step in flight; ``previous``'s communication in flight is
+        lost with its communicators. Counters and phases that must go on are copied here;
+        by default there are none."""
 
     def load_merged_state(self, state: dict[str, Any], step: int, epoch: float) -> None:
         """Start from the mean over a checkpoint's ranks of their ``state_dict()`` (floating

@@ -73,6 +73,7 @@ class DaSGDConfig(AlgoConfig):
 @ALGORITHMS.register("dasgd")
 class DaSGD(Algorithm):
     Config = DaSGDConfig
+    elastic = True
 
     def setup(self, model, optimizer):
         super().setup(model, optimizer)
@@ -148,6 +149,12 @@ class DaSGD(Algorithm):
             for mine, saved in zip(self.average, state["average"]):
                 mine.copy_(saved)
             self._handles = [Handle.completed(avg) for avg in self.average]
+
+    def continue_after_loss(self, previous):
+        # The average in flight is lost with the learner: the next launch starts a new one.
+        self.launches, self.merges = previous.launches, previous.merges
+        self.merge_wait_s = previous.merge_wait_s
+        self._synced = previous._synced and previous._handles is None
 
     def load_merged_state(self, state, step, epoch):
         # Merging the average in flight first would leave the mean model as it is

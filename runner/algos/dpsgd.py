@@ -103,6 +103,7 @@ class Gossip:
 class DPSGD(Algorithm):
     Config = DPSGDConfig
     uses_topology = True
+    elastic = True
 
     @classmethod
     def check_world(cls, run_cfg):

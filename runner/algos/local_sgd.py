@@ -90,6 +90,10 @@ class LocalSGD(SSGD):
         # After a resize the step length changed: the saved switch step is the one in use.
         self.switch_step = state.get("switch_step", self.switch_step)
 
+    def continue_after_loss(self, previous):
+        # The same phase and switch step; replicas in sync only if they were.
+        self.load_state_dict(previous.state_dict())
+
     def load_merged_state(self, state, step, epoch):
         # Replicas start identical; a new period starts now. Before the switch, the switch
         # epoch is counted in the new world's steps from here.

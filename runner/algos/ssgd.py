@@ -28,6 +28,7 @@ from .registry import ALGORITHMS
 @ALGORITHMS.register("ssgd")
 class SSGD(Algorithm):
     identical_replicas = True
+    elastic = True
 
     def setup(self, model, optimizer):
         super().setup(model, optimizer)
@@ -38,6 +39,9 @@ class SSGD(Algorithm):
 
     def shared_update_group(self):
         return self.comm  # every rank applies the same averaged gradient
+
+    def close(self):
+        self.buckets.remove()
 
     def _launch(self, index: int) -> None:
         # Called from the autograd thread as soon as a bucket is complete.

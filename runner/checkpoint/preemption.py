@@ -88,7 +88,9 @@ class StopAgreement:
         from ..comm.world import mpi
 
         self.MPI = mpi()
-        self.comm = mpi_comm.Dup()  # its own communicator: never mixed with other collectives
+        from ..comm.ulfm import track
+
+        self.comm = track(mpi_comm.Dup())  # its own: never mixed with other collectives
         self.rank, self.timeout_s = rank, timeout_s
         self._flag = np.zeros(1)
         self._result = np.zeros(1)
@@ -137,6 +139,14 @@ class StopAgreement:
         self._pending = self.comm.Iallreduce(self._flag, self._result, op=self.MPI.MAX)
         self.checks += 1
         return None
+
+    def abandon(self) -> None:
+        """Drop the check in flight and the communicator, which hold a lost learner
+        (launcher.elastic): the survivors start a new agreement."""
+        from ..comm.ulfm import free_quietly
+
+        self._pending = None
+        free_quietly(self.comm)
 
     def close(self) -> None:
         """Complete the last check (every rank started the same ones) and free the

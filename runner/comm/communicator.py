@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from .deadline import DEADLINES, CommTimeout
+from .ulfm import free_quietly, track
 from .world import mpi
 
 TENSOR_BACKENDS = ("mpi", "nccl", "gloo")
@@ -83,7 +84,8 @@ class Communicator:
         self.rank = mpi_comm.Get_rank()
         self.size = mpi_comm.Get_size()
         self.timeout_s = timeout_s
-        self._tensor_comm = mpi_comm.Dup() if backend == "mpi" else None
+        self._tensor_comm = track(mpi_comm.Dup()) if backend == "mpi" else None
+        track(mpi_comm)  # an elastic run revokes it when a peer dies (runner/comm/ulfm.py)
         self._staging = HostStaging()  # GPU tensors on the MPI path (communication thread)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"comm-{name}")
         self._busy_lock = threading.Lock()
@@ -237,9 +239,8 @@ class Communicator:
 
     def close(self) -> None:
         self._executor.shutdown(wait=True)
-        if self._tensor_comm is not None:
-            self._tensor_comm.Free()
-            self._tensor_comm = None
+        free_quietly(self._tensor_comm)  # revoked, after a peer died in an elastic run
+        self._tensor_comm = None
 
 
 def _nbytes(tensor: torch.Tensor) -> int:

@@ -357,7 +357,13 @@ def validate(cfg: DictConfig) -> DictConfig:
     for section, node in typed.items():
         if isinstance(node, DictConfig):
             OmegaConf.to_object(node).check(section, result)
-    ALGORITHMS.get(result.algo.name).check_world(result)
+    algorithm = ALGORITHMS.get(result.algo.name)
+    algorithm.check_world(result)
+    if result.launcher.elastic and not algorithm.elastic:
+        elastic = [name for name in ALGORITHMS.names() if ALGORITHMS.get(name).elastic]
+        raise ConfigError("launcher.elastic", f"{result.algo.name} cannot go on without a "
+                          "learner yet", f"launcher.elastic=false, or algo= one of "
+                          f"{', '.join(elastic)}")
     OmegaConf.set_struct(result, True)
     return result
 

@@ -25,6 +25,11 @@ class LauncherConfig(Section):
     # A rank whose heartbeat stopped this long ago (a stopped process, a hung node) ends the
     # job (launcher=local; under SLURM the job script's step watcher); 0: never.
     stall_timeout_s: float = 60.0
+    # Go on without a learner that dies, instead of ending the job (runner/train/elastic.py;
+    # launcher=local, with an MPI that has ULFM).
+    elastic: bool = False
+    # An elastic job ends when fewer learners than this remain.
+    min_learners: int = 1
 
     def check(self, prefix: str, cfg: DictConfig) -> None:
         require(self.stall_timeout_s == 0 or self.stall_timeout_s >= 3 * HEARTBEAT_S,
@@ -35,6 +40,11 @@ class LauncherConfig(Section):
                 f"{prefix}.nprocs=2")
         require(self.max_restarts >= 0, f"{prefix}.max_restarts",
                 f"must be >= 0, got {self.max_restarts}", f"{prefix}.max_restarts=3")
+        require(1 <= self.min_learners <= self.nprocs, f"{prefix}.min_learners",
+                f"must be between 1 and launcher.nprocs={self.nprocs}, got "
+                f"{self.min_learners}", f"{prefix}.min_learners={max(1, self.nprocs // 2)}")
+        require(not self.elastic or self.nprocs >= 2, f"{prefix}.elastic",
+                "an elastic job needs at least 2 learners", f"{prefix}.nprocs=4")
         if self.procs_per_node is not None:
             require(self.procs_per_node >= 1, f"{prefix}.procs_per_node",
                     f"must be >= 1, got {self.procs_per_node}", f"{prefix}.procs_per_node=2")

@@ -47,6 +47,7 @@ from .base import Launcher, LauncherConfig
 from .hosts import hostfile_args, mpi_flavor, remote_shell_path, unanswered_host
 from .registry import LAUNCHERS
 from .restarts import JobFailure, Restarts, reported_failure
+from .ulfm_mpi import find_ulfm_mpiexec, ulfm_args, ulfm_environment
 from .watchdog import (
     HEARTBEAT_TO,
     LAUNCHER_HOST,
@@ -93,7 +94,15 @@ class LocalConfig(LauncherConfig):
 
     def check(self, prefix, cfg):
         super().check(prefix, cfg)
-        if self.nprocs > 1:
+        if self.elastic:
+            require(not self.hostfile, f"{prefix}.hostfile", "elastic runs start on this "
+                    "machine only, so far", f"{prefix}.hostfile=null (or {prefix}.elastic="
+                    "false)")
+            require(cfg.comm.backend in ("auto", "mpi"), "comm.backend", "an elastic run "
+                    f"moves tensors over MPI, whose communicators shrink; {cfg.comm.backend}'s "
+                    "groups cannot", "comm.backend=auto")
+            find_ulfm_mpiexec(self.mpiexec, f"{prefix}.elastic")
+        elif self.nprocs > 1:
             find_mpiexec(self.mpiexec, key=f"{prefix}.mpiexec")
         if self.hostfile:
             self.check_hosts(prefix)
@@ -197,9 +206,13 @@ class MpiexecStderr:
     ``log_path`` instead: the launcher says what happened in one line of its own."""
 
     OWN = (b"[mpiexec@", b"[proxy:")
+    # Open MPI (elastic jobs) frames its notices (an MPI_ABORT, a lost process) in lines of
+    # dashes: the whole frame goes to the log.
+    FRAME = re.compile(rb"^-{20,}\r?\n$")
 
     def __init__(self, fd: int, log_path: Path):
         self.fd, self.log_path = fd, log_path
+        self.in_frame = False
         self.thread = threading.Thread(target=self._relay, name="mpiexec-stderr", daemon=True)
         self.thread.start()
 
@@ -213,7 +226,8 @@ class MpiexecStderr:
                 self._emit(line)
             # A partial line (a progress bar's \r updates) goes out at once, unless it may
             # be the start of one of mpiexec's own lines.
-            if pending and not any(own.startswith(pending[:len(own)]) for own in self.OWN):
+            if pending and not any(own.startswith(pending[:len(own)])
+                                   for own in (*self.OWN, b"-" * 20)):
                 self._emit(pending)
                 pending = b""
         if pending:
@@ -221,7 +235,12 @@ class MpiexecStderr:
         os.close(self.fd)
 
     def _emit(self, data: bytes) -> None:
-        if data.startswith(self.OWN):
+        data = data.replace(b"\0", b"")  # Open MPI forwards a NUL as a rank's stderr closes
+        if not data:
+            return
+        framing = bool(self.FRAME.match(data))
+        if framing or self.in_frame or data.startswith(self.OWN):
+            self.in_frame = self.in_frame != framing
             with open(self.log_path, "ab") as log:
                 log.write(data)
             return
@@ -355,6 +374,9 @@ class LocalLauncher(Launcher):
                         ) -> list[str]:
         """``mpiexec -n N [hosts] python PROGRAM...`` as this launcher places ranks (the
         benchmarks' jobs too, benchmarks/harness.py)."""
+        if self.cfg.elastic:
+            return [find_ulfm_mpiexec(self.cfg.mpiexec), "-n", str(self.cfg.nprocs),
+                    *ulfm_args(), *self.cfg.mpiexec_args, sys.executable, *program]
         mpiexec = find_mpiexec(self.cfg.mpiexec)
         hosts = (hostfile_args(mpiexec, self.cfg.hostfile,
                                remote_shell_path(self.cfg.remote_shell, "launcher.remote_shell"),
@@ -389,6 +411,8 @@ class LocalLauncher(Launcher):
         # (With a hostfile, each host is taken to have this machine's cores.)
         env.setdefault("OMP_NUM_THREADS",
                        str(max(1, (os.cpu_count() or 1) // self.ranks_per_machine())))
+        if self.cfg.elastic:
+            env.update(ulfm_environment(find_ulfm_mpiexec(self.cfg.mpiexec), env))
         return env
 
     def launch(self, run_cfg, run_dir):
@@ -484,13 +508,18 @@ class LocalLauncher(Launcher):
                       "it is finished, nothing to resume", file=sys.stderr, flush=True)
             return 0, None
         statuses = set(watchdog.exit_statuses().values())
+        if self.cfg.elastic:  # the learners it lost on the way left no record
+            statuses.discard(None)
         if statuses in ({EXIT_PREEMPTED}, {EXIT_STOPPED}):  # every rank stopped gracefully
             return statuses.pop(), None
         if status == -signal.SIGINT and signal.SIGINT in forwarding.received:
             # The user's Ctrl-C itself: a Ctrl-C while mpiexec is being spawned reaches it in
             # the instant between fork and its own session, and it dies of it at once.
             return EXIT_STOPPED, None
-        dead = self.dead_rank(watchdog, output)
+        # An elastic job outlives its dead ranks: what ended it is a rank's own line (too
+        # few learners left), if one wrote it.
+        dead = (None if self.cfg.elastic and any(r.message for r in failure_records(
+            run_dir, self.cfg.nprocs)) else self.dead_rank(watchdog, output))
         if dead is None and (killed := killed_elsewhere(run_dir, self.cfg.nprocs,
                                                          output.exit_codes)):
             rank, host, signum, others = killed
@@ -541,8 +570,10 @@ class LocalLauncher(Launcher):
                     self.cfg.stall_timeout_s)) is not None:
                 self.stalled = stalled
                 return self.end_job(proc, watchdog)
-            if watchdog.check() is None:
-                continue  # nobody died, or a rank failed first with a message (and aborts)
+            if self.cfg.elastic or watchdog.check() is None:
+                # Nobody died, or a rank failed first with a message (and aborts); in an
+                # elastic job the survivors go on without the dead (runner/train/elastic.py).
+                continue
             seen_dead = seen_dead or time.monotonic()
             if (status := proc.poll()) is not None:
                 # mpiexec ended between the wait and the check: killed by a signal, it took

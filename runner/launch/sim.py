@@ -41,6 +41,9 @@ class SimConfig(LauncherConfig):
 
     def check(self, prefix, cfg):
         super().check(prefix, cfg)
+        require(not self.elastic, f"{prefix}.elastic", "the simulator does not model "
+                "learners that die yet", f"{prefix}.elastic=false (elastic runs: "
+                "launcher=local)")
         require(self.nprocs <= 4096, f"{prefix}.nprocs", f"the simulator runs at most 4096 "
                 f"learners, got {self.nprocs}", f"{prefix}.nprocs=1024")
         require(self.model_bytes is None or self.model_bytes > 0, f"{prefix}.model_bytes",

@@ -93,6 +93,9 @@ class SlurmConfig(LauncherConfig):
     sbatch: str = "sbatch"  # the submit command
 
     def check(self, prefix: str, cfg: DictConfig) -> None:
+        require(not self.elastic, f"{prefix}.elastic", "elastic jobs run under "
+                "launcher=local so far (SLURM's srun ends a step when a task dies)",
+                f"{prefix}.elastic=false (or launcher=local)")
         # nprocs follows from these two: name them, not nprocs, when they are wrong.
         require(self.procs_per_node is not None, f"{prefix}.procs_per_node",
                 "launcher=slurm needs the number of tasks per node",

@@ -58,7 +58,9 @@ def gather_summary(trainer: Any, status: str) -> dict[str, Any]:
     seconds = t.timers.seconds
     elapsed = time.perf_counter() - t.start_time - seconds["eval"] - seconds["checkpoint"]
     train_time = t.comm.allreduce_numbers([elapsed], op="max")[0]
-    samples = t.comm.allreduce_numbers([t.state.local_samples])[0]
+    membership = t.membership  # elastic runs: the learners lost on the way
+    samples = (t.comm.allreduce_numbers([t.state.local_samples])[0]
+               + (membership.lost_samples if membership else 0))
     digests = t.comm.gather_objects((t.world.node, parameter_digest(t.param_buffers)))
     recipe_reports = t.comm.gather_objects(t.recipe.rank_report())
     per_rank = t.comm.gather_objects(rank_report(t))
@@ -74,7 +76,12 @@ def gather_summary(trainer: Any, status: str) -> dict[str, Any]:
            "resumed_from": str(t.resumed_from.path) if t.resumed_from else None,
            "restarts": read_restarts(t.run_dir),
            # Ranks lost, stalled or failed in earlier jobs of this run (restarts).
-           "events": read_events(t.run_dir)}
+           "events": read_events(t.run_dir),
+           # The ranks launched, learners lost and joined (launcher.elastic), distinct
+           # samples used per epoch (lockstep algorithms).
+           "nprocs": t.cfg.launcher.nprocs, "learners_at_end": t.world.size,
+           "membership": membership.events if membership else [],
+           "epoch_samples": t.ledger.closed if t.ledger is not None else None}
     summary = build_summary(status, t.cfg, t.world, run, t.state.history, per_rank, digests,
                             t.recipe, recipe_reports)
     t.runlog.finish(summary)
@@ -242,8 +249,11 @@ def results_table(run_dir: str | Path) -> str:
                  f"{r['loss']:9.4f}"] + [f"{r.get(k, float('nan')):9.2f}" for k in metric_keys]
         lines.append("  ".join(cells))
     if summary:
+        lost = len(summary.get("membership") or [])  # an elastic run's lost learners
+        ranks = f"{summary.get('nprocs')} ranks" + (
+            f" ({lost} lost, {summary.get('learners_at_end')} at the end)" if lost else "")
         lines.append(
-            f"{summary.get('algo')} on {summary.get('recipe')}, {summary.get('nprocs')} ranks: "
+            f"{summary.get('algo')} on {summary.get('recipe')}, {ranks}: "
             f"{summary.get('samples_per_s', 0):.0f} samples/s, status {summary.get('status')}, "
             f"run dir {run_dir}")
         replicas = replicas_line(summary)

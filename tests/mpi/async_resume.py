@@ -46,7 +46,7 @@ def train(world_mpi, run_dir, overrides, at_checkpoint=None):
         state_dict = algo.state_dict
 
         def recording_state_dict():
-            at_checkpoint(trainer.samples, recorder)
+            at_checkpoint(trainer.state.samples, recorder)
             return state_dict()
 
         algo.state_dict = recording_state_dict

@@ -19,7 +19,7 @@ def train(world_mpi, run_dir, overrides):
     trainer.run()
     node.close()
     comm.close()
-    return trainer.step, [flat.clone() for flat in trainer.param_buffers]
+    return trainer.state.step, [flat.clone() for flat in trainer.param_buffers]
 
 
 def checks(world_mpi, run_dir, overrides):

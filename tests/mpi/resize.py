@@ -48,7 +48,7 @@ def train(mpi_comm, run_dir, overrides):
             yield batch
 
     def recording_rank_state():
-        at_checkpoint[trainer.samples] = len(read)
+        at_checkpoint[trainer.state.samples] = len(read)
         return rank_state()
 
     trainer.fetch.iterate, trainer._rank_state = recording_iterate, recording_rank_state

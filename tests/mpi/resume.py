@@ -65,10 +65,10 @@ def exact(world_mpi, run_dir, overrides):
     second, summary, resumed = train(world_mpi, f"{run_dir}/resumed",
                                      [*overrides, f"resume={checkpoint.path}"])
     assert second.resumed_from.path == checkpoint.path
-    assert second.step == first.step, (second.step, first.step)
+    assert second.state.step == first.state.step, (second.state.step, first.state.step)
     difference = largest_difference(reference, resumed)
     assert difference == 0.0, f"resumed run differs by {difference:.3g}"
-    return (f"resumed at step {checkpoint.step}/{first.step} "
+    return (f"resumed at step {checkpoint.step}/{first.state.step} "
             f"({'with' if in_flight else 'without'} communication in flight): identical")
 
 
@@ -78,14 +78,14 @@ def preempt(world_mpi, run_dir, overrides):
     restore = install_stop_handlers()
     try:
         def signal_rank1(trainer):
-            if rank == 1 and trainer.step == 5:
+            if rank == 1 and trainer.state.step == 5:
                 os.kill(os.getpid(), signal.SIGUSR1)
 
         stopped, summary, _ = train(world_mpi, f"{run_dir}/run", overrides, signal_rank1)
     finally:
         restore()
     assert stopped.stop_status == "preempted", "rank did not stop"
-    steps = world_mpi.allgather(stopped.step)
+    steps = world_mpi.allgather(stopped.state.step)
     assert len(set(steps)) == 1 and steps[0] < 92, f"stopped at steps {steps}"
     if rank == 0:
         assert summary["status"] == "preempted", summary["status"]

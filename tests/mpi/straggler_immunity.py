@@ -52,7 +52,7 @@ def checks(world_mpi, run_dir, overrides):
     trainer, node = build_trainer(world_mpi, comm, run_dir, cfg)
     summary = comm.bcast_object(trainer.run())
     node.close()
-    per_step = comm.allgather_objects(trainer.timers.seconds["compute"] / trainer.step)
+    per_step = comm.allgather_objects(trainer.timers.seconds["compute"] / trainer.state.step)
     comm.close()
     assert per_step[STRAGGLER] > 3 * statistics.median(per_step[:STRAGGLER]), \
         f"not slowed: {per_step}"

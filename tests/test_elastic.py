@@ -1,0 +1,220 @@
+"""Elastic training (launcher.elastic=true): learners die, the others go on.
+
+Real ranks under Open MPI 5 with ULFM (make install puts it in .venv/ulfm); one learner is
+killed by ``faults.sigkill`` at a known step, another with kill -9 from outside while the
+job trains. Every training sample of every epoch must be used exactly once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from test_cli import assert_one_line_error
+
+from runner.commands.run import check_command_line
+from runner.train.elastic import EpochLedger, StepSnapshot
+
+from conftest import BIN, read_run, run_cli
+
+DIGITS = ["recipe=digit_images", "launcher.nprocs=4", "launcher.elastic=true",
+          "trainer.epochs=2"]
+TRAIN_SIZE = 1438  # the digits' training set (recipe.heldout_fraction=0.2)
+
+
+@pytest.mark.parametrize("args,cause,fix", [
+    (["algo=adpsgd", "launcher.elastic=true"], "adpsgd cannot go on without a learner yet",
+     "launcher.elastic=false, or algo= one of dasgd, dpsgd, local_sgd, ssgd"),
+    (["algo=ssgd", "launcher.elastic=true", "comm.backend=gloo"], "comm.backend: an elastic "
+     "run moves tensors over MPI", "comm.backend=auto"),
+    (["algo=ssgd", "launcher.elastic=true", "launcher.nprocs=1"],
+     "an elastic job needs at least 2 learners", "launcher.nprocs=4"),
+    (["algo=ssgd", "launcher.min_learners=5"], "launcher.min_learners: must be between 1 and "
+     "launcher.nprocs=4, got 5", "launcher.min_learners=2"),
+    (["algo=ssgd", "launcher=sim", "launcher.elastic=true"], "does not model learners that die",
+     "launcher=local"),
+    (["algo=ssgd", "launcher.elastic=true", f"launcher.mpiexec={BIN / 'mpiexec'}"],
+     "an elastic run needs an MPI with ULFM (Open MPI 5)", "make install"),
+    (["algo=ssgd", "launcher.elastc=true"], "unknown key 'launcher.elastc'", "launcher.elastic"),
+])
+def test_elastic_settings_that_cannot_work_end_with_one_line(capsys, args, cause, fix):
+    with pytest.raises(SystemExit) as exit_info:
+        check_command_line(["recipe=digit_images", *args])
+    assert_one_line_error(exit_info.value.code, capsys.readouterr().err, cause, fix)
+
+
+def test_an_undone_step_puts_back_model_buffers_and_optimizer_state():
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.BatchNorm1d(2))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    snapshot = StepSnapshot(model, optimizer)
+
+    def step():
+        optimizer.zero_grad()
+        model(torch.randn(8, 3)).square().mean().backward()
+        optimizer.step()
+
+    snapshot.take({"step": 0})
+    step()  # the first step creates the momentum buffers: undoing it removes them
+    assert snapshot.restore() == {"step": 0} and not optimizer.state
+    step()
+    before = [t.clone() for t in (*model.parameters(), *model.buffers())]
+    momentum = [optimizer.state[p]["momentum_buffer"].clone() for p in model.parameters()]
+    snapshot.take({"step": 1})
+    step()
+    snapshot.restore()
+    for saved, now in zip(before, (*model.parameters(), *model.buffers())):
+        assert torch.equal(saved, now)
+    for saved, p in zip(momentum, model.parameters()):
+        assert torch.equal(saved, optimizer.state[p]["momentum_buffer"])
+
+
+def test_an_undone_step_leaves_the_ledger_as_it_was_even_across_an_epoch_end():
+    class Sum:  # one rank's allreduce
+        def allreduce_numbers(self, values):
+            return np.asarray(values, dtype=np.float64)
+
+    ledger = EpochLedger(6)
+    ledger.mark()
+    ledger.record(np.array([0, 1, 2]), 0, False, Sum())
+    ledger.mark()
+    ledger.record(np.array([3, 4, 5]), 0, True, Sum())
+    assert ledger.closed == [{"epoch": 1, "distinct": 6, "used": 6}]
+    ledger.rollback()  # the epoch's last step undone: the epoch is open again
+    assert ledger.closed == [] and list(ledger.counts) == [1, 1, 1, 0, 0, 0]
+    ledger.mark()
+    ledger.record(np.array([3, 4, 5, 5]), 0, True, Sum())
+    assert ledger.closed == [{"epoch": 1, "distinct": 6, "used": 7}]  # a repeat shows
+
+
+def test_what_a_lost_learner_had_used_is_carried_by_the_survivors():
+    class Sum:
+        def allreduce_numbers(self, values):
+            return np.asarray(values, dtype=np.float64)
+
+    ledger = EpochLedger(6)
+    ledger.record(np.array([0, 1]), 0, False, Sum())
+    ledger.carry(Sum(), [np.array([2, 3])])  # the lost learner had used 2 and 3
+    assert list(ledger.carried) == [1, 1, 1, 1, 0, 0] and not ledger.counts.any()
+    ledger.mark()
+    ledger.record(np.array([4, 5]), 0, True, Sum())
+    ledger.rollback()
+    assert list(ledger.carried) == [1, 1, 1, 1, 0, 0] and ledger.closed == []
+    ledger.record(np.array([4, 5]), 0, True, Sum())
+    assert ledger.closed == [{"epoch": 1, "distinct": 6, "used": 6}] and ledger.carried is None
+
+
+def start(run_dir: Path, *args: str) -> subprocess.Popen:
+    return subprocess.Popen([str(BIN / "adpsgd-run"), *DIGITS, f"hydra.run.dir={run_dir}",
+                             *args], cwd=run_dir.parent, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def losses(run_dir: Path) -> list[dict]:
+    path = run_dir / "logs" / "events.jsonl"
+    if not path.exists():
+        return []
+    return [e for e in map(json.loads, path.read_text().splitlines()) if e["event"] == "lost"]
+
+
+def kill_learner_after_first_loss(proc: subprocess.Popen, run_dir: Path, learner: int
+                                  ) -> float:
+    """kill -9 of ``learner`` as soon as the first loss is recorded (the job trains on);
+    returns when."""
+    deadline = time.monotonic() + 120
+    while not losses(run_dir):
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "no learner was lost"
+        time.sleep(0.02)
+    os.kill(int((run_dir / "logs" / f"rank{learner}.pid").read_text().split()[0]),
+            signal.SIGKILL)
+    return time.time()
+
+
+def assert_every_sample_once(summary: dict) -> None:
+    assert summary["epoch_samples"] == [{"epoch": e, "distinct": TRAIN_SIZE, "used": TRAIN_SIZE}
+                                        for e in (1, 2)], summary["epoch_samples"]
+    assert summary["samples"] == 2 * TRAIN_SIZE
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_two_learners_killed_at_different_moments_every_sample_used_once(tmp_path):
+    run_dir = tmp_path / "run"
+    # Steps slowed down (a random sleep of up to 0.2 s) so that the second kill, from
+    # outside, lands while the job still trains.
+    proc = start(run_dir, "algo=ssgd", "faults.sigkill.ranks=[2]", "faults.sigkill.step=5",
+                 "faults.delay_s=0.2")
+    killed_at = kill_learner_after_first_loss(proc, run_dir, learner=1)
+    out, err = proc.communicate(timeout=240)
+    assert proc.returncode == 0, err[-3000:]
+    events = losses(run_dir)
+    assert [(e["learner"], e["cause"]) for e in events] == [
+        (2, "lost; 3 learner(s) go on"), (1, "lost; 2 learner(s) go on")], events
+    print(f"kill -9 to training again: {events[1]['time'] - killed_at:.2f} s")
+    lines = [line for line in err.splitlines() if " lost at " in line]
+    assert len(lines) == 2 and lines[0].startswith("adpsgd-run: learner 2 ("), err
+    assert "2 learner(s) go on" in lines[1], lines
+    history, summary = read_run(run_dir)
+    assert summary["status"] == "completed" and summary["learners_at_end"] == 2
+    assert [(m["learner"], m["learners"]) for m in summary["membership"]] == [(2, 3), (1, 2)]
+    assert summary["membership"][0]["at_samples"] == 4 * 4 * 32  # the 5th step was undone
+    assert_every_sample_once(summary)
+    assert summary["top1"] > 80, history
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+@pytest.mark.parametrize("algo,killed", [("dpsgd", 0), ("local_sgd", 3), ("dasgd", 1)])
+def test_each_lockstep_algorithm_goes_on_without_a_killed_learner(tmp_path, algo, killed):
+    run_dir = tmp_path / "run"
+    proc = run_cli([*DIGITS, f"algo={algo}", f"faults.sigkill.ranks=[{killed}]",
+                    "faults.sigkill.step=7", f"hydra.run.dir={run_dir}"], cwd=tmp_path,
+                   timeout=240)
+    assert f"learner {killed} (" in proc.stderr and "3 learner(s) go on" in proc.stderr
+    history, summary = read_run(run_dir)
+    assert summary["status"] == "completed" and summary["learners_at_end"] == 3
+    assert_every_sample_once(summary)
+    assert summary["top1"] > 70, history
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_fewer_learners_than_min_learners_end_the_job_with_one_line(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = run_cli([*DIGITS, "algo=ssgd", "launcher.min_learners=4", "faults.sigkill.ranks=[3]",
+                    "faults.sigkill.step=5", f"hydra.run.dir={run_dir}"], cwd=tmp_path,
+                   check=False, timeout=240)
+    host = os.uname().nodename
+    assert_ends_with_one_error_line(proc, f"only 3 learner(s) remain after losing learner 3 "
+                                    f"({host}) (launcher.min_learners=4)",
+                                    "lower launcher.min_learners")
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_a_topology_without_a_graph_for_the_survivors_ends_the_job_with_one_line(tmp_path):
+    proc = run_cli([*DIGITS, "algo=dpsgd", "topology=bipartite_exponential",
+                    "faults.sigkill.ranks=[1]", "faults.sigkill.step=5",
+                    f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path, check=False, timeout=240)
+    assert_ends_with_one_error_line(proc, "the 3 learners left cannot go on: launcher.nprocs: "
+                                    "bipartite_exponential cannot use n=3", "topology=ring")
+
+
+def assert_ends_with_one_error_line(proc: subprocess.CompletedProcess, cause: str, fix: str
+                                    ) -> None:
+    """Exit status 2, one error line (Open MPI's MPI_ABORT notice goes to the log), then the
+    closing line."""
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.splitlines()
+    errors = [line for line in lines if line.startswith("adpsgd-run: error: ")]
+    assert len(errors) == 1 and cause in errors[0], proc.stderr
+    assert "Fix:" in errors[0] and fix in errors[0].split("Fix:")[1], errors[0]
+    assert "MPI_ABORT" not in proc.stderr and "\0" not in proc.stderr
+    assert lines[-1].startswith("adpsgd-run: job failed (exit status 2)"), lines[-1]
