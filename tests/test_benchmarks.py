@@ -166,3 +166,18 @@ def test_simulator_speed(tmp_path):
             assert positive(case["peak_rss_gib_so_far"]) and positive(case["virtual_s"])
     for algo in ("ssgd", "adpsgd"):
         assert positive(r["vs_reference"][algo]["ratio"])
+
+
+@pytest.mark.mpi
+def test_elastic(tmp_path):
+    """--quick: ssgd on 4 ranks plain, elastic, and elastic with learner 2 killed a third of
+    the way; the kill's cost is measured and every epoch used each sample once."""
+    r, rows = run_quick(tmp_path, "bench_elastic", "--runs", str(tmp_path / "runs"))
+    (case,) = r["cases"]
+    assert (case["algo"], case["nprocs"], case["killed_learner"]) == ("ssgd", 4, 2)
+    assert positive(case["plain_samples_per_s"]) and positive(case["elastic_samples_per_s"])
+    assert positive(case["kill_to_training_s"]) and positive(case["recovered_s"])
+    assert positive(case["samples_per_s_before"]) and positive(case["samples_per_s_after"])
+    assert case["every_sample_once"] is True and case["killed_top1"] > 50
+    cells = [c.strip() for c in rows[0].strip("|").split("|")]
+    assert cells[1:3] == ["ssgd", "4"] and cells[-1] == "yes"

@@ -1,0 +1,160 @@
+"""Elastic training: what losing a learner costs.
+
+For each algorithm, three jobs of the digit images on 4 ranks, started the same way:
+
+* ``plain``: launcher.elastic=false, nobody killed (the reference throughput and accuracy);
+* ``elastic``: launcher.elastic=true, nobody killed (what the per-step transaction costs);
+* ``killed``: launcher.elastic=true, one learner kill -9'd from outside once a third of the
+  sample budget is done; measured: seconds from the kill to training again (the survivors'
+  event record, written when they train on), samples/s before the kill and after it (from
+  the evaluations' rows), the held-out metric, and that every epoch used each sample once::
+
+    python benchmarks/bench_elastic.py --json docs/results/elastic.json
+    python benchmarks/bench_elastic.py --algos ssgd dpsgd --epochs 12
+    python benchmarks/bench_elastic.py --quick       # ssgd, 2 epochs: checks the wiring
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from runner.errors import UserError
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # run as a file from anywhere: this checkout's benchmarks
+    sys.path.insert(0, str(REPO))
+
+from benchmarks import harness as bench  # noqa: E402
+
+NAME = "elastic"
+BIN = Path(sys.executable).parent
+NPROCS, VICTIM = 4, 2
+FULL = {"algos": ["ssgd", "dpsgd", "local_sgd", "dasgd"], "epochs": 12}
+QUICK = {"algos": ["ssgd"], "epochs": 2}
+MD_HEADER = ("| date | algorithm | ranks | plain samples/s | elastic samples/s | kill to "
+             "training | samples/s before / after | top-1 plain / killed | every sample "
+             "once |\n" + "|---" * 9 + "|\n")
+
+
+def start(run_dir: Path, algo: str, epochs: int, elastic: bool) -> subprocess.Popen:
+    command = [str(BIN / "adpsgd-run"), "recipe=digit_images", f"algo={algo}",
+               f"launcher.nprocs={NPROCS}", f"launcher.elastic={str(elastic).lower()}",
+               f"trainer.epochs={epochs}", "trainer.eval_every=4", "trainer.progress=false",
+               f"hydra.run.dir={run_dir}"]
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return subprocess.Popen(command, cwd=run_dir.parent, stdout=subprocess.DEVNULL,
+                            stderr=open(run_dir.parent / f"{run_dir.name}.stderr", "w"),
+                            start_new_session=True)
+
+
+def wait(job: subprocess.Popen, run_dir: Path, timeout_s: float) -> dict:
+    try:
+        job.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(job.pid, signal.SIGKILL)
+        raise UserError(f"{run_dir.name} ran over {timeout_s:.0f} s",
+                        "raise --timeout on a slow machine") from None
+    if job.returncode != 0:
+        raise UserError(f"{run_dir.name} exited with status {job.returncode}",
+                        f"read {run_dir.parent / (run_dir.name + '.stderr')}")
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def rows_of(run_dir: Path) -> list[dict]:
+    return [r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
+            if r["split"] == "eval"]
+
+
+def rate(rows: list[dict]) -> float | None:
+    """Samples per second of training time between the first and the last of ``rows``."""
+    if len(rows) < 2 or rows[-1]["train_s"] <= rows[0]["train_s"]:
+        return None
+    return (rows[-1]["samples"] - rows[0]["samples"]) / (rows[-1]["train_s"] - rows[0]["train_s"])
+
+
+def killed_run(run_dir: Path, algo: str, epochs: int, timeout_s: float) -> dict:
+    job = start(run_dir, algo, epochs, elastic=True)
+    budget = epochs * 1438  # the digits' training set
+    deadline = time.monotonic() + timeout_s
+    metrics = run_dir / "metrics.jsonl"
+    while not (metrics.exists() and any(r["samples"] >= budget / 3 for r in rows_of(run_dir))):
+        if job.poll() is not None or time.monotonic() > deadline:
+            raise UserError(f"{run_dir.name}: the moment to kill a learner never came",
+                            "raise --timeout on a slow machine, or --epochs")
+        time.sleep(0.05)
+    pid = int((run_dir / "logs" / f"rank{VICTIM}.pid").read_text().split()[0])
+    killed_rows = len(rows_of(run_dir))
+    os.kill(pid, signal.SIGKILL)
+    killed_at = time.time()
+    summary = wait(job, run_dir, timeout_s)
+    events = [e for e in map(json.loads, (run_dir / "logs" / "events.jsonl").read_text()
+                             .splitlines()) if e["event"] == "lost"]
+    rows = rows_of(run_dir)
+    return {"summary": summary, "kill_to_training_s": round(events[0]["time"] - killed_at, 3),
+            "recovered_s": summary["membership"][0]["recovered_s"],
+            "samples_per_s_before": rate(rows[:killed_rows]),
+            "samples_per_s_after": rate(rows[killed_rows:])}
+
+
+def measure(args: argparse.Namespace) -> dict:
+    record = bench.Record(NAME, "benchmarks/bench_elastic.py", args.argv, args.quick)
+    cases = []
+    for algo in args.algos:
+        root = args.runs / algo
+        plain = wait(start(root / "plain", algo, args.epochs, False), root / "plain",
+                     args.timeout)
+        elastic = wait(start(root / "elastic", algo, args.epochs, True), root / "elastic",
+                       args.timeout)
+        killed = killed_run(root / "killed", algo, args.epochs, args.timeout)
+        summary = killed.pop("summary")
+        once = all(e["distinct"] == e["used"] == 1438 for e in summary["epoch_samples"])
+        case = {"algo": algo, "nprocs": NPROCS, "epochs": args.epochs,
+                "plain_samples_per_s": plain["samples_per_s"],
+                "elastic_samples_per_s": elastic["samples_per_s"],
+                "plain_top1": plain["top1"], "elastic_top1": elastic["top1"],
+                "killed_top1": summary["top1"], "killed_learner": VICTIM,
+                "every_sample_once": once, **killed}
+        cases.append(case)
+        print(f"{algo}: kill to training {case['kill_to_training_s']:.2f} s, top-1 "
+              f"{case['plain_top1']:.2f} -> {case['killed_top1']:.2f}", file=sys.stderr,
+              flush=True)
+    return record.finish({"cases": cases, "run_dirs": str(args.runs)})
+
+
+def markdown_rows(r: dict) -> list[str]:
+    def number(value: float | None, fmt: str = ".0f") -> str:
+        return "-" if value is None else format(value, fmt)
+
+    return [f"| {r['date'][:10]} | {c['algo']} | {c['nprocs']} | "
+            f"{number(c['plain_samples_per_s'])} | {number(c['elastic_samples_per_s'])} | "
+            f"{c['kill_to_training_s']:.2f} s | {number(c['samples_per_s_before'])} / "
+            f"{number(c['samples_per_s_after'])} | {c['plain_top1']:.2f} / "
+            f"{c['killed_top1']:.2f} | {'yes' if c['every_sample_once'] else 'NO'} |"
+            for c in r["cases"]]
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    bench.add_common_arguments(parser, NAME, timeout_s=600)
+    parser.add_argument("--algos", nargs="+", choices=FULL["algos"],
+                        help=f"default: {' '.join(FULL['algos'])}; --quick: ssgd")
+    parser.add_argument("--epochs", type=int, help="default: 12; --quick: 2")
+    args = parser.parse_args(argv)
+    bench.fill_defaults(args, argv, QUICK, FULL)
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    return bench.measure_and_write("bench_elastic", args, measure, MD_HEADER, markdown_rows)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
