@@ -2,8 +2,10 @@
 
 For each algorithm, three jobs of the digit images on 4 ranks, started the same way:
 
-* ``plain``: launcher.elastic=false, nobody killed (the reference throughput and accuracy);
-* ``elastic``: launcher.elastic=true, nobody killed (what the per-step transaction costs);
+* ``plain``: launcher.elastic=false, nobody killed (the reference throughput and accuracy),
+  on the venv's MPICH and on the Open MPI 5 that elastic jobs use (``plain-openmpi``);
+* ``elastic``: launcher.elastic=true, nobody killed (against ``plain-openmpi``: what the
+  per-step transaction costs);
 * ``killed``: launcher.elastic=true, one learner kill -9'd from outside once a third of the
   sample budget is done; measured: seconds from the kill to training again (the survivors'
   event record, written when they train on), samples/s before the kill and after it (from
@@ -26,6 +28,7 @@ import time
 from pathlib import Path
 
 from runner.errors import UserError
+from runner.launch.ulfm_mpi import ULFM_PREFIX
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # run as a file from anywhere: this checkout's benchmarks
@@ -38,16 +41,17 @@ BIN = Path(sys.executable).parent
 NPROCS, VICTIM = 4, 2
 FULL = {"algos": ["ssgd", "dpsgd", "local_sgd", "dasgd"], "epochs": 12}
 QUICK = {"algos": ["ssgd"], "epochs": 2}
-MD_HEADER = ("| date | algorithm | ranks | plain samples/s | elastic samples/s | kill to "
-             "training | samples/s before / after | top-1 plain / killed | every sample "
-             "once |\n" + "|---" * 9 + "|\n")
+MD_HEADER = ("| date | algorithm | ranks | plain samples/s (MPICH / Open MPI) | elastic "
+             "samples/s | kill to training | samples/s before / after | top-1 plain / killed "
+             "| every sample once |\n" + "|---" * 9 + "|\n")
 
 
-def start(run_dir: Path, algo: str, epochs: int, elastic: bool) -> subprocess.Popen:
+def start(run_dir: Path, algo: str, epochs: int, elastic: bool, *extra: str
+          ) -> subprocess.Popen:
     command = [str(BIN / "adpsgd-run"), "recipe=digit_images", f"algo={algo}",
                f"launcher.nprocs={NPROCS}", f"launcher.elastic={str(elastic).lower()}",
                f"trainer.epochs={epochs}", "trainer.eval_every=4", "trainer.progress=false",
-               f"hydra.run.dir={run_dir}"]
+               f"hydra.run.dir={run_dir}", *extra]
     run_dir.mkdir(parents=True, exist_ok=True)
     return subprocess.Popen(command, cwd=run_dir.parent, stdout=subprocess.DEVNULL,
                             stderr=open(run_dir.parent / f"{run_dir.name}.stderr", "w"),
@@ -110,6 +114,9 @@ def measure(args: argparse.Namespace) -> dict:
         root = args.runs / algo
         plain = wait(start(root / "plain", algo, args.epochs, False), root / "plain",
                      args.timeout)
+        open_mpi = wait(start(root / "plain-openmpi", algo, args.epochs, False,
+                              f"launcher.mpiexec={ULFM_PREFIX / 'bin' / 'mpiexec'}"),
+                        root / "plain-openmpi", args.timeout)
         elastic = wait(start(root / "elastic", algo, args.epochs, True), root / "elastic",
                        args.timeout)
         killed = killed_run(root / "killed", algo, args.epochs, args.timeout)
@@ -117,6 +124,7 @@ def measure(args: argparse.Namespace) -> dict:
         once = all(e["distinct"] == e["used"] == 1438 for e in summary["epoch_samples"])
         case = {"algo": algo, "nprocs": NPROCS, "epochs": args.epochs,
                 "plain_samples_per_s": plain["samples_per_s"],
+                "plain_openmpi_samples_per_s": open_mpi["samples_per_s"],
                 "elastic_samples_per_s": elastic["samples_per_s"],
                 "plain_top1": plain["top1"], "elastic_top1": elastic["top1"],
                 "killed_top1": summary["top1"], "killed_learner": VICTIM,
@@ -133,7 +141,8 @@ def markdown_rows(r: dict) -> list[str]:
         return "-" if value is None else format(value, fmt)
 
     return [f"| {r['date'][:10]} | {c['algo']} | {c['nprocs']} | "
-            f"{number(c['plain_samples_per_s'])} | {number(c['elastic_samples_per_s'])} | "
+            f"{number(c['plain_samples_per_s'])} / {number(c['plain_openmpi_samples_per_s'])} | "
+            f"{number(c['elastic_samples_per_s'])} | "
             f"{c['kill_to_training_s']:.2f} s | {number(c['samples_per_s_before'])} / "
             f"{number(c['samples_per_s_after'])} | {c['plain_top1']:.2f} / "
             f"{c['killed_top1']:.2f} | {'yes' if c['every_sample_once'] else 'NO'} |"

@@ -176,6 +176,7 @@ def test_elastic(tmp_path):
     (case,) = r["cases"]
     assert (case["algo"], case["nprocs"], case["killed_learner"]) == ("ssgd", 4, 2)
     assert positive(case["plain_samples_per_s"]) and positive(case["elastic_samples_per_s"])
+    assert positive(case["plain_openmpi_samples_per_s"])
     assert positive(case["kill_to_training_s"]) and positive(case["recovered_s"])
     assert positive(case["samples_per_s_before"]) and positive(case["samples_per_s_after"])
     assert case["every_sample_once"] is True and case["killed_top1"] > 50

@@ -20,6 +20,7 @@ import torch
 from test_cli import assert_one_line_error
 
 from runner.commands.run import check_command_line
+from runner.launch.ulfm_mpi import ULFM_PREFIX
 from runner.train.elastic import EpochLedger, StepSnapshot
 
 from conftest import BIN, read_run, run_cli
@@ -218,3 +219,15 @@ def assert_ends_with_one_error_line(proc: subprocess.CompletedProcess, cause: st
     assert "Fix:" in errors[0] and fix in errors[0].split("Fix:")[1], errors[0]
     assert "MPI_ABORT" not in proc.stderr and "\0" not in proc.stderr
     assert lines[-1].startswith("adpsgd-run: job failed (exit status 2)"), lines[-1]
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_a_job_that_is_not_elastic_runs_on_open_mpi_too(tmp_path):
+    mpiexec = ULFM_PREFIX / "bin" / "mpiexec"
+    proc = run_cli(["recipe=digit_images", "algo=dpsgd", "launcher.nprocs=4", "trainer.epochs=1",
+                    f"launcher.mpiexec={mpiexec}", f"hydra.run.dir={tmp_path / 'run'}"],
+                   cwd=tmp_path, timeout=240)
+    _, summary = read_run(tmp_path / "run")
+    assert summary["status"] == "completed" and summary["membership"] == []
+    assert "MPI_" not in proc.stderr

@@ -47,7 +47,7 @@ from .base import Launcher, LauncherConfig
 from .hosts import hostfile_args, mpi_flavor, remote_shell_path, unanswered_host
 from .registry import LAUNCHERS
 from .restarts import JobFailure, Restarts, reported_failure
-from .ulfm_mpi import find_ulfm_mpiexec, ulfm_args, ulfm_environment
+from .ulfm_mpi import find_ulfm_mpiexec, has_ulfm, open_mpi_args, ulfm_environment
 from .watchdog import (
     HEARTBEAT_TO,
     LAUNCHER_HOST,
@@ -376,8 +376,11 @@ class LocalLauncher(Launcher):
         benchmarks' jobs too, benchmarks/harness.py)."""
         if self.cfg.elastic:
             return [find_ulfm_mpiexec(self.cfg.mpiexec), "-n", str(self.cfg.nprocs),
-                    *ulfm_args(), *self.cfg.mpiexec_args, sys.executable, *program]
+                    *open_mpi_args(True), *self.cfg.mpiexec_args, sys.executable, *program]
         mpiexec = find_mpiexec(self.cfg.mpiexec)
+        if has_ulfm(mpiexec) and not self.cfg.hostfile:  # Open MPI 5, e.g. .venv/ulfm's
+            return [mpiexec, "-n", str(self.cfg.nprocs), *open_mpi_args(False),
+                    *self.cfg.mpiexec_args, sys.executable, *program]
         hosts = (hostfile_args(mpiexec, self.cfg.hostfile,
                                remote_shell_path(self.cfg.remote_shell, "launcher.remote_shell"),
                                self.cfg.procs_per_node) if self.cfg.hostfile else [])
@@ -411,8 +414,10 @@ class LocalLauncher(Launcher):
         # (With a hostfile, each host is taken to have this machine's cores.)
         env.setdefault("OMP_NUM_THREADS",
                        str(max(1, (os.cpu_count() or 1) // self.ranks_per_machine())))
-        if self.cfg.elastic:
-            env.update(ulfm_environment(find_ulfm_mpiexec(self.cfg.mpiexec), env))
+        mpiexec = (find_ulfm_mpiexec(self.cfg.mpiexec) if self.cfg.elastic else
+                   find_mpiexec(self.cfg.mpiexec))
+        if has_ulfm(mpiexec):  # mpi4py loads that Open MPI's libmpi, not the venv's MPICH
+            env.update(ulfm_environment(mpiexec, env))
         return env
 
     def launch(self, run_cfg, run_dir):

@@ -4,6 +4,7 @@
 default MPI stays MPICH (every run that is not elastic, a site's MPICH or system MPI too),
 and only elastic jobs start under ``.venv/ulfm/bin/mpiexec --with-ft ulfm``. Their ranks load
 that prefix's ``libmpi`` through mpi4py's ``MPI4PY_LIBMPI``, so one mpi4py serves both.
+Any job whose mpiexec is Open MPI 5's (``launcher.mpiexec``) starts the same way.
 """
 
 from __future__ import annotations
@@ -50,10 +51,12 @@ def ulfm_environment(mpiexec: str, env: dict[str, str]) -> dict[str, str]:
             "LD_LIBRARY_PATH": os.pathsep.join(paths)}
 
 
-def ulfm_args() -> list[str]:
-    """mpiexec's arguments for an elastic job: failures are the application's to handle;
-    ranks may outnumber cores (as MPICH allows); root may run it (containers, CI)."""
-    args = ["--with-ft", "ulfm", "--oversubscribe"]
+def open_mpi_args(elastic: bool) -> list[str]:
+    """Open MPI 5's mpiexec arguments: ``elastic``: failures are the application's to
+    handle (ULFM); ranks may outnumber cores (as MPICH allows); root may run it (containers,
+    CI)."""
+    args = ["--with-ft", "ulfm"] if elastic else []
+    args.append("--oversubscribe")
     if os.geteuid() == 0:
         args.append("--allow-run-as-root")
     return args
