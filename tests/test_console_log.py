@@ -38,6 +38,17 @@ def test_without_a_terminal_progress_is_plain_lines(monkeypatch):
     assert "ETA" not in lines[1]
 
 
+def test_a_new_label_shows_from_the_next_line(monkeypatch):
+    monkeypatch.delenv(CONSOLE_IS_TERMINAL, raising=False)
+    out = io.StringIO()
+    progress = ProgressBar(out, total=100, done=0, label="ssgd x4", every_s=3600)
+    progress.update(10, force=True)
+    progress.relabel("ssgd x3")  # an elastic run lost a learner
+    progress.update(20, force=True)
+    assert [line.split(":")[0] for line in out.getvalue().splitlines()] == ["ssgd x4",
+                                                                             "ssgd x3"]
+
+
 def test_the_launcher_says_whether_the_console_is_a_terminal(monkeypatch):
     monkeypatch.setenv(CONSOLE_IS_TERMINAL, "1")
     assert ends_on_terminal(io.StringIO())  # a pipe to adpsgd-run, which has a terminal

@@ -179,6 +179,7 @@ def test_each_lockstep_algorithm_goes_on_without_a_killed_learner(tmp_path, algo
                     "faults.sigkill.step=7", f"hydra.run.dir={run_dir}"], cwd=tmp_path,
                    timeout=240)
     assert f"learner {killed} (" in proc.stderr and "3 learner(s) go on" in proc.stderr
+    assert f"\n{algo} x3: " in proc.stderr  # the progress lines count the survivors
     history, summary = read_run(run_dir)
     assert summary["status"] == "completed" and summary["learners_at_end"] == 3
     assert_every_sample_once(summary)

@@ -88,6 +88,13 @@ class ProgressBar:
         print(", ".join(parts), file=self.stream, flush=True)
         self.last_line, self.shown = now, self.done
 
+    def relabel(self, label: str) -> None:
+        """A new label from here on (an elastic run that lost learners: ``ssgd x3``)."""
+        if self.bar is not None:
+            self.bar.set_description(label)
+        elif self.stream is not None:
+            self.label = label
+
     def close(self) -> None:
         """End the bar's line (before an error line, or the bar would overwrite its start);
         without a bar, a last line for progress not shown yet."""

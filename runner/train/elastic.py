@@ -156,7 +156,6 @@ class Membership:
         world = trainer.world
         self.learners = list(range(world.size))  # learner number of each rank, in rank order
         self.hosts = trainer.comm.allgather_objects(mpi().Get_processor_name())
-        self.learner = world.rank
         self.events: list[dict[str, Any]] = []
         self.lost_samples = 0  # what the lost learners had trained on (summary's samples)
         self.snapshot = StepSnapshot(trainer.model, trainer.optimizer)
@@ -316,7 +315,8 @@ def rebuild(t: Any, world: World, comm: Communicator, node_comm: Communicator,
     except ConfigError as ex:  # the topology has no graph for the learners left
         raise UserError(f"the {world.size} learners left cannot go on: {ex.cause}",
                         "for elastic runs choose a topology for any number of learners "
-                        "(topology=ring, complete, exponential)") from None
+                        "(topology=ring, random_ring, exponential_undirected or complete)"
+                        ) from None
     t.algo = algorithm.build(t.cfg.algo, t.ctx)
     t.algo.setup(t.model, t.optimizer)
     t.algo.continue_after_loss(previous)
@@ -325,6 +325,7 @@ def rebuild(t: Any, world: World, comm: Communicator, node_comm: Communicator,
     t.schedule = LRSchedule(t.cfg.optim, world.size * t.cfg.trainer.batch_size,
                             len(t.train_set), t.cfg.trainer.epochs)
     t.schedule.start_ramp(t.state.samples, rate)
+    t.progress.relabel(f"{t.cfg.algo.name} x{world.size}")
     if became_main:  # the first rank was lost: this one writes the run's records now
         t.state.history = read_metrics(t.run_dir)
         t.runlog = RunLog(t.run_dir, t.cfg, t.recipe.primary_metric,
