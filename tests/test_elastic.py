@@ -232,3 +232,25 @@ def test_a_job_that_is_not_elastic_runs_on_open_mpi_too(tmp_path):
     _, summary = read_run(tmp_path / "run")
     assert summary["status"] == "completed" and summary["membership"] == []
     assert "MPI_" not in proc.stderr
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_a_learner_killed_during_the_final_evaluation_is_undone_and_the_run_completes(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = start(run_dir, "algo=dasgd", "faults.eval_delay_s=1.5", "trainer.progress=false")
+    log = run_dir / "logs" / "rank0.log"
+    deadline = time.monotonic() + 120
+    while not (log.exists() and f"({2 * TRAIN_SIZE} samples)" in log.read_text()):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.02)
+    os.kill(int((run_dir / "logs" / "rank3.pid").read_text().split()[0]), signal.SIGKILL)
+    _, err = proc.communicate(timeout=240)
+    assert proc.returncode == 0, err[-3000:]
+    history, summary = read_run(run_dir)
+    assert [m["learner"] for m in summary["membership"]] == [3]
+    # The last step was undone and trained again by 3: the final evaluation once, at the end.
+    assert summary["membership"][0]["at_samples"] < 2 * TRAIN_SIZE
+    assert [(r["epoch"], r["split"]) for r in history] == [
+        (1.0, "eval"), (1.0, "eval_rank0"), (2.0, "eval"), (2.0, "eval_rank0")], history
+    assert_every_sample_once(summary)

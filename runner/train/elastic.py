@@ -320,7 +320,7 @@ def rebuild(t: Any, world: World, comm: Communicator, node_comm: Communicator,
     t.algo = algorithm.build(t.cfg.algo, t.ctx)
     t.algo.setup(t.model, t.optimizer)
     t.algo.continue_after_loss(previous)
-    t.paused = False
+    t.paused = t.algo_finished = False  # a new object: not paused, its finish() still to come
     rate = t.schedule.lr_at(t.state.samples)
     t.schedule = LRSchedule(t.cfg.optim, world.size * t.cfg.trainer.batch_size,
                             len(t.train_set), t.cfg.trainer.epochs)
