@@ -138,6 +138,14 @@ def kill_learner_after_first_loss(proc: subprocess.Popen, run_dir: Path, learner
     return time.time()
 
 
+def learners_alive(run_dir: Path) -> list[tuple[int, int]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run_dir / "tb"))
+    events.Reload()
+    return [(e.step, int(e.value)) for e in events.Scalars("membership/learners")]
+
+
 def assert_every_sample_once(summary: dict) -> None:
     assert summary["epoch_samples"] == [{"epoch": e, "distinct": TRAIN_SIZE, "used": TRAIN_SIZE}
                                         for e in (1, 2)], summary["epoch_samples"]
@@ -167,6 +175,9 @@ def test_two_learners_killed_at_different_moments_every_sample_used_once(tmp_pat
     assert [(m["learner"], m["learners"]) for m in summary["membership"]] == [(2, 3), (1, 2)]
     assert summary["membership"][0]["at_samples"] == 4 * 4 * 32  # the 5th step was undone
     assert_every_sample_once(summary)
+    alive = learners_alive(run_dir)  # TensorBoard: learners alive against global samples
+    assert [count for _, count in alive] == [4, 3, 2], alive
+    assert alive[1][0] == 4 * 4 * 32 and alive[0][0] == 0
     assert summary["top1"] > 80, history
 
 
