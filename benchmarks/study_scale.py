@@ -5,6 +5,7 @@
     python benchmarks/study_scale.py heterogeneity  # 5 algorithms: straggler, slow periods, network
     python benchmarks/study_scale.py dasgd          # DaSGD's step time on a slow network, n <= 128
     python benchmarks/study_scale.py tables         # the papers' SWB-2000 hours, projected
+    python benchmarks/study_scale.py failures       # goodput: restarts against elastic training
     python benchmarks/study_scale.py spectral --quick  # the wiring in seconds (meaningless numbers)
 
 Each study is a module of benchmarks/scale_studies/ whose docstring says what it runs and how it
@@ -24,11 +25,18 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # run as a file from anywhere: this checkout's benchmarks
     sys.path.insert(0, str(REPO))
 
-from benchmarks.scale_studies import batch, dasgd, heterogeneity, spectral, tables  # noqa: E402
+from benchmarks.scale_studies import (  # noqa: E402
+    batch,
+    dasgd,
+    failures,
+    heterogeneity,
+    spectral,
+    tables,
+)
 from benchmarks.scale_studies.common import RESULTS, bench  # noqa: E402
 
 STUDIES = {"spectral": spectral, "batch": batch, "heterogeneity": heterogeneity,
-           "dasgd": dasgd, "tables": tables}
+           "dasgd": dasgd, "tables": tables, "failures": failures}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -157,3 +157,15 @@ def test_a_bad_study_option_is_one_line(tmp_path):
     proc = subprocess.run([sys.executable, str(SCRIPT), "batch", "--margin", "1", "--runs",
                            str(tmp_path)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "unrecognized arguments: --margin 1" in proc.stderr
+
+
+def test_failures_quick(tmp_path):
+    r = run_study("failures", tmp_path)
+    policies = {"restart, 5 min", "restart, Young", "restart, Daly", "elastic"}
+    assert {c["policy"] for c in r["cells"]} == policies
+    assert len(r["cells"]) == 2 * 2 * len(policies)  # 2 sizes x 2 MTBFs
+    for cell in r["cells"]:
+        assert 0 < cell["goodput"] <= 1 and cell["goodput_std"] >= 0
+        assert cell["failure_free_h"] > 0 and cell["checkpoint_s"] > 0
+        assert cell["job_mtbf_h"] == cell["node_mtbf_h"] / (cell["nprocs"] // 4)
+        assert (cell["interval_min"] is None) is (cell["policy"] == "elastic")

@@ -1,0 +1,105 @@
+"""failures: goodput under node failures, restarting from checkpoints against elastic training.
+
+Timing-only runs (runner/sim/timing.py) of the seed papers' SWB-2000 BLSTM with SSGD on the
+IBM P9 cluster (4 V100 per node) at each --nprocs give the failure-free training seconds of
+--epochs epochs and the model's size. runner/sim/failures.py then draws node failures at each
+--node-mtbf-hours (--draws Monte Carlo runs per cell) and reports the goodput, useful samples
+per second against the failure-free rate, of:
+
+* restarting from the last checkpoint, with checkpoints every --intervals-min minutes and at
+  Young's and Daly's optimum for the job's MTBF; a checkpoint writes every rank's model and
+  momentum at --storage-gbps, a restart costs --restart-s;
+* elastic continuation (launcher.elastic): each failure costs --recovery-s, the job goes on
+  with the nodes left (no checkpoint needed).
+
+--restart-s, --recovery-s and --storage-gbps are assumptions (defaults: 300 s for requeue,
+start and reading a checkpoint; 1 s, where 4 ranks here took 0.06-0.08 s, docs/RESULTS.md;
+10 GB/s to the parallel file system).
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from runner.sim.failures import FailureModel, daly_interval, mean_goodput, young_interval
+
+from .common import bench, simulate
+
+FULL = {"nprocs": [64, 1024], "epochs": 16, "node_mtbf_hours": [100.0, 1000.0],
+        "intervals_min": [5.0, 15.0, 60.0], "draws": 2000, "samples_per_epoch": 0}
+QUICK = {"nprocs": [8, 16], "epochs": 1, "node_mtbf_hours": [1.0, 10.0],
+         "intervals_min": [5.0], "draws": 50, "samples_per_epoch": 8 * 32 * 40}
+GPUS_PER_NODE = 4  # the P9 cluster's
+HEADER = ("| date | n | node MTBF (h) | job MTBF (h) | failure-free (h) | policy | "
+          "checkpoint every (min) | goodput | samples/s |\n" + "|---" * 9 + "|\n")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--nprocs", type=int, nargs="+", help="learners (default 64 1024)")
+    p.add_argument("--epochs", type=int, help="SWB-2000 epochs of the run (default 16)")
+    p.add_argument("--node-mtbf-hours", type=float, nargs="+",
+                   help="mean hours between failures of one node (default 100 1000)")
+    p.add_argument("--intervals-min", type=float, nargs="+",
+                   help="checkpoint intervals to try besides the optimum (default 5 15 60)")
+    p.add_argument("--draws", type=int, help="Monte Carlo runs per cell (default 2000)")
+    p.add_argument("--samples-per-epoch", type=int,
+                   help="samples of the epoch timed (default: the recipe's)")
+    p.add_argument("--restart-s", type=float, default=300.0,
+                   help="from a failure to training again from a checkpoint (default 300)")
+    p.add_argument("--recovery-s", type=float, default=1.0,
+                   help="elastic: from a failure to training again (default 1)")
+    p.add_argument("--storage-gbps", type=float, default=80.0,
+                   help="checkpoint write bandwidth of the whole job, Gb/s (default 80)")
+
+
+def cases(args: argparse.Namespace) -> dict[str, list[str]]:
+    samples = ([f"launcher.samples_per_epoch={args.samples_per_epoch}"]
+               if args.samples_per_epoch else [])
+    return {f"n{n}": ["recipe=swb2000", "algo=ssgd", "launcher=sim", "launcher.timing_only=true",
+                      f"launcher.nprocs={n}", f"launcher.procs_per_node={GPUS_PER_NODE}",
+                      "cluster=p9_v100_infiniband", "trainer.epochs=1", "trainer.progress=false",
+                      *samples] for n in args.nprocs}
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    record = bench.Record("study_scale failures", "benchmarks/study_scale.py", args.argv,
+                          args.quick)
+    runs = simulate(args.runs, cases(args))
+    cells = []
+    for run in runs.values():
+        s = run["summary"]
+        n = s["nprocs"]
+        work_s = args.epochs * s["virtual_s"]  # failure-free, on the modelled cluster
+        # every rank writes its model and momentum (decentralized replicas differ)
+        checkpoint_s = n * 2 * s["model_bytes"] * 8 / (args.storage_gbps * 1e9)
+        for mtbf_h in args.node_mtbf_hours:
+            model = FailureModel(mtbf_h * 3600, n // GPUS_PER_NODE, checkpoint_s,
+                                 args.restart_s, args.recovery_s)
+            intervals = {f"{m:g} min": m * 60 for m in args.intervals_min}
+            intervals["Young"] = young_interval(checkpoint_s, model.job_mtbf_s)
+            intervals["Daly"] = daly_interval(checkpoint_s, model.job_mtbf_s)
+            policies = {f"restart, {k}": v for k, v in intervals.items()}
+            policies["elastic"] = None
+            for policy, interval in policies.items():
+                mean, std = mean_goodput(work_s, model, interval, args.draws, seed=len(cells))
+                cells.append({"nprocs": n, "node_mtbf_h": mtbf_h,
+                              "job_mtbf_h": model.job_mtbf_s / 3600,
+                              "failure_free_h": work_s / 3600, "policy": policy,
+                              "interval_min": None if interval is None else interval / 60,
+                              "goodput": mean, "goodput_std": std,
+                              "samples_per_s": mean * s["samples_per_s"],
+                              "checkpoint_s": checkpoint_s, "run_dir": run["run_dir"]})
+    return record.finish({"study": "failures", "recipe": "swb2000", "algo": "ssgd",
+                          "cluster": "p9_v100_infiniband", "epochs": args.epochs,
+                          "restart_s": args.restart_s, "recovery_s": args.recovery_s,
+                          "storage_gbps": args.storage_gbps, "draws": args.draws,
+                          "cells": cells, "run_dirs": str(args.runs)})
+
+
+def rows(r: dict[str, Any]) -> list[str]:
+    return [f"| {r['date'][:10]} | {c['nprocs']} | {c['node_mtbf_h']:g} | {c['job_mtbf_h']:.2f} | "
+            f"{c['failure_free_h']:.2f} | {c['policy']} | "
+            f"{'-' if c['interval_min'] is None else format(c['interval_min'], '.1f')} | "
+            f"{c['goodput']:.3f} +- {c['goodput_std']:.3f} | {c['samples_per_s']:.0f} |"
+            for c in r["cells"]]
