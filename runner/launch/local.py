@@ -521,10 +521,11 @@ class LocalLauncher(Launcher):
             # The user's Ctrl-C itself: a Ctrl-C while mpiexec is being spawned reaches it in
             # the instant between fork and its own session, and it dies of it at once.
             return EXIT_STOPPED, None
-        # An elastic job outlives its dead ranks: what ended it is a rank's own line (too
-        # few learners left), if one wrote it.
-        dead = (None if self.cfg.elastic and any(r.message for r in failure_records(
-            run_dir, self.cfg.nprocs)) else self.dead_rank(watchdog, output))
+        # An elastic job outlives its dead ranks: what ended it is a rank's own error line
+        # (too few learners left, no topology for them), if one wrote it.
+        dead = (None if self.cfg.elastic and any(r.message and r.status == 2 for r in
+                                                 failure_records(run_dir, self.cfg.nprocs))
+                else self.dead_rank(watchdog, output))
         if dead is None and (killed := killed_elsewhere(run_dir, self.cfg.nprocs,
                                                          output.exit_codes)):
             rank, host, signum, others = killed
