@@ -111,6 +111,22 @@ def test_what_a_lost_learner_had_used_is_carried_by_the_survivors():
     assert ledger.closed == [{"epoch": 1, "distinct": 6, "used": 6}] and ledger.carried is None
 
 
+def test_a_checkpoint_carries_the_epochs_count_into_a_resumed_ledger():
+    class Sum:
+        def allreduce_numbers(self, values):
+            return np.asarray(values, dtype=np.float64) * 2  # two ranks that read alike
+
+    ledger = EpochLedger(4)
+    ledger.record(np.array([0, 1, 2, 3]), 0, True, Sum())
+    ledger.record(np.array([1]), 1, False, Sum())
+    saved = ledger.state_dict(Sum())  # the epoch so far over every rank: sample 1 twice
+    resumed = EpochLedger(4)
+    resumed.load_state_dict(saved)
+    resumed.record(np.array([0, 2, 3]), 1, True, Sum())
+    assert resumed.closed == [{"epoch": 1, "distinct": 4, "used": 8},
+                              {"epoch": 2, "distinct": 4, "used": 8}]
+
+
 def start(run_dir: Path, *args: str) -> subprocess.Popen:
     return subprocess.Popen([str(BIN / "adpsgd-run"), *DIGITS, f"hydra.run.dir={run_dir}",
                              *args], cwd=run_dir.parent, stdout=subprocess.PIPE,

@@ -43,6 +43,8 @@ def capture(trainer: Any) -> dict[str, Any]:
                          "lr": t.lr, "lr_ramp": t.schedule.ramp,
                          "elapsed_s": time.perf_counter() - t.start_time,
                          "timers": t.timers.snapshot()}}
+    if t.ledger is not None:  # collective: the samples used so far in the epoch, every rank's
+        saved["ledger"] = t.ledger.state_dict(t.comm)
     if t.world.is_main:
         saved["history"] = t.state.history
     return saved
@@ -77,6 +79,8 @@ def restore(trainer: Any, saved: dict[str, Any]) -> None:
         t.schedule.ramp = saved["trainer"].get("lr_ramp")
         t.timers.seconds.update(saved["trainer"]["timers"])
         state.history = saved.get("history", [])
+    if saved.get("ledger") is not None and t.ledger is not None:
+        t.ledger.load_state_dict(saved["ledger"])
     log.info("resumed from %s: step %d, %d samples (epoch %.2f)%s", checkpoint.path,
              state.step, state.samples, state.samples / train_size,
              f", merged from {checkpoint.nprocs} ranks" if RESIZED in saved else "")

@@ -80,7 +80,8 @@ def merge_ranks(checkpoint: Checkpoint, train_size: int, batch_size: int, seed: 
         averaged = {key: state[key] for key in ("model", "optimizer", "algo")}
         total = _accumulate(total, averaged)
         if rank == 0:
-            first = {**averaged, "trainer": state["trainer"], "history": state.get("history")}
+            first = {**averaged, "trainer": state["trainer"], "history": state.get("history"),
+                     "ledger": state.get("ledger")}  # the same on every rank
         old.load_state_dict(state.get("data", {}))
         epoch, step = state["trainer"]["position"]
         unread.append(old.unread(epoch, step, rank))
@@ -94,6 +95,7 @@ def merge_ranks(checkpoint: Checkpoint, train_size: int, batch_size: int, seed: 
     merged["trainer"]["samples"] = checkpoint.samples
     merged["trainer"]["lr"] = trainer.get("lr")  # the rate old rank 0 last stepped with
     merged["history"] = first["history"] or []
+    merged["ledger"] = first["ledger"]
     epoch = max(epoch for epoch, _ in positions)
     if whole and positions == {(epoch, 0)}:  # all at the start of one epoch: deal it whole
         merged["data"] = {"epoch": epoch, "partial": {}}

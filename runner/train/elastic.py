@@ -134,6 +134,18 @@ class EpochLedger:
             np.add.at(total, part, 1)
         self.counts, self.carried = np.zeros_like(self.counts), total
 
+    def state_dict(self, comm: Communicator) -> dict[str, Any]:
+        """Collective, at a checkpoint: the closed epochs and the current one's counts over
+        every rank, which every rank carries from here on (a resumed job, of any size,
+        continues the count)."""
+        self.counts, self.carried = np.zeros_like(self.counts), self._total(comm)
+        return {"closed": list(self.closed), "carried": torch.from_numpy(self.carried.copy())}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.closed = list(state["closed"])
+        self.carried = state["carried"].numpy().astype(np.int64)
+        self.counts = np.zeros_like(self.carried)
+
     def _total(self, comm: Communicator) -> np.ndarray:
         total = comm.allreduce_numbers(self.counts).astype(np.int64)
         return total + self.carried if self.carried is not None else total

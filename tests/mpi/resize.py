@@ -116,6 +116,11 @@ def checks(world_mpi, run_dir, overrides):
         return "resized 4 -> 2 -> 4"
     assert c_summary["status"] == "completed", c_summary["status"]
     assert c_summary["samples"] >= 4 * train_size, c_summary["samples"]
+    # The ledger went through both checkpoints: every epoch used each sample once (lockstep
+    # algorithms; asynchronous ranks each cycle through their own shard and keep none).
+    assert c_summary["epoch_samples"] == (None if c.algo.asynchronous else [
+        {"epoch": e, "distinct": train_size, "used": train_size}
+        for e in range(1, c.cfg.trainer.epochs + 1)]), c_summary["epoch_samples"]
     top1, baseline = c_summary["final"]["top1"], a_summary["final"]["top1"]
     assert top1 >= baseline - TOP1_SPREAD, (top1, baseline)
     return (f"4 -> 2 at {first.samples} samples, 2 -> 4 at {second.samples}: every sample of "
