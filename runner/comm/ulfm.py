@@ -28,7 +28,6 @@ from .world import mpi
 # Communicators this process uses (world, its duplicates, node): what a failure revokes.
 # (mpi4py's communicators cannot be hashed; a freed one turns into COMM_NULL.)
 _TRACKED: list = []
-_ULFM_LIBRARY = "Open MPI"
 
 
 def track(mpi_comm):
@@ -102,9 +101,3 @@ def free_quietly(mpi_comm) -> None:
         mpi_comm.Free()
     except MPI.Exception:
         pass
-
-
-def library_has_ulfm() -> bool:
-    """Whether the MPI library this process loaded can revoke, agree and shrink."""
-    MPI = mpi()
-    return _ULFM_LIBRARY in MPI.Get_library_version() and hasattr(MPI.Comm, "Shrink")
