@@ -144,7 +144,9 @@ class Trainer:
         first_step = state.step
         self.start_time = time.perf_counter() - state.elapsed_before
         self._last_log = (time.perf_counter(), state.samples)
-        self.membership = Membership.of(self)  # None unless launcher.elastic
+        self.membership = Membership.of(self)  # None unless launcher.elastic; spares wait
+        if self.membership is not None and self.membership.waiting:  # a spare not needed
+            return {}
         epoch, first = state.position
         while not (self.milestones.done or self.stop_status):
             batches = self.shards.epoch_batches(epoch)

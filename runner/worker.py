@@ -167,6 +167,7 @@ def _run_rank(run_dir: Path, in_process: bool) -> int:
     from .comm.pairwise import ExchangeTimeout
     from .comm.world import detect_world, mpi
     from .train.compute_path import resolve_device
+    from .train.spares import split_spares
     from .train.timers import activity
     from .trainer import Trainer
 
@@ -215,7 +216,10 @@ def _run_rank(run_dir: Path, in_process: bool) -> int:
         threads = os.environ.get("OMP_NUM_THREADS")
         if threads:
             torch.set_num_threads(int(threads))
-        world, node_mpi = detect_world(world_mpi, cfg.launcher.procs_per_node)
+        # An elastic job's spares (launcher.spares) wait alone until a learner is lost.
+        learner_mpi, world, node_mpi = split_spares(world_mpi, cfg.launcher)
+        if world is None:
+            world, node_mpi = detect_world(learner_mpi, cfg.launcher.procs_per_node)
         log.info("rank %d of %d, node %d (local rank %d of %d), pid %d", world.rank, world.size,
                  world.node, world.local_rank, world.local_size, os.getpid())
         device = resolve_device(cfg.trainer.device, world.host_rank)
@@ -234,11 +238,13 @@ def _run_rank(run_dir: Path, in_process: bool) -> int:
                       for node in range(world.num_nodes)]
             node_group = torch_subgroups(groups)[world.node]
         timeout = cfg.comm.timeout_s
-        comm = Communicator(world_mpi, backend, name="world", timeout_s=timeout)
+        comm = Communicator(learner_mpi, backend, name="world", timeout_s=timeout)
         node_comm = Communicator(node_mpi, backend, torch_group=node_group, name="node",
                                  timeout_s=timeout)
         trainer = Trainer(cfg, run_dir, world, comm, node_comm, device, progress_stream=console)
         trainer.run()
+        if trainer.membership is not None:
+            trainer.membership.close()  # the spares still waiting go
         trainer.comm.close()  # the survivors' communicators, after a loss in an elastic run
         trainer.ctx.node_comm.close()
         if started_torch_group:

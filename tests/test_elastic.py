@@ -21,6 +21,7 @@ from test_cli import assert_one_line_error
 
 from runner.commands.run import check_command_line
 from runner.launch.ulfm_mpi import ULFM_PREFIX
+from runner.train.data import ShardedBatches
 from runner.train.elastic import EpochLedger, StepSnapshot
 
 from conftest import BIN, read_run, run_cli
@@ -111,6 +112,29 @@ def test_what_a_lost_learner_had_used_is_carried_by_the_survivors():
     assert ledger.closed == [{"epoch": 1, "distinct": 6, "used": 6}] and ledger.carried is None
 
 
+def test_a_loss_after_a_checkpoint_adds_only_what_the_lost_learner_used_since():
+    """Two learners on 8 samples, batches of 1: a checkpoint after step 1 adds up the
+    counts; learner 1 is lost after step 3: the survivor carries its own 3 samples and the
+    lost learner's steps 2 and 3, not its step 1 again."""
+    shards = ShardedBatches(8, 0, 2, 1, seed=3)
+    order = shards.pass_order(0)
+    mine, lost = order[0::2], order[1::2]
+
+    class Reduce:  # learner 0's view: ``others`` is what the other learners add
+        others = np.bincount(lost[:1], minlength=8)  # learner 1's step 1, at the checkpoint
+
+        def allreduce_numbers(self, values):
+            return np.asarray(values, dtype=np.float64) + self.others
+
+    ledger, comm = EpochLedger(8), Reduce()
+    ledger.record(mine[:1], 0, False, comm)
+    ledger.state_dict(comm, 1)
+    ledger.record(mine[1:3], 0, False, comm)
+    comm.others = 0  # learner 1 is gone
+    ledger.carry(comm, [ledger.lost_part(shards, 0, 3, 1)])
+    assert sorted(np.repeat(np.arange(8), ledger.carried)) == sorted([*mine[:3], *lost[:3]])
+
+
 def test_a_checkpoint_carries_the_epochs_count_into_a_resumed_ledger():
     class Sum:
         def allreduce_numbers(self, values):
@@ -119,7 +143,7 @@ def test_a_checkpoint_carries_the_epochs_count_into_a_resumed_ledger():
     ledger = EpochLedger(4)
     ledger.record(np.array([0, 1, 2, 3]), 0, True, Sum())
     ledger.record(np.array([1]), 1, False, Sum())
-    saved = ledger.state_dict(Sum())  # the epoch so far over every rank: sample 1 twice
+    saved = ledger.state_dict(Sum(), 1)  # the epoch so far over every rank: sample 1 twice
     resumed = EpochLedger(4)
     resumed.load_state_dict(saved)
     resumed.record(np.array([0, 2, 3]), 1, True, Sum())

@@ -64,7 +64,7 @@ class Checkpointer:
         from every file (runner/checkpoint/resize.py). ``resume=auto`` falls back to the newest
         intact checkpoint, saying so; an explicit checkpoint that is damaged is an error naming the
         file."""
-        if not self.cfg.resume:
+        if not self.cfg.resume or self.world.spare:  # a spare gets the job's state on joining
             return None, None
         found = self._agree(lambda: resolve_resume(self.cfg.resume, self.run_dir))
         while found is not None:

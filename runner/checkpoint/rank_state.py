@@ -44,7 +44,7 @@ def capture(trainer: Any) -> dict[str, Any]:
                          "elapsed_s": time.perf_counter() - t.start_time,
                          "timers": t.timers.snapshot()}}
     if t.ledger is not None:  # collective: the samples used so far in the epoch, every rank's
-        saved["ledger"] = t.ledger.state_dict(t.comm)
+        saved["ledger"] = t.ledger.state_dict(t.comm, t.state.position[1])
     if t.world.is_main:
         saved["history"] = t.state.history
     return saved
@@ -80,7 +80,7 @@ def restore(trainer: Any, saved: dict[str, Any]) -> None:
         t.timers.seconds.update(saved["trainer"]["timers"])
         state.history = saved.get("history", [])
     if saved.get("ledger") is not None and t.ledger is not None:
-        t.ledger.load_state_dict(saved["ledger"])
+        t.ledger.load_state_dict(saved["ledger"], resized=RESIZED in saved)
     log.info("resumed from %s: step %d, %d samples (epoch %.2f)%s", checkpoint.path,
              state.step, state.samples, state.samples / train_size,
              f", merged from {checkpoint.nprocs} ranks" if RESIZED in saved else "")

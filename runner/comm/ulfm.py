@@ -83,12 +83,14 @@ def shrink(mpi_comm) -> Shrunk:
     """The survivors' communicator and who is gone (collective over the survivors)."""
     global LOST_PEERS
     MPI = mpi()
-    LOST_PEERS = True
+    lost_before, LOST_PEERS = LOST_PEERS, True  # a process may die during the shrink
     new = mpi_comm.Shrink()
     new.Set_errhandler(MPI.ERRORS_RETURN)
     survivors = MPI.Group.Translate_ranks(new.Get_group(), list(range(new.Get_size())),
                                           mpi_comm.Get_group())
     lost = sorted(set(range(mpi_comm.Get_size())) - set(survivors))
+    LOST_PEERS = lost_before or bool(lost)  # a shrink that only drops nobody is harmless
+    track(new)
     return Shrunk(new, list(survivors), lost)
 
 

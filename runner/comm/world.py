@@ -29,10 +29,13 @@ class World:
     # nodes can share a machine, and GPUs are dealt per machine, not per node.
     host_rank: int = 0
     host_size: int = 1
+    # A spare of an elastic job (launcher.spares), waiting alone until it replaces a lost
+    # learner: it writes none of the run's records.
+    spare: bool = False
 
     @property
     def is_main(self) -> bool:
-        return self.rank == 0
+        return self.rank == 0 and not self.spare
 
     @classmethod
     def single(cls) -> World:

@@ -216,8 +216,10 @@ def run_job(cfg: DictConfig) -> None:
     except UserError as ex:
         print(f"adpsgd-run: error: {ex}", file=sys.stderr)
         raise SystemExit(2) from None
+    spares = typed.launcher.get("spares")
     print(f"adpsgd-run: {typed.algo.name} on {typed.recipe.name} with "
-          f"{typed.launcher.nprocs} rank(s); run dir {run_dir}", flush=True)
+          f"{typed.launcher.nprocs} rank(s){f' and {spares} spare(s)' if spares else ''}; "
+          f"run dir {run_dir}", flush=True)
     try:
         launcher = launcher_class(typed.launcher)
         status = launcher.launch(typed, run_dir)

@@ -30,6 +30,9 @@ class LauncherConfig(Section):
     elastic: bool = False
     # An elastic job ends when fewer learners than this remain.
     min_learners: int = 1
+    # Processes started beside the learners of an elastic job that wait and replace lost
+    # ones, so that the job grows back to nprocs learners (runner/train/spares.py).
+    spares: int = 0
 
     def check(self, prefix: str, cfg: DictConfig) -> None:
         require(self.stall_timeout_s == 0 or self.stall_timeout_s >= 3 * HEARTBEAT_S,
@@ -45,6 +48,11 @@ class LauncherConfig(Section):
                 f"{self.min_learners}", f"{prefix}.min_learners={max(1, self.nprocs // 2)}")
         require(not self.elastic or self.nprocs >= 2, f"{prefix}.elastic",
                 "an elastic job needs at least 2 learners", f"{prefix}.nprocs=4")
+        require(self.spares >= 0, f"{prefix}.spares", f"must be >= 0, got {self.spares}",
+                f"{prefix}.spares=1")
+        require(not self.spares or self.elastic, f"{prefix}.spares", "spares replace the "
+                "learners an elastic job loses; this job is not elastic",
+                f"{prefix}.elastic=true (or {prefix}.spares=0)")
         if self.procs_per_node is not None:
             require(self.procs_per_node >= 1, f"{prefix}.procs_per_node",
                     f"must be >= 1, got {self.procs_per_node}", f"{prefix}.procs_per_node=2")

@@ -367,6 +367,11 @@ def stop_process_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
 class LocalLauncher(Launcher):
     Config = LocalConfig
 
+    @property
+    def processes(self) -> int:
+        """The job's MPI processes: its learners and their spares (launcher.spares)."""
+        return self.cfg.nprocs + self.cfg.spares
+
     def command(self, run_dir: Path) -> list[str]:
         return self.mpiexec_command(["-m", "runner.worker", str(run_dir)])
 
@@ -375,11 +380,11 @@ class LocalLauncher(Launcher):
         """``mpiexec -n N [hosts] python PROGRAM...`` as this launcher places ranks (the
         benchmarks' jobs too, benchmarks/harness.py)."""
         if self.cfg.elastic:
-            return [find_ulfm_mpiexec(self.cfg.mpiexec), "-n", str(self.cfg.nprocs),
+            return [find_ulfm_mpiexec(self.cfg.mpiexec), "-n", str(self.processes),
                     *open_mpi_args(True), *self.cfg.mpiexec_args, sys.executable, *program]
         mpiexec = find_mpiexec(self.cfg.mpiexec)
         if has_ulfm(mpiexec) and not self.cfg.hostfile:  # Open MPI 5, e.g. .venv/ulfm's
-            return [mpiexec, "-n", str(self.cfg.nprocs), *open_mpi_args(False),
+            return [mpiexec, "-n", str(self.processes), *open_mpi_args(False),
                     *self.cfg.mpiexec_args, sys.executable, *program]
         hosts = (hostfile_args(mpiexec, self.cfg.hostfile,
                                remote_shell_path(self.cfg.remote_shell, "launcher.remote_shell"),
@@ -388,7 +393,7 @@ class LocalLauncher(Launcher):
         if self.cfg.hostfile and mpi_flavor(mpiexec) == "hydra":
             # How each rank on another host ended: the watchdog sees no pid there.
             cleanup.append("-print-all-exitcodes")
-        return [mpiexec, "-n", str(self.cfg.nprocs), *hosts, *cleanup, *self.cfg.mpiexec_args,
+        return [mpiexec, "-n", str(self.processes), *hosts, *cleanup, *self.cfg.mpiexec_args,
                 sys.executable, *program]
 
     def cleanup_args(self, mpiexec: str) -> list[str]:
@@ -401,8 +406,8 @@ class LocalLauncher(Launcher):
     def ranks_per_machine(self) -> int:
         """The most ranks that share one machine's cores."""
         if not self.cfg.hostfile:
-            return self.cfg.nprocs
-        used = ranks_per_host(read_hostfile(self.cfg.hostfile), self.cfg.nprocs,
+            return self.processes
+        used = ranks_per_host(read_hostfile(self.cfg.hostfile), self.processes,
                               self.cfg.procs_per_node)
         return max(count for _, count in used)
 
@@ -440,7 +445,7 @@ class LocalLauncher(Launcher):
             status, failure = self.run_job(run_dir)
             if failure is None:
                 return status
-            progress = [rank_progress(run_dir, r) for r in range(self.cfg.nprocs)]
+            progress = [rank_progress(run_dir, r) for r in range(self.processes)]
             failure.record(run_dir, progress)
             try:
                 restarting = restarts.decide(failure, progress)
@@ -453,11 +458,11 @@ class LocalLauncher(Launcher):
     def run_job(self, run_dir: Path) -> tuple[int, JobFailure | None]:
         """Run the MPI job once; its exit status, and how it failed (None: it completed or
         stopped as asked)."""
-        clear_rank_files(run_dir, self.cfg.nprocs)
+        clear_rank_files(run_dir, self.processes)
         # Ranks on other hosts send their heartbeats over the network (runner/launch/
         # watchdog.py): a host that hangs or loses its link falls silent.
         listener = HeartbeatListener() if self.cfg.hostfile else None
-        watchdog = RankWatchdog(run_dir, self.cfg.nprocs, listener)
+        watchdog = RankWatchdog(run_dir, self.processes, listener)
         # The ranks on this host stop if this process dies, and every rank leaves printing
         # its failure to it.
         env = {**self.environment(), LAUNCHER_PID: str(os.getpid()),
@@ -524,9 +529,9 @@ class LocalLauncher(Launcher):
         # An elastic job outlives its dead ranks: what ended it is a rank's own error line
         # (too few learners left, no topology for them), if one wrote it.
         dead = (None if self.cfg.elastic and any(r.message and r.status == 2 for r in
-                                                 failure_records(run_dir, self.cfg.nprocs))
+                                                 failure_records(run_dir, self.processes))
                 else self.dead_rank(watchdog, output))
-        if dead is None and (killed := killed_elsewhere(run_dir, self.cfg.nprocs,
+        if dead is None and (killed := killed_elsewhere(run_dir, self.processes,
                                                          output.exit_codes)):
             rank, host, signum, others = killed
             return 128 + signum, JobFailure(
@@ -555,7 +560,7 @@ class LocalLauncher(Launcher):
         status = 128 - status if status < 0 else status
         mpiexec_said = self.mpiexec_report(watchdog, output)
         report = functools.partial(self.report_failure, run_dir, status, mpiexec_said)
-        return status, (reported_failure(run_dir, self.cfg.nprocs, ended, report) or JobFailure(
+        return status, (reported_failure(run_dir, self.processes, ended, report) or JobFailure(
             f"the MPI job exited with status {status}", True, ended, report))
 
     def supervise(self, proc: subprocess.Popen, watchdog: RankWatchdog,
@@ -644,7 +649,7 @@ class LocalLauncher(Launcher):
         saw the rank's pid file."""
         dead = watchdog.check()
         if dead is None and output.bad_pid is not None and not failure_times(
-                watchdog.run_dir, self.cfg.nprocs):
+                watchdog.run_dir, self.processes):
             rank = watchdog.rank_of_pid(output.bad_pid)
             dead = DeadRank(rank, output.bad_pid, time.time()) if rank is not None else None
         return dead
@@ -658,7 +663,7 @@ class LocalLauncher(Launcher):
         print(f"--- last lines of {run_dir}/logs/rank{dead.rank}.log ---\n"
               f"{log_tail(run_dir, dead.rank)}", file=sys.stderr)
         # A peer that gave up on it first: it died, or it hung and went down with the job.
-        gave_up = [r for r in failure_records(run_dir, self.cfg.nprocs)
+        gave_up = [r for r in failure_records(run_dir, self.processes)
                    if r.status == EXIT_PEER_LOST and r.message]
         hung = ""
         if gave_up:
@@ -697,7 +702,7 @@ class LocalLauncher(Launcher):
         their own (e.g. every rank found the disk full) are named in one short line, their
         lines stay in their logs. With none, say so and show rank 0's last log lines."""
         lines, later = [], []
-        for record in failure_records(run_dir, self.cfg.nprocs):
+        for record in failure_records(run_dir, self.processes):
             if record.message and not lines:
                 lines.append(record.message)
             elif record.message and record.message not in lines:

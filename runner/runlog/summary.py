@@ -249,9 +249,11 @@ def results_table(run_dir: str | Path) -> str:
                  f"{r['loss']:9.4f}"] + [f"{r.get(k, float('nan')):9.2f}" for k in metric_keys]
         lines.append("  ".join(cells))
     if summary:
-        lost = len(summary.get("membership") or [])  # an elastic run's lost learners
+        events = [e["event"] for e in summary.get("membership") or []]  # elastic runs
+        changes = [f"{events.count(e)} {e}" for e in ("lost", "joined") if e in events]
         ranks = f"{summary.get('nprocs')} ranks" + (
-            f" ({lost} lost, {summary.get('learners_at_end')} at the end)" if lost else "")
+            f" ({', '.join(changes)}, {summary.get('learners_at_end')} at the end)"
+            if changes else "")
         lines.append(
             f"{summary.get('algo')} on {summary.get('recipe')}, {ranks}: "
             f"{summary.get('samples_per_s', 0):.0f} samples/s, status {summary.get('status')}, "

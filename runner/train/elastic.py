@@ -38,7 +38,7 @@ import torch
 from omegaconf import OmegaConf
 
 from ..comm import Communicator, World
-from ..comm.ulfm import agree, free_quietly, is_mpi_error, revoke_all, shrink
+from ..comm.ulfm import agree, free_quietly, is_mpi_error, revoke_all, shrink, track
 from ..comm.world import detect_world, mpi
 from ..errors import ConfigError, UserError
 from ..runlog.events import record_event
@@ -99,22 +99,25 @@ class EpochLedger:
     A rank counts what it trains on (``counts``). When learners are lost, their counts go
     with them, so the survivors add up theirs at once, with what the lost ones had used of
     the current pass (known from the dealing), into ``carried``: the same on every survivor,
-    so that it outlives any of them."""
+    so that it outlives any of them. Counts are also added up at checkpoints; the first
+    ``summed_steps`` steps of the current pass are in ``carried`` then, and only the lost
+    learners' later steps are added at a loss."""
 
     def __init__(self, train_size: int):
         self.counts = np.zeros(train_size, dtype=np.int64)
-        self.carried: np.ndarray | None = None  # the epoch's counts before the last loss
+        self.carried: np.ndarray | None = None  # the epoch's counts added up so far
+        self.summed_steps = 0  # steps of the current pass in ``carried``
         self.closed: list[dict[str, int]] = []
         self._mark: tuple | None = None
 
     def mark(self) -> None:
         """Remember the ledger as it is: :meth:`rollback` returns here."""
-        self._mark = (self.counts, self.carried, len(self.closed), [])
+        self._mark = (self.counts, self.carried, self.summed_steps, len(self.closed), [])
 
     def add(self, indices: np.ndarray) -> None:
         np.add.at(self.counts, indices, 1)
         if self._mark is not None:
-            self._mark[3].append(indices)
+            self._mark[-1].append(indices)
 
     def record(self, indices: np.ndarray, epoch: int, last: bool, comm: Communicator) -> None:
         """The samples of a step of ``epoch``; ``last``: the epoch's last step, where the
@@ -125,33 +128,47 @@ class EpochLedger:
             self.closed.append({"epoch": epoch + 1, "distinct": int(np.count_nonzero(total)),
                                 "used": int(total.sum())})
             self.counts, self.carried = np.zeros_like(self.counts), None  # new arrays: mark()
+            self.summed_steps = 0
+
+    def lost_part(self, shards: ShardedBatches, epoch: int, done_steps: int, rank: int
+                  ) -> np.ndarray:
+        """What the learner of ``rank`` in ``shards`` used of ``epoch``'s pass in its first
+        ``done_steps`` steps and the ledger has not added up yet."""
+        mine = shards.pass_order(epoch)[rank::shards.size]
+        return mine[self.summed_steps * shards.batch_size:done_steps * shards.batch_size]
 
     def carry(self, comm: Communicator, lost_parts: list[np.ndarray]) -> None:
-        """Collective over the survivors of a loss: carry every count of the epoch so far,
-        the lost learners' ``lost_parts`` of the current pass included."""
+        """Collective over the learners after a change of membership: carry every count of
+        the epoch so far, the lost learners' ``lost_parts`` included; the rest of the pass
+        is dealt again, from its step 0."""
         total = self._total(comm)
         for part in lost_parts:
             np.add.at(total, part, 1)
-        self.counts, self.carried = np.zeros_like(self.counts), total
+        self.counts, self.carried, self.summed_steps = np.zeros_like(self.counts), total, 0
 
-    def state_dict(self, comm: Communicator) -> dict[str, Any]:
-        """Collective, at a checkpoint: the closed epochs and the current one's counts over
-        every rank, which every rank carries from here on (a resumed job, of any size,
-        continues the count)."""
+    def state_dict(self, comm: Communicator, done_steps: int) -> dict[str, Any]:
+        """Collective, at a checkpoint after ``done_steps`` steps of the current pass: the
+        closed epochs and the current one's counts over every rank, which every rank
+        carries from here on (a resumed job, of any size, continues the count)."""
         self.counts, self.carried = np.zeros_like(self.counts), self._total(comm)
-        return {"closed": list(self.closed), "carried": torch.from_numpy(self.carried.copy())}
+        self.summed_steps = done_steps
+        return {"closed": list(self.closed), "carried": torch.from_numpy(self.carried.copy()),
+                "summed_steps": done_steps}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any], resized: bool = False) -> None:
+        """``resized``: the job resumed with another number of ranks, which deals the rest
+        of the pass again."""
         self.closed = list(state["closed"])
         self.carried = state["carried"].numpy().astype(np.int64)
         self.counts = np.zeros_like(self.carried)
+        self.summed_steps = 0 if resized else state.get("summed_steps", 0)
 
     def _total(self, comm: Communicator) -> np.ndarray:
         total = comm.allreduce_numbers(self.counts).astype(np.int64)
         return total + self.carried if self.carried is not None else total
 
     def rollback(self) -> None:
-        counts, carried, closed, added = self._mark
+        counts, carried, self.summed_steps, closed, added = self._mark
         for indices in added:
             np.subtract.at(counts, indices, 1)
         self.counts, self.carried = counts, carried
@@ -160,18 +177,28 @@ class EpochLedger:
 
 
 class Membership:
-    """The learners alive, and the step transaction that survives losing some of them."""
+    """The learners alive, the spares waiting (launcher.spares; runner/train/spares.py), and
+    the step transaction that survives losing learners.
+
+    ``everyone`` is a communicator of every process of the job still alive, learners and
+    spares: a loss shrinks it, and the learners' communicator is split from it. Processes
+    keep the number they were launched with (``members``: of each rank of ``everyone``;
+    ``learners``: of each rank of the learners' communicator, in rank order)."""
 
     def __init__(self, trainer: Any, min_learners: int):
         self.trainer = trainer
         self.min_learners = min_learners
-        world = trainer.world
-        self.learners = list(range(world.size))  # learner number of each rank, in rank order
-        self.hosts = trainer.comm.allgather_objects(mpi().Get_processor_name())
+        self.target = trainer.cfg.launcher.nprocs  # learners the job was launched with
+        MPI = mpi()
+        self.everyone = track(MPI.COMM_WORLD.Dup())
+        self.members = list(range(self.everyone.Get_size()))
+        self.learners = list(range(self.target))
+        self.hosts = self.everyone.allgather(MPI.Get_processor_name())
         self.events: list[dict[str, Any]] = []
         self.lost_samples = 0  # what the lost learners had trained on (summary's samples)
         self.snapshot = StepSnapshot(trainer.model, trainer.optimizer)
-        self.chart(world.size)
+        if not trainer.world.spare:
+            self.chart(self.target)
 
     def chart(self, learners: int) -> None:
         """TensorBoard's ``membership/learners``: the learners alive against global samples."""
@@ -181,9 +208,27 @@ class Membership:
 
     @classmethod
     def of(cls, trainer: Any) -> Membership | None:
-        """The membership of an elastic run (collective), None for the others."""
+        """The membership of an elastic run (collective over every process), None for the
+        others. A spare waits in here until it replaces a lost learner or the job ends
+        (:attr:`waiting` stays True then)."""
         launcher = trainer.cfg.launcher
-        return cls(trainer, launcher.min_learners) if launcher.get("elastic") else None
+        if not launcher.get("elastic"):
+            return None
+        membership = cls(trainer, launcher.min_learners)
+        if trainer.world.spare:
+            from .spares import standby
+
+            standby(membership)
+        return membership
+
+    @property
+    def waiting(self) -> bool:
+        """Whether this process is a spare that was never needed (the job has ended)."""
+        return self.trainer.world.spare
+
+    @property
+    def spares(self) -> list[int]:
+        return [n for n in self.members if n not in self.learners]
 
     def attempt(self, step: Callable[[], None]) -> bool:
         """Run one step (and the milestones it reaches) as a transaction: True when it
@@ -205,7 +250,12 @@ class Membership:
             error = ex
             revoke_all()
         if agree(t.comm.mpi_comm, error is None):
-            return True
+            if not self.spares_wanted():
+                return True
+            from .spares import grow  # after a committed step: the job grows back
+
+            grow(self)
+            return False
         extra = self.snapshot.restore()
         for field in dataclasses.fields(state):  # in place: others hold the state object
             setattr(state, field.name, getattr(extra["state"], field.name))
@@ -217,35 +267,66 @@ class Membership:
         self.recover(error)
         return False
 
+    def spares_wanted(self) -> bool:
+        """Whether spares join now (the same answer on every learner): fewer learners than
+        launched, a spare left as far as known, and training going on."""
+        t = self.trainer
+        return (len(self.learners) < self.target and bool(self.spares)
+                and not (t.milestones.done or t.stop_status or t.algo_finished))
+
+    def shrink_everyone(self) -> list[int]:
+        """Collective over every process alive: drop the dead ones from ``everyone`` (and
+        from ``learners``); returns their numbers."""
+        shrunk = shrink(self.everyone)
+        gone = [self.members[r] for r in shrunk.lost]
+        free_quietly(self.everyone)
+        self.everyone = shrunk.comm
+        self.members = [self.members[r] for r in shrunk.survivors]
+        if spares := [n for n in gone if n not in self.learners]:
+            line = (f"adpsgd-run: spare(s) {', '.join(f'{n} ({self.hosts[n]})' for n in spares)}"
+                    f" lost while waiting: {len(self.spares)} spare(s) left")
+            log.warning("%s", line)
+            if self.trainer.world.is_main:
+                print(line, file=self.trainer.progress_stream or sys.stderr, flush=True)
+        return gone
+
+    def split_learners(self) -> Any:
+        """Collective over ``everyone``: the learners' MPI communicator, ranked in the order
+        of ``learners`` (COMM_NULL on a spare)."""
+        MPI = mpi()
+        me = MPI.COMM_WORLD.Get_rank()
+        if me not in self.learners:
+            return self.everyone.Split(MPI.UNDEFINED, 0)
+        return self.everyone.Split(0, self.learners.index(me))
+
     def recover(self, error: BaseException | None) -> None:
         t = self.trainer
-        old_world, old_comm, old_shards = t.world, t.comm, t.shards
-        shrunk = shrink(old_comm.mpi_comm)
-        if not shrunk.lost:  # every rank is alive: the error was not a lost peer
+        old_comm, old_shards = t.comm, t.shards
+        gone = self.shrink_everyone()
+        lost_ranks = [r for r, n in enumerate(self.learners) if n in gone]
+        if not lost_ranks:  # every learner is alive: the error was not a lost learner
             raise error if error is not None else RuntimeError("a step failed on another "
                                                                "rank with every rank alive")
-        lost = [self.learners[r] for r in shrunk.lost]
-        self.learners = [self.learners[r] for r in shrunk.survivors]
-        comm = Communicator(shrunk.comm, "mpi", name="world", timeout_s=old_comm.timeout_s)
-        world, node_mpi = detect_world(shrunk.comm, None)
+        lost = [self.learners[r] for r in lost_ranks]
+        self.learners = [n for n in self.learners if n not in gone]
+        learner_mpi = self.split_learners()
+        comm = Communicator(learner_mpi, "mpi", name="world", timeout_s=old_comm.timeout_s)
+        world, node_mpi = detect_world(learner_mpi, None)
         node_comm = Communicator(node_mpi, "mpi", name="node", timeout_s=old_comm.timeout_s)
         state = t.state
         epoch, done_steps = state.position
         if t.ledger is not None:  # with what the lost learners had used of this pass
-            t.ledger.carry(comm, [old_shards.pass_order(epoch)[r::old_world.size]
-                                  [:done_steps * old_shards.batch_size] for r in shrunk.lost])
-        unread = np.concatenate([old_shards.unread(epoch, done_steps, r)
-                                 for r in range(old_world.size)])
+            t.ledger.carry(comm, [t.ledger.lost_part(old_shards, epoch, done_steps, r)
+                                  for r in lost_ranks])
         survivors_samples = comm.allreduce_numbers([state.local_samples])[0]
         self.lost_samples = int(state.lockstep_samples - survivors_samples)
         for closing in (old_comm, t.ctx.node_comm):
             closing.close()
             free_quietly(closing.mpi_comm)
         t.stop.abandon()
-        rebuild(t, world, comm, node_comm, (epoch, unread))
+        rebuild(t, world, comm, node_comm, (epoch, unread_pass(old_shards, epoch, done_steps)))
         state.position = (epoch, 0)  # the start of the partial pass
-        self.log_loss(lost, state.samples, world)
-        self.chart(world.size)
+        self.announce("lost", lost, world, time.perf_counter() - self.step_started)
         if len(self.learners) < self.min_learners:
             raise UserError(f"only {len(self.learners)} learner(s) remain after losing "
                             f"{self.named(lost)} (launcher.min_learners={self.min_learners})",
@@ -256,23 +337,38 @@ class Membership:
     def named(self, learners: list[int]) -> str:
         return ", ".join(f"learner {n} ({self.hosts[n]})" for n in learners)
 
-    def log_loss(self, lost: list[int], samples: int, world: World) -> None:
-        """One event per lost learner; one line on the console (the new rank 0's)."""
-        # From the start of the step that failed (the kill came during it) to training again.
-        recovered_s = round(time.perf_counter() - self.step_started, 3)
-        for learner in lost:
-            self.events.append({"event": "lost", "learner": learner,
+    def announce(self, event: str, learners: list[int], world: World, seconds: float
+                 ) -> None:
+        """One ``event`` (lost or joined) per learner in summary.json's membership and
+        logs/events.jsonl; one line on the console (rank 0's): a loss from the start of the
+        step that failed (the kill came during it) to training again, a join from the
+        spares' call to training again."""
+        samples = self.trainer.state.samples
+        timing = "recovered_s" if event == "lost" else "joined_s"
+        for learner in learners:
+            self.events.append({"event": event, "learner": learner,
                                 "host": self.hosts[learner], "at_samples": samples,
-                                "learners": world.size, "recovered_s": recovered_s})
-        line = (f"adpsgd-run: {self.named(lost)} lost at {samples:,} samples: "
-                f"{world.size} learner(s) go on ({recovered_s:.1f} s to recover)")
+                                "learners": world.size, timing: round(seconds, 3)})
+        going = "go on" if event == "lost" else "train"
+        line = (f"adpsgd-run: {self.named(learners)} {event} at {samples:,} samples: "
+                f"{world.size} learner(s) {going} ({seconds:.1f} s to "
+                f"{'recover' if event == 'lost' else 'join'})")
         log.warning("%s", line)
         if world.is_main:
             print(line, file=self.trainer.progress_stream or sys.stderr, flush=True)
-            for event in self.events[-len(lost):]:
+            for record in self.events[-len(learners):]:
                 record_event(self.trainer.run_dir, {
-                    **event, "time": round(time.time(), 3),
-                    "cause": f"lost; {world.size} learner(s) go on"})
+                    **record, "time": round(time.time(), 3),
+                    "cause": f"{event}; {world.size} learner(s) {going}"})
+        self.chart(world.size)
+
+    def close(self) -> None:
+        """At the end of a learner's run: the first learner releases the spares still
+        waiting (runner/train/spares.py)."""
+        if self.trainer.world.is_main and self.spares:
+            from .spares import RELEASE, notify
+
+            notify(self, (RELEASE, self.trainer.stop_status))
 
 
 def lost_samples(membership: Membership | None) -> int:
@@ -288,6 +384,12 @@ def elastic_step(membership: Membership | None, step: Callable[..., None], *args
     return membership.attempt(functools.partial(step, *args))
 
 
+def unread_pass(shards: ShardedBatches, epoch: int, done_steps: int) -> np.ndarray:
+    """The samples of ``epoch``'s pass that no rank of ``shards`` has trained on after its
+    first ``done_steps`` steps."""
+    return np.concatenate([shards.unread(epoch, done_steps, r) for r in range(shards.size)])
+
+
 def dealt_again(old: ShardedBatches, world: World,
                 partial: tuple[int, np.ndarray] | None = None) -> ShardedBatches:
     """``old``'s data dealt to the ranks of ``world``; ``partial``: the current epoch and
@@ -299,10 +401,13 @@ def dealt_again(old: ShardedBatches, world: World,
 
 
 def rebuild(t: Any, world: World, comm: Communicator, node_comm: Communicator,
-            partial: tuple[int, np.ndarray]) -> None:
-    """Point trainer ``t`` at the survivors: communicators, data, evaluation, checkpoints,
-    stop agreement, a new algorithm object (which takes over from the old one) and the
-    learning-rate schedule for the new global batch."""
+            partial: tuple[int, np.ndarray], algo_state: dict[str, Any] | None = None,
+            rate: float | None = None) -> None:
+    """Point trainer ``t`` at the learners of ``world``: communicators, data, evaluation,
+    checkpoints, stop agreement, a new algorithm object and the learning-rate schedule for
+    the new global batch. The new algorithm takes over from the old one after a loss, or
+    loads ``algo_state`` (a joining spare: its donor's; the others: their own); the
+    schedule climbs from ``rate`` (default: the old one's rate now)."""
     from ..algos import ALGORITHMS
     from ..checkpoint.preemption import StopAgreement
     from ..runlog.progress import ProgressBar
@@ -331,9 +436,12 @@ def rebuild(t: Any, world: World, comm: Communicator, node_comm: Communicator,
                         ) from None
     t.algo = algorithm.build(t.cfg.algo, t.ctx)
     t.algo.setup(t.model, t.optimizer)
-    t.algo.continue_after_loss(previous)
+    if algo_state is None:
+        t.algo.continue_after_loss(previous)
+    else:
+        t.algo.load_state_dict(algo_state)
     t.paused = t.algo_finished = False  # a new object: not paused, its finish() still to come
-    rate = t.schedule.lr_at(t.state.samples)
+    rate = t.schedule.lr_at(t.state.samples) if rate is None else rate
     t.schedule = LRSchedule(t.cfg.optim, world.size * t.cfg.trainer.batch_size,
                             len(t.train_set), t.cfg.trainer.epochs)
     t.schedule.start_ramp(t.state.samples, rate)

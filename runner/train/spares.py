@@ -1,0 +1,202 @@
+"""Spares of an elastic job (``launcher.spares``): processes started with the job that wait
+until a learner is lost, then take its place, so that the job grows back to
+``launcher.nprocs`` learners.
+
+The ranks from ``launcher.nprocs`` on are spares. Each builds its trainer (recipe, data,
+model, optimizer) alone, then waits for word from the first learner. It takes no part in the
+learners' steps, so waiting costs them nothing; it polls a receive every
+``STANDBY_POLL_S``:
+
+* a loss: the learners revoke ``everyone`` (runner/train/elastic.py), which fails the
+  spare's receive; the spare takes part in the shrink and in the learners' new split, and
+  waits again;
+* ``join``: after a loss, the learners call the spares in at the next step they agree on
+  (:func:`grow`);
+* ``release``: the job has ended; the spare exits as the learners do (status 0, or 75/130
+  after a graceful stop).
+
+Growing back, collective over every process alive, after a committed step:
+
+1. the spares that died meanwhile are dropped (a shrink of ``everyone``);
+2. the first spares fill the places of the lost learners, ranked after the learners;
+3. the first learner sends the job's state to all (counters, milestones, the sample
+   ledger's closed epochs and carried counts, membership, learning rate, and the samples of
+   the current pass nobody has trained on yet); joining spare k receives the model,
+   optimizer and algorithm state of learner k mod the old count, its *donor*;
+4. every learner rebuilds for the new size (elastic.rebuild): the rest of the pass is dealt
+   to all of them, so every sample of the epoch is still used once.
+
+A learner lost while spares join ends the job (one line; ``resume=auto`` continues it).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import numpy as np
+
+from ..comm import Communicator, World
+from ..comm.ulfm import free_quietly
+from ..comm.world import detect_world, mpi
+from ..errors import UserError
+from .elastic import Membership, rebuild, unread_pass
+from .faults import FaultInjector
+from .rng import rank_seed, seed_everything
+
+log = logging.getLogger("adpsgd")
+
+NOTICE_TAG = 7177  # the first learner's word to the spares; a donor's state to its joiner
+JOIN, RELEASE = "join", "release"
+STANDBY_POLL_S = 0.05  # how often a waiting spare looks for word
+
+
+def split_spares(world_mpi: Any, launcher: Any) -> tuple[Any, World | None, Any]:
+    """Collective over MPI_COMM_WORLD: the learners' MPI communicator; on a spare also its
+    World (alone, ``spare=True``) and node communicator. A job without spares: the world's
+    communicator, None, None."""
+    if not (launcher.get("elastic") and launcher.get("spares")):
+        return world_mpi, None, None
+    MPI = mpi()
+    rank = world_mpi.Get_rank()
+    hosts = world_mpi.allgather(MPI.Get_processor_name())
+    spare = rank >= launcher.nprocs
+    learners = world_mpi.Split(MPI.UNDEFINED if spare else 0, rank)
+    if not spare:
+        return learners, None, None
+    same_host = [r for r, host in enumerate(hosts) if host == hosts[rank]]  # its GPU
+    world = World(rank=0, size=1, local_rank=0, local_size=1, node=0, num_nodes=1,
+                  host_rank=same_host.index(rank), host_size=len(same_host), spare=True)
+    return MPI.COMM_SELF.Dup(), world, MPI.COMM_SELF.Dup()
+
+
+def notify(m: Membership, notice: Any) -> None:
+    """The first learner's ``notice`` to every spare (one that died meanwhile is skipped)."""
+    MPI = mpi()
+    for spare in m.spares:
+        try:
+            m.everyone.isend(notice, dest=m.members.index(spare), tag=NOTICE_TAG).wait()
+        except MPI.Exception:
+            log.info("spare %d did not take word (%s): gone", spare, notice)
+
+
+def standby(m: Membership) -> None:
+    """A spare waits (see the module's docstring) until it has joined the learners or the
+    job has ended (its world is still a spare's then)."""
+    me = mpi().COMM_WORLD.Get_rank()
+    log.info("spare %d: waiting to replace a lost learner", me)
+    while m.learners:
+        notice = _word(m)
+        if isinstance(notice, tuple) and notice[0] == RELEASE:
+            # Ends as the learners did (a graceful stop, or completed).
+            m.trainer.stop_status = notice[1]
+            log.info("spare %d: released at the end of the job", me)
+            return
+        if notice == JOIN:
+            if grow(m):
+                return
+            continue
+        # A loss: the learners shrink everyone and split again (elastic.Membership.recover).
+        gone = m.shrink_everyone()
+        m.learners = [n for n in m.learners if n not in gone]
+        m.split_learners()
+    log.info("spare %d: every learner is gone", me)
+
+
+def _word(m: Membership) -> Any:
+    """The first learner's next word; None when ``everyone`` was revoked (a loss)."""
+    MPI = mpi()
+    try:
+        request = m.everyone.irecv(source=m.members.index(m.learners[0]), tag=NOTICE_TAG)
+        while True:
+            done, notice = request.test()
+            if done:
+                return notice
+            time.sleep(STANDBY_POLL_S)
+    except MPI.Exception:  # revoked by the learners, or the first learner died
+        return None
+
+
+def grow(m: Membership) -> bool:
+    """Collective over every process alive: spares replace the lost learners (see the
+    module's docstring). True on every process that is a learner afterwards."""
+    t = m.trainer
+    started = time.perf_counter()
+    me = mpi().COMM_WORLD.Get_rank()
+    joining = me not in m.learners
+    if not joining and t.world.is_main:
+        notify(m, JOIN)
+    gone = m.shrink_everyone()  # spares that died while they waited
+    if lost := [n for n in gone if n in m.learners]:
+        raise UserError(f"{m.named(lost)} lost while spares joined the job",
+                        "continue with resume=auto")
+    before = list(m.learners)
+    joiners = m.spares[:m.target - len(before)]
+    m.learners = before + joiners
+    learner_mpi = m.split_learners()
+    if me not in m.learners:
+        return False
+    timeout_s = t.cfg.comm.timeout_s
+    comm = Communicator(learner_mpi, "mpi", name="world", timeout_s=timeout_s)
+    world, node_mpi = detect_world(learner_mpi, None)
+    node_comm = Communicator(node_mpi, "mpi", name="node", timeout_s=timeout_s)
+    job = learner_mpi.bcast(job_state(m) if world.is_main else None, root=0)
+    if joining:
+        donated = learner_mpi.recv(source=(world.rank - len(before)) % len(before),
+                                   tag=NOTICE_TAG)
+        take_job_state(m, job, donated, me)
+        algo_state = donated["algo"]
+    else:
+        algo_state = t.algo.state_dict()  # the reduction in flight completes (dasgd)
+        for k in range(world.rank, len(joiners), len(before)):
+            learner_mpi.send({"model": t.model.state_dict(), "algo": algo_state,
+                              "optimizer": t.optimizer.state_dict()},
+                             dest=len(before) + k, tag=NOTICE_TAG)
+    for closing in (t.comm, t.ctx.node_comm):
+        closing.close()
+        free_quietly(closing.mpi_comm)
+    t.stop.close()
+    if t.ledger is not None:  # every count so far, carried by all: a learner lost later
+        t.ledger.carry(comm, [])  # takes only its part of the rest of the pass with it
+    epoch = job["partial"][0]
+    rebuild(t, world, comm, node_comm, job["partial"], algo_state, job["lr"])
+    t.state.position = (epoch, 0)  # the start of the rest of the pass
+    m.announce("joined", joiners, world, time.perf_counter() - started)
+    return True
+
+
+def job_state(m: Membership) -> dict[str, Any]:
+    """What a joining spare needs of the job, as the first learner has it."""
+    t = m.trainer
+    epoch, done_steps = t.state.position
+    ledger = t.ledger
+    return {"state": {**t.state.state_dict(),
+                      "elapsed_s": time.perf_counter() - t.start_time},
+            "milestones": t.milestones, "lr": t.schedule.lr_at(t.state.samples),
+            "ledger": None if ledger is None else {"closed": ledger.closed,
+                                                   "carried": ledger.carried},
+            "events": m.events, "lost_samples": m.lost_samples,
+            "partial": (epoch, unread_pass(t.shards, epoch, done_steps))}
+
+
+def take_job_state(m: Membership, job: dict[str, Any], donated: dict[str, Any],
+                   me: int) -> None:
+    """A joining spare takes the job's counters and its donor's model and optimizer."""
+    t = m.trainer
+    state = t.state
+    state.load_state_dict(job["state"])
+    state.local_samples, state.loss_sum, state.loss_steps = 0, 0.0, 0  # its own from here
+    t.milestones, t.stop_status = job["milestones"], None  # in the launched job's samples
+    if t.ledger is not None and job["ledger"] is not None:
+        t.ledger.closed = list(job["ledger"]["closed"])
+        t.ledger.carried = job["ledger"]["carried"]
+        t.ledger.counts = np.zeros_like(t.ledger.counts)
+    m.events, m.lost_samples = list(job["events"]), job["lost_samples"]
+    t.model.load_state_dict(donated["model"])
+    t.optimizer.load_state_dict(donated["optimizer"])
+    t.start_time = time.perf_counter() - state.elapsed_before
+    t._last_log = (time.perf_counter(), state.samples)
+    # Its own faults and random streams, by the number it was launched with.
+    t.faults = FaultInjector(t.cfg.faults, me, t.cfg.seed)
+    seed_everything(rank_seed(t.cfg.seed, me, state.samples))
