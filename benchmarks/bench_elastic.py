@@ -9,7 +9,10 @@ For each algorithm, three jobs of the digit images on 4 ranks, started the same 
 * ``killed``: launcher.elastic=true, one learner kill -9'd from outside once a third of the
   sample budget is done; measured: seconds from the kill to training again (the survivors'
   event record, written when they train on), samples/s before the kill and after it (from
-  the evaluations' rows), the held-out metric, and that every epoch used each sample once::
+  the evaluations' rows), the held-out metric, and that every epoch used each sample once;
+* ``rejoined``: the same kill with ``launcher.spares=1``: seconds from the kill to training
+  on 4 learners again (the join's event record), what the join itself took, samples/s after
+  it, the held-out metric against the spread of uninterrupted elastic runs (``--seeds``)::
 
     python benchmarks/bench_elastic.py --json docs/results/elastic.json
     python benchmarks/bench_elastic.py --algos ssgd dpsgd --epochs 12
@@ -39,11 +42,12 @@ from benchmarks import harness as bench  # noqa: E402
 NAME = "elastic"
 BIN = Path(sys.executable).parent
 NPROCS, VICTIM = 4, 2
-FULL = {"algos": ["ssgd", "dpsgd", "local_sgd", "dasgd"], "epochs": 12}
-QUICK = {"algos": ["ssgd"], "epochs": 2}
+FULL = {"algos": ["ssgd", "dpsgd", "local_sgd", "dasgd"], "epochs": 12, "seeds": [1, 2, 3, 4]}
+QUICK = {"algos": ["ssgd"], "epochs": 2, "seeds": []}
 MD_HEADER = ("| date | algorithm | ranks | plain samples/s (MPICH / Open MPI) | elastic "
              "samples/s | kill to training | samples/s before / after | top-1 plain / killed "
-             "| every sample once |\n" + "|---" * 9 + "|\n")
+             "| spare: kill to 4 learners (join) | samples/s after the join | top-1 rejoined "
+             "| top-1 uninterrupted (seeds) | every sample once |\n" + "|---" * 13 + "|\n")
 
 
 def start(run_dir: Path, algo: str, epochs: int, elastic: bool, *extra: str
@@ -83,8 +87,8 @@ def rate(rows: list[dict]) -> float | None:
     return (rows[-1]["samples"] - rows[0]["samples"]) / (rows[-1]["train_s"] - rows[0]["train_s"])
 
 
-def killed_run(run_dir: Path, algo: str, epochs: int, timeout_s: float) -> dict:
-    job = start(run_dir, algo, epochs, elastic=True)
+def killed_run(run_dir: Path, algo: str, epochs: int, timeout_s: float, *extra: str) -> dict:
+    job = start(run_dir, algo, epochs, True, *extra)
     budget = epochs * 1438  # the digits' training set
     deadline = time.monotonic() + timeout_s
     metrics = run_dir / "metrics.jsonl"
@@ -98,13 +102,23 @@ def killed_run(run_dir: Path, algo: str, epochs: int, timeout_s: float) -> dict:
     os.kill(pid, signal.SIGKILL)
     killed_at = time.time()
     summary = wait(job, run_dir, timeout_s)
-    events = [e for e in map(json.loads, (run_dir / "logs" / "events.jsonl").read_text()
-                             .splitlines()) if e["event"] == "lost"]
+    events = list(map(json.loads, (run_dir / "logs" / "events.jsonl").read_text().splitlines()))
+    lost = [e for e in events if e["event"] == "lost"]
+    joined = [e for e in events if e["event"] == "joined"]
     rows = rows_of(run_dir)
-    return {"summary": summary, "kill_to_training_s": round(events[0]["time"] - killed_at, 3),
-            "recovered_s": summary["membership"][0]["recovered_s"],
-            "samples_per_s_before": rate(rows[:killed_rows]),
-            "samples_per_s_after": rate(rows[killed_rows:])}
+    measured = {"summary": summary, "kill_to_training_s": round(lost[0]["time"] - killed_at, 3),
+                "recovered_s": summary["membership"][0]["recovered_s"],
+                "samples_per_s_before": rate(rows[:killed_rows]),
+                "samples_per_s_after": rate(rows[killed_rows:])}
+    if joined:
+        measured.update(kill_to_joined_s=round(joined[0]["time"] - killed_at, 3),
+                        joined_s=[m["joined_s"] for m in summary["membership"]
+                                  if m["event"] == "joined"][0])
+    return measured
+
+
+def every_sample_once(summary: dict) -> bool:
+    return all(e["distinct"] == e["used"] == 1438 for e in summary["epoch_samples"])
 
 
 def measure(args: argparse.Namespace) -> dict:
@@ -119,20 +133,32 @@ def measure(args: argparse.Namespace) -> dict:
                         root / "plain-openmpi", args.timeout)
         elastic = wait(start(root / "elastic", algo, args.epochs, True), root / "elastic",
                        args.timeout)
+        uninterrupted = {0: elastic["top1"]}  # the elastic runs' top-1 by seed
+        for seed in args.seeds:
+            uninterrupted[seed] = wait(start(root / f"elastic-seed{seed}", algo, args.epochs,
+                                             True, f"seed={seed}"),
+                                       root / f"elastic-seed{seed}", args.timeout)["top1"]
         killed = killed_run(root / "killed", algo, args.epochs, args.timeout)
         summary = killed.pop("summary")
-        once = all(e["distinct"] == e["used"] == 1438 for e in summary["epoch_samples"])
+        rejoined = killed_run(root / "rejoined", algo, args.epochs, args.timeout,
+                              "launcher.spares=1")
+        rejoined_summary = rejoined.pop("summary")
         case = {"algo": algo, "nprocs": NPROCS, "epochs": args.epochs,
                 "plain_samples_per_s": plain["samples_per_s"],
                 "plain_openmpi_samples_per_s": open_mpi["samples_per_s"],
                 "elastic_samples_per_s": elastic["samples_per_s"],
                 "plain_top1": plain["top1"], "elastic_top1": elastic["top1"],
                 "killed_top1": summary["top1"], "killed_learner": VICTIM,
-                "every_sample_once": once, **killed}
+                "every_sample_once": every_sample_once(summary)
+                and every_sample_once(rejoined_summary), **killed,
+                "rejoined": {**rejoined, "top1": rejoined_summary["top1"],
+                             "learners_at_end": rejoined_summary["learners_at_end"]},
+                "uninterrupted_top1": uninterrupted}
         cases.append(case)
-        print(f"{algo}: kill to training {case['kill_to_training_s']:.2f} s, top-1 "
-              f"{case['plain_top1']:.2f} -> {case['killed_top1']:.2f}", file=sys.stderr,
-              flush=True)
+        print(f"{algo}: kill to training {case['kill_to_training_s']:.2f} s, to 4 learners "
+              f"{rejoined['kill_to_joined_s']:.2f} s; top-1 {case['plain_top1']:.2f} -> "
+              f"{case['killed_top1']:.2f}, rejoined {rejoined_summary['top1']:.2f}",
+              file=sys.stderr, flush=True)
     return record.finish({"cases": cases, "run_dirs": str(args.runs)})
 
 
@@ -145,7 +171,12 @@ def markdown_rows(r: dict) -> list[str]:
             f"{number(c['elastic_samples_per_s'])} | "
             f"{c['kill_to_training_s']:.2f} s | {number(c['samples_per_s_before'])} / "
             f"{number(c['samples_per_s_after'])} | {c['plain_top1']:.2f} / "
-            f"{c['killed_top1']:.2f} | {'yes' if c['every_sample_once'] else 'NO'} |"
+            f"{c['killed_top1']:.2f} | {c['rejoined']['kill_to_joined_s']:.2f} s "
+            f"({c['rejoined']['joined_s']:.2f} s) | "
+            f"{number(c['rejoined']['samples_per_s_after'])} | {c['rejoined']['top1']:.2f} | "
+            f"{min(c['uninterrupted_top1'].values()):.2f}-"
+            f"{max(c['uninterrupted_top1'].values()):.2f} ({len(c['uninterrupted_top1'])}) | "
+            f"{'yes' if c['every_sample_once'] else 'NO'} |"
             for c in r["cases"]]
 
 
@@ -155,6 +186,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--algos", nargs="+", choices=FULL["algos"],
                         help=f"default: {' '.join(FULL['algos'])}; --quick: ssgd")
     parser.add_argument("--epochs", type=int, help="default: 12; --quick: 2")
+    parser.add_argument("--seeds", type=int, nargs="*", help="more uninterrupted elastic runs "
+                        "for the spread of top-1, beside seed 0's; default: 1 2 3 4; "
+                        "--quick: none")
     args = parser.parse_args(argv)
     bench.fill_defaults(args, argv, QUICK, FULL)
     return args

@@ -171,7 +171,8 @@ def test_simulator_speed(tmp_path):
 @pytest.mark.mpi
 def test_elastic(tmp_path):
     """--quick: ssgd on 4 ranks plain, elastic, and elastic with learner 2 killed a third of
-    the way; the kill's cost is measured and every epoch used each sample once."""
+    the way, without and with a spare; the kill's and the join's cost are measured and every
+    epoch used each sample once."""
     r, rows = run_quick(tmp_path, "bench_elastic", "--runs", str(tmp_path / "runs"))
     (case,) = r["cases"]
     assert (case["algo"], case["nprocs"], case["killed_learner"]) == ("ssgd", 4, 2)
@@ -180,5 +181,10 @@ def test_elastic(tmp_path):
     assert positive(case["kill_to_training_s"]) and positive(case["recovered_s"])
     assert positive(case["samples_per_s_before"]) and positive(case["samples_per_s_after"])
     assert case["every_sample_once"] is True and case["killed_top1"] > 50
+    rejoined = case["rejoined"]  # the same kill with a spare, which joins
+    assert rejoined["learners_at_end"] == 4 and rejoined["top1"] > 50
+    assert positive(rejoined["joined_s"])
+    assert rejoined["kill_to_joined_s"] > rejoined["joined_s"]
+    assert list(case["uninterrupted_top1"]) == ["0"]  # --quick: seed 0's only
     cells = [c.strip() for c in rows[0].strip("|").split("|")]
     assert cells[1:3] == ["ssgd", "4"] and cells[-1] == "yes"

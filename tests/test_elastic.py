@@ -45,6 +45,12 @@ TRAIN_SIZE = 1438  # the digits' training set (recipe.heldout_fraction=0.2)
     (["algo=ssgd", "launcher.elastic=true", f"launcher.mpiexec={BIN / 'mpiexec'}"],
      "an elastic run needs an MPI with ULFM (Open MPI 5)", "make install"),
     (["algo=ssgd", "launcher.elastc=true"], "unknown key 'launcher.elastc'", "launcher.elastic"),
+    (["algo=ssgd", "launcher.spares=1"], "launcher.spares: spares replace the learners an "
+     "elastic job loses; this job is not elastic", "launcher.elastic=true"),
+    (["algo=ssgd", "launcher.elastic=true", "launcher.spares=-1"],
+     "launcher.spares: must be >= 0, got -1", "launcher.spares=1"),
+    (["algo=ssgd", "launcher.elastic=true", "launcher.spare=1"], "unknown key "
+     "'launcher.spare'", "launcher.spares"),
 ])
 def test_elastic_settings_that_cannot_work_end_with_one_line(capsys, args, cause, fix):
     with pytest.raises(SystemExit) as exit_info:
@@ -305,3 +311,112 @@ def test_a_learner_killed_during_the_final_evaluation_is_undone_and_the_run_comp
     assert [(r["epoch"], r["split"]) for r in history] == [
         (1.0, "eval"), (1.0, "eval_rank0"), (2.0, "eval"), (2.0, "eval_rank0")], history
     assert_every_sample_once(summary)
+
+
+# ---- spares (launcher.spares): the job grows back ----------------------------------------
+
+def exit_statuses(run_dir: Path, ranks: list[int]) -> list[int]:
+    return [json.loads((run_dir / "logs" / f"rank{r}.exit").read_text())["status"]
+            for r in ranks]
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_a_spare_replaces_a_killed_learner_and_the_job_ends_on_4_within_the_spread(tmp_path):
+    """The README's command: learner 2 dies at step 10, the job trains on 3, the spare
+    joins with a learner's state, and the job ends on 4 learners; its held-out top-1 is
+    within the spread of uninterrupted runs (seeds 1-3)."""
+    uninterrupted = []
+    for seed in (1, 2, 3):
+        run_cli([*DIGITS, "algo=dpsgd", f"seed={seed}", f"hydra.run.dir={tmp_path / str(seed)}"],
+                cwd=tmp_path, timeout=240)
+        uninterrupted.append(read_run(tmp_path / str(seed))[1]["top1"])
+    run_dir = tmp_path / "rejoined"
+    proc = run_cli([*DIGITS, "algo=dpsgd", "seed=1", "launcher.spares=1",
+                    "faults.sigkill.ranks=[2]", "faults.sigkill.step=10",
+                    f"hydra.run.dir={run_dir}"], cwd=tmp_path, timeout=240)
+    host = os.uname().nodename
+    assert "with 4 rank(s) and 1 spare(s)" in proc.stdout
+    lines = [line for line in proc.stderr.splitlines() if " at " in line and "learner" in line]
+    assert lines[0].startswith(f"adpsgd-run: learner 2 ({host}) lost at 1,152 samples: 3 "), lines
+    assert lines[1].startswith(f"adpsgd-run: learner 4 ({host}) joined at 1,248 samples: 4 "
+                               "learner(s) train"), lines
+    assert "4 ranks (1 lost, 1 joined, 4 at the end)" in proc.stdout
+    history, summary = read_run(run_dir)
+    assert summary["status"] == "completed" and summary["learners_at_end"] == 4
+    assert [(m["event"], m["learner"], m["learners"]) for m in summary["membership"]] == [
+        ("lost", 2, 3), ("joined", 4, 4)]
+    assert_every_sample_once(summary)
+    assert [count for _, count in learners_alive(run_dir)] == [4, 3, 4]
+    assert exit_statuses(run_dir, [0, 1, 3, 4]) == [0] * 4  # the spare too; 2 was killed
+    low, high = min(uninterrupted), max(uninterrupted)
+    margin = max(2.0, high - low)
+    print(f"top-1 rejoined {summary['top1']:.2f}, uninterrupted {uninterrupted}")
+    assert low - margin <= summary["top1"] <= high + margin, (summary["top1"], uninterrupted)
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_a_joined_learner_can_be_lost_too_and_every_sample_is_used_once(tmp_path):
+    """Learner 2 dies at step 5, the spare joins; learner 1 is killed from outside right
+    after the join: the job ends on 3 with each sample of each epoch used once."""
+    run_dir = tmp_path / "run"
+    proc = start(run_dir, "algo=ssgd", "launcher.spares=1", "faults.sigkill.ranks=[2]",
+                 "faults.sigkill.step=5", "faults.delay_s=0.05")
+    deadline = time.monotonic() + 120
+    events = run_dir / "logs" / "events.jsonl"
+    while not (events.exists() and '"joined"' in events.read_text()):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.02)
+    os.kill(int((run_dir / "logs" / "rank1.pid").read_text().split()[0]), signal.SIGKILL)
+    _, err = proc.communicate(timeout=240)
+    assert proc.returncode == 0, err[-3000:]
+    _, summary = read_run(run_dir)
+    assert [(m["event"], m["learner"]) for m in summary["membership"]] == [
+        ("lost", 2), ("joined", 4), ("lost", 1)]
+    assert summary["learners_at_end"] == 3 and summary["replicas_identical"]
+    assert_every_sample_once(summary)
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_a_spare_killed_while_waiting_is_named_and_the_job_goes_on(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = start(run_dir, "algo=dpsgd", "launcher.spares=1", "faults.sigkill.ranks=[2]",
+                 "faults.sigkill.step=20", "faults.delay_s=0.05")
+    log = run_dir / "logs" / "rank4.log"
+    deadline = time.monotonic() + 120
+    while not (log.exists() and "waiting to replace" in log.read_text()):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.02)
+    os.kill(int((run_dir / "logs" / "rank4.pid").read_text().split()[0]), signal.SIGKILL)
+    _, err = proc.communicate(timeout=240)
+    assert proc.returncode == 0, err[-3000:]
+    host = os.uname().nodename
+    assert f"adpsgd-run: spare(s) 4 ({host}) lost while waiting: 0 spare(s) left" in err
+    _, summary = read_run(run_dir)
+    assert [(m["event"], m["learner"]) for m in summary["membership"]] == [("lost", 2)]
+    assert summary["learners_at_end"] == 3
+    assert_every_sample_once(summary)
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_ctrl_c_stops_learners_and_spares_alike(tmp_path):
+    """Every process, the spare waiting included, ends with the stopped status (130), so
+    the job counts as stopped gracefully, with its checkpoint."""
+    run_dir = tmp_path / "run"
+    proc = start(run_dir, "algo=ssgd", "launcher.spares=1", "trainer.epochs=6",
+                 "faults.delay_s=0.1")
+    log = run_dir / "logs" / "rank4.log"
+    deadline = time.monotonic() + 120
+    while not (log.exists() and "waiting to replace" in log.read_text()):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.02)
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=240)
+    assert proc.returncode == 130, err[-3000:]
+    assert exit_statuses(run_dir, list(range(5))) == [130] * 5
+    assert "stopped by Ctrl-C after checkpointing" in err.splitlines()[-1], err[-2000:]
+    assert "without a rank reporting" not in err

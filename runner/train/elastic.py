@@ -343,6 +343,8 @@ class Membership:
         logs/events.jsonl; one line on the console (rank 0's): a loss from the start of the
         step that failed (the kill came during it) to training again, a join from the
         spares' call to training again."""
+        if not learners:
+            return
         samples = self.trainer.state.samples
         timing = "recovered_s" if event == "lost" else "joined_s"
         for learner in learners:

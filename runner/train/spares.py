@@ -36,6 +36,7 @@ import time
 from typing import Any
 
 import numpy as np
+import torch
 
 from ..comm import Communicator, World
 from ..comm.ulfm import free_quietly
@@ -133,6 +134,8 @@ def grow(m: Membership) -> bool:
                         "continue with resume=auto")
     before = list(m.learners)
     joiners = m.spares[:m.target - len(before)]
+    if not joiners:  # every spare died while it waited: only learners are left
+        return not joining
     m.learners = before + joiners
     learner_mpi = m.split_learners()
     if me not in m.learners:
@@ -150,8 +153,8 @@ def grow(m: Membership) -> bool:
     else:
         algo_state = t.algo.state_dict()  # the reduction in flight completes (dasgd)
         for k in range(world.rank, len(joiners), len(before)):
-            learner_mpi.send({"model": t.model.state_dict(), "algo": algo_state,
-                              "optimizer": t.optimizer.state_dict()},
+            learner_mpi.send(on_cpu({"model": t.model.state_dict(), "algo": algo_state,
+                                     "optimizer": t.optimizer.state_dict()}),
                              dest=len(before) + k, tag=NOTICE_TAG)
     for closing in (t.comm, t.ctx.node_comm):
         closing.close()
@@ -164,6 +167,18 @@ def grow(m: Membership) -> bool:
     t.state.position = (epoch, 0)  # the start of the rest of the pass
     m.announce("joined", joiners, world, time.perf_counter() - started)
     return True
+
+
+def on_cpu(state: Any) -> Any:
+    """``state`` with its tensors copied to host memory: what a joiner receives is loaded
+    into its own device's tensors."""
+    if isinstance(state, torch.Tensor):
+        return state.detach().cpu()
+    if isinstance(state, dict):
+        return {key: on_cpu(value) for key, value in state.items()}
+    if isinstance(state, (list, tuple)):
+        return type(state)(on_cpu(value) for value in state)
+    return state
 
 
 def job_state(m: Membership) -> dict[str, Any]:
