@@ -215,6 +215,51 @@ def test_a_host_whose_link_is_cut_is_named(lab_overrides, tmp_path):
                      r"for \d+ s .*its network link is down", err), err
 
 
+def test_an_elastic_job_goes_on_without_a_learner_killed_on_another_host(lab_overrides,
+                                                                         tmp_path):
+    """Learners 0-1 on lab1, 2-3 on lab2, the spare on lab3 (Open MPI 5 with ULFM through
+    the lab's ssh): learner 3 is killed on lab2; the others go on, the spare joins from
+    lab3, and the job ends on 4 learners with every sample used once."""
+    run_dir = tmp_path / "run"
+    proc = start(["recipe=digit_images", "algo=dpsgd", "launcher.nprocs=4",
+                  "launcher.elastic=true", "launcher.spares=1", "trainer.epochs=3",
+                  "trainer.progress=false", "faults.delay_s=0.05", *lab_overrides,
+                  f"hydra.run.dir={run_dir}"], tmp_path)
+    wait_for_an_evaluation(run_dir, proc)
+    pid, host = (run_dir / "logs" / "rank3.pid").read_text().split()[:2]
+    assert host == "lab2"
+    lab("ssh", "lab2", f"kill -9 {pid}")
+    _, err = proc.communicate(timeout=240)
+    assert proc.returncode == 0, err[-3000:]
+    assert re.search(r"adpsgd-run: learner 3 \(lab2\) lost at [\d,]+ samples: 3 learner", err)
+    assert re.search(r"adpsgd-run: learner 4 \(lab3\) joined at [\d,]+ samples: 4 learner", err)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert [(m["event"], m["learner"], m["host"]) for m in summary["membership"]] == [
+        ("lost", 3, "lab2"), ("joined", 4, "lab3")]
+    assert summary["learners_at_end"] == 4
+    assert all(e["distinct"] == e["used"] == 1438 for e in summary["epoch_samples"])
+
+
+def test_an_elastic_job_whose_host_link_is_cut_ends_naming_the_host(lab_overrides, tmp_path):
+    """Open MPI's ULFM does not report peers behind a cut link as failed (not with its
+    heartbeat detector either): the job does not hang, it ends through the launcher's
+    heartbeats naming the host, and resume=auto continues it."""
+    run_dir = tmp_path / "run"
+    proc = start(["recipe=digit_images", "algo=ssgd", "launcher.nprocs=4",
+                  "launcher.elastic=true", "trainer.epochs=400", "trainer.progress=false",
+                  "launcher.stall_timeout_s=10", *lab_overrides, f"hydra.run.dir={run_dir}"],
+                 tmp_path)
+    try:
+        wait_for_an_evaluation(run_dir, proc)
+        lab("link", "lab2", "down")
+        _, err = proc.communicate(timeout=120)
+    finally:
+        lab("link", "lab2", "up")
+    assert proc.returncode == 137, err
+    assert re.search(r"adpsgd-run: rank [23] on host lab2 .* stopped responding: no heartbeat "
+                     r"for \d+ s .*its network link is down.*resume=auto", err), err
+
+
 def test_ctrl_c_across_hosts_checkpoints_and_the_run_resumes(lab_overrides, tmp_path):
     run_dir = tmp_path / "run"
     common = ["recipe=digit_images", "algo=ssgd", "launcher.nprocs=2",

@@ -47,7 +47,13 @@ from .base import Launcher, LauncherConfig
 from .hosts import hostfile_args, mpi_flavor, remote_shell_path, unanswered_host
 from .registry import LAUNCHERS
 from .restarts import JobFailure, Restarts, reported_failure
-from .ulfm_mpi import find_ulfm_mpiexec, has_ulfm, open_mpi_args, ulfm_environment
+from .ulfm_mpi import (
+    find_ulfm_mpiexec,
+    has_ulfm,
+    open_mpi_args,
+    open_mpi_remote_args,
+    ulfm_environment,
+)
 from .watchdog import (
     HEARTBEAT_TO,
     LAUNCHER_HOST,
@@ -67,6 +73,11 @@ from .watchdog import (
 POLL_S = 0.25  # how often the watchdog looks at the ranks
 # After the watchdog sees a rank die, mpiexec gets this long to end the job by itself.
 MPIEXEC_GRACE_S = 3.0
+# What a rank needs from the launcher's environment, which Open MPI passes to ranks on other
+# hosts only when named (see environment() and run_job()).
+RANK_ENVIRONMENT = ["PATH", "LD_LIBRARY_PATH", "MPI4PY_LIBMPI", "PYTHONUNBUFFERED",
+                    "OMP_NUM_THREADS", CONSOLE_IS_TERMINAL, LAUNCHER_PID, LAUNCHER_HOST,
+                    HEARTBEAT_TO]
 # Hydra's report of a rank that ended badly (MPICH's mpiexec, on its stdout).
 BANNER_PID = re.compile(r"^=\s+PID (\d+) RUNNING AT")
 BANNER_CODE = re.compile(r"^=\s+EXIT CODE: (\d+)")
@@ -95,9 +106,6 @@ class LocalConfig(LauncherConfig):
     def check(self, prefix, cfg):
         super().check(prefix, cfg)
         if self.elastic:
-            require(not self.hostfile, f"{prefix}.hostfile", "elastic runs start on this "
-                    "machine only, so far", f"{prefix}.hostfile=null (or {prefix}.elastic="
-                    "false)")
             require(cfg.comm.backend in ("auto", "mpi"), "comm.backend", "an elastic run "
                     f"moves tensors over MPI, whose communicators shrink; {cfg.comm.backend}'s "
                     "groups cannot", "comm.backend=auto")
@@ -379,16 +387,17 @@ class LocalLauncher(Launcher):
                         ) -> list[str]:
         """``mpiexec -n N [hosts] python PROGRAM...`` as this launcher places ranks (the
         benchmarks' jobs too, benchmarks/harness.py)."""
-        if self.cfg.elastic:
-            return [find_ulfm_mpiexec(self.cfg.mpiexec), "-n", str(self.processes),
-                    *open_mpi_args(True), *self.cfg.mpiexec_args, sys.executable, *program]
-        mpiexec = find_mpiexec(self.cfg.mpiexec)
-        if has_ulfm(mpiexec) and not self.cfg.hostfile:  # Open MPI 5, e.g. .venv/ulfm's
-            return [mpiexec, "-n", str(self.processes), *open_mpi_args(False),
-                    *self.cfg.mpiexec_args, sys.executable, *program]
+        mpiexec = (find_ulfm_mpiexec(self.cfg.mpiexec) if self.cfg.elastic else
+                   find_mpiexec(self.cfg.mpiexec))
         hosts = (hostfile_args(mpiexec, self.cfg.hostfile,
                                remote_shell_path(self.cfg.remote_shell, "launcher.remote_shell"),
                                self.cfg.procs_per_node) if self.cfg.hostfile else [])
+        if has_ulfm(mpiexec):  # Open MPI 5, e.g. .venv/ulfm's (every elastic job)
+            if self.cfg.hostfile:
+                hosts += open_mpi_remote_args(mpiexec, [*RANK_ENVIRONMENT, *(
+                    name for name in ("PYTHONPATH",) if name in os.environ)])
+            return [mpiexec, "-n", str(self.processes), *open_mpi_args(self.cfg.elastic),
+                    *hosts, *self.cfg.mpiexec_args, sys.executable, *program]
         cleanup = self.cleanup_args(mpiexec) if cleanup_by_watchdog else []
         if self.cfg.hostfile and mpi_flavor(mpiexec) == "hydra":
             # How each rank on another host ended: the watchdog sees no pid there.

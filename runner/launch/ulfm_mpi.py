@@ -60,3 +60,11 @@ def open_mpi_args(elastic: bool) -> list[str]:
     if os.geteuid() == 0:
         args.append("--allow-run-as-root")
     return args
+
+
+def open_mpi_remote_args(mpiexec: str, names: list[str]) -> list[str]:
+    """What Open MPI 5's mpiexec needs to start ranks on other hosts: its prefix there (the
+    same path: its daemons and libraries), and the environment variables ``names`` passed
+    on (it passes none of its own environment to remote ranks; MPICH's passes all)."""
+    prefix = Path(mpiexec).resolve().parent.parent
+    return ["--prefix", str(prefix), *(arg for name in names for arg in ("-x", name))]

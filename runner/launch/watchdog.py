@@ -236,6 +236,14 @@ def exit_record(run_dir: str | Path, rank: int) -> dict | None:
         else None
 
 
+def lost_learners(run_dir: Path) -> set[int]:
+    """The learners an elastic job has gone on without (logs/events.jsonl): silence from
+    them is expected."""
+    from ..runlog.events import read_events
+
+    return {e["learner"] for e in read_events(run_dir) if e.get("event") == "lost"}
+
+
 def exit_status(run_dir: str | Path, rank: int) -> int | None:
     record = exit_record(run_dir, rank)
     return record["status"] if record else None
@@ -467,9 +475,11 @@ class RankWatchdog:
             if silent is not None and silent > timeout_s \
                     and exit_status(self.run_dir, rank) is None and process_alive(pid):
                 stalled.append(StalledRank(rank, pid, silent))
+        lost = lost_learners(self.run_dir)  # an elastic job went on without them
         for rank in self.remote_ranks():
             heard = self.listener.last(rank) if self.listener else None
-            if heard and now - heard[0] > timeout_s and exit_status(self.run_dir, rank) is None:
+            if heard and now - heard[0] > timeout_s and exit_status(self.run_dir, rank) is None \
+                    and rank not in lost:
                 stalled.append(StalledRank(rank, heard[2], now - heard[0], heard[1]))
         return max(stalled, key=lambda s: s.silent_s, default=None)
 
