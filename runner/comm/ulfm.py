@@ -89,7 +89,7 @@ def shrink(mpi_comm) -> Shrunk:
     survivors = MPI.Group.Translate_ranks(new.Get_group(), list(range(new.Get_size())),
                                           mpi_comm.Get_group())
     lost = sorted(set(range(mpi_comm.Get_size())) - set(survivors))
-    LOST_PEERS = lost_before or bool(lost)  # a shrink that only drops nobody is harmless
+    LOST_PEERS = lost_before or bool(lost)  # after a shrink that lost nobody, Finalize is safe
     track(new)
     return Shrunk(new, list(survivors), lost)
 

@@ -123,7 +123,8 @@ class LocalConfig(LauncherConfig):
         require(self.nprocs > 1, f"{prefix}.nprocs", "a hostfile needs at least 2 ranks "
                 "(launcher.nprocs=1 runs the rank inside adpsgd-run)", f"{prefix}.nprocs=2")
         hosts = read_hostfile(self.hostfile, f"{prefix}.hostfile")
-        used = ranks_per_host(hosts, self.nprocs, self.procs_per_node, f"{prefix}.hostfile")
+        used = ranks_per_host(hosts, self.nprocs + self.spares, self.procs_per_node,
+                              f"{prefix}.hostfile")
         shell = remote_shell_path(self.remote_shell, f"{prefix}.remote_shell")
         hostfile_args(find_mpiexec(self.mpiexec), self.hostfile, shell, self.procs_per_node,
                       f"{prefix}.hostfile")
