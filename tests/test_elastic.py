@@ -163,6 +163,19 @@ def start(run_dir: Path, *args: str) -> subprocess.Popen:
                             stderr=subprocess.PIPE, text=True)
 
 
+def wait_for_text(proc: subprocess.Popen, path: Path, text: str) -> None:
+    """Until ``path`` holds ``text`` (the job must not end first)."""
+    deadline = time.monotonic() + 120
+    while not (path.exists() and text in path.read_text()):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.02)
+
+
+def kill_rank(run_dir: Path, rank: int) -> None:
+    """kill -9 of a rank from outside (its pid file)."""
+    os.kill(int((run_dir / "logs" / f"rank{rank}.pid").read_text().split()[0]), signal.SIGKILL)
+
+
 def losses(run_dir: Path) -> list[dict]:
     path = run_dir / "logs" / "events.jsonl"
     if not path.exists():
@@ -179,8 +192,7 @@ def kill_learner_after_first_loss(proc: subprocess.Popen, run_dir: Path, learner
         assert proc.poll() is None, proc.communicate()
         assert time.monotonic() < deadline, "no learner was lost"
         time.sleep(0.02)
-    os.kill(int((run_dir / "logs" / f"rank{learner}.pid").read_text().split()[0]),
-            signal.SIGKILL)
+    kill_rank(run_dir, learner)
     return time.time()
 
 
@@ -296,12 +308,8 @@ def test_a_job_that_is_not_elastic_runs_on_open_mpi_too(tmp_path):
 def test_a_learner_killed_during_the_final_evaluation_is_undone_and_the_run_completes(tmp_path):
     run_dir = tmp_path / "run"
     proc = start(run_dir, "algo=dasgd", "faults.eval_delay_s=1.5", "trainer.progress=false")
-    log = run_dir / "logs" / "rank0.log"
-    deadline = time.monotonic() + 120
-    while not (log.exists() and f"({2 * TRAIN_SIZE} samples)" in log.read_text()):
-        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-        time.sleep(0.02)
-    os.kill(int((run_dir / "logs" / "rank3.pid").read_text().split()[0]), signal.SIGKILL)
+    wait_for_text(proc, run_dir / "logs" / "rank0.log", f"({2 * TRAIN_SIZE} samples)")
+    kill_rank(run_dir, 3)
     _, err = proc.communicate(timeout=240)
     assert proc.returncode == 0, err[-3000:]
     history, summary = read_run(run_dir)
@@ -363,12 +371,8 @@ def test_a_joined_learner_can_be_lost_too_and_every_sample_is_used_once(tmp_path
     run_dir = tmp_path / "run"
     proc = start(run_dir, "algo=ssgd", "launcher.spares=1", "faults.sigkill.ranks=[2]",
                  "faults.sigkill.step=5", "faults.delay_s=0.05")
-    deadline = time.monotonic() + 120
-    events = run_dir / "logs" / "events.jsonl"
-    while not (events.exists() and '"joined"' in events.read_text()):
-        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-        time.sleep(0.02)
-    os.kill(int((run_dir / "logs" / "rank1.pid").read_text().split()[0]), signal.SIGKILL)
+    wait_for_text(proc, run_dir / "logs" / "events.jsonl", '"joined"')
+    kill_rank(run_dir, 1)
     _, err = proc.communicate(timeout=240)
     assert proc.returncode == 0, err[-3000:]
     _, summary = read_run(run_dir)
@@ -384,12 +388,8 @@ def test_a_spare_killed_while_waiting_is_named_and_the_job_goes_on(tmp_path):
     run_dir = tmp_path / "run"
     proc = start(run_dir, "algo=dpsgd", "launcher.spares=1", "faults.sigkill.ranks=[2]",
                  "faults.sigkill.step=20", "faults.delay_s=0.05")
-    log = run_dir / "logs" / "rank4.log"
-    deadline = time.monotonic() + 120
-    while not (log.exists() and "waiting to replace" in log.read_text()):
-        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-        time.sleep(0.02)
-    os.kill(int((run_dir / "logs" / "rank4.pid").read_text().split()[0]), signal.SIGKILL)
+    wait_for_text(proc, run_dir / "logs" / "rank4.log", "waiting to replace")
+    kill_rank(run_dir, 4)
     _, err = proc.communicate(timeout=240)
     assert proc.returncode == 0, err[-3000:]
     host = os.uname().nodename
@@ -408,11 +408,7 @@ def test_ctrl_c_stops_learners_and_spares_alike(tmp_path):
     run_dir = tmp_path / "run"
     proc = start(run_dir, "algo=ssgd", "launcher.spares=1", "trainer.epochs=6",
                  "faults.delay_s=0.1")
-    log = run_dir / "logs" / "rank4.log"
-    deadline = time.monotonic() + 120
-    while not (log.exists() and "waiting to replace" in log.read_text()):
-        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-        time.sleep(0.02)
+    wait_for_text(proc, run_dir / "logs" / "rank4.log", "waiting to replace")
     time.sleep(1.0)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=240)
