@@ -54,6 +54,23 @@ def test_elastic_goes_on_at_the_rate_of_the_nodes_left():
     assert abs((walls == work).mean() - math.exp(-2 * work / m)) < 0.02
 
 
+def test_a_spare_node_keeps_the_job_at_full_speed_until_both_nodes_failed():
+    # One node and one spare, recovery and join free: the job trains at full speed while
+    # either node lives (the spare takes over, or fails while it waits), so it ends at
+    # exactly the work unless both fail first: P = (1 - e^(-work/M))^2.
+    m, work = 100.0, 60.0
+    spared = FailureModel(m, 1, 1.0, 0.0, 0.0, spare_nodes=1)
+    rng = np.random.default_rng(5)
+    walls = np.array([elastic_wall_s(work, spared, rng) for _ in range(20000)])
+    finite = walls[np.isfinite(walls)]
+    assert np.allclose(finite, work)
+    assert abs(np.isinf(walls).mean() - (1 - math.exp(-work / m)) ** 2) < 0.01
+    # A join that costs time: each replacement adds it.
+    slow_join = FailureModel(m, 1, 1.0, 0.0, 0.0, spare_nodes=1, join_s=5.0)
+    walls = np.array([elastic_wall_s(work, slow_join, rng) for _ in range(2000)])
+    assert set(np.round(walls[np.isfinite(walls)], 9)) <= {work, work + 5.0}
+
+
 def test_young_and_daly_intervals():
     assert young_interval(10.0, 2000.0) == 200.0
     assert daly_interval(10.0, 2000.0) == 190.0

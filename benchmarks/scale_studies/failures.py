@@ -10,16 +10,19 @@ per second against the failure-free rate, of:
   Young's and Daly's optimum for the job's MTBF; a checkpoint writes every rank's model and
   momentum at --storage-gbps, a restart costs --restart-s;
 * elastic continuation (launcher.elastic): each failure costs --recovery-s, the job goes on
-  with the nodes left (no checkpoint needed).
+  with the nodes left (no checkpoint needed);
+* elastic continuation with --spare-nodes nodes of spares (launcher.spares): a spare node
+  takes a failed one's place after --join-s, while any is left.
 
---restart-s, --recovery-s and --storage-gbps are assumptions (defaults: 300 s for requeue,
-start and reading a checkpoint; 1 s, where 4 ranks here took 0.06-0.08 s, docs/RESULTS.md;
-10 GB/s to the parallel file system).
+--restart-s, --recovery-s, --join-s and --storage-gbps are assumptions (defaults: 300 s for
+requeue, start and reading a checkpoint; 1 s, where 4 ranks here took 0.06-0.08 s, and 5 s,
+where a join took 0.06 s, docs/RESULTS.md; 10 GB/s to the parallel file system).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from typing import Any
 
 from runner.sim.failures import FailureModel, daly_interval, mean_goodput, young_interval
@@ -49,6 +52,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="from a failure to training again from a checkpoint (default 300)")
     p.add_argument("--recovery-s", type=float, default=1.0,
                    help="elastic: from a failure to training again (default 1)")
+    p.add_argument("--spare-nodes", type=int, default=2,
+                   help="elastic with spares: nodes of spares started with the job (default 2)")
+    p.add_argument("--join-s", type=float, default=5.0,
+                   help="elastic with spares: a spare node's join (default 5)")
     p.add_argument("--storage-gbps", type=float, default=80.0,
                    help="checkpoint write bandwidth of the whole job, Gb/s (default 80)")
 
@@ -81,8 +88,12 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             intervals["Daly"] = daly_interval(checkpoint_s, model.job_mtbf_s)
             policies = {f"restart, {k}": v for k, v in intervals.items()}
             policies["elastic"] = None
+            spared = dataclasses.replace(model, spare_nodes=args.spare_nodes,
+                                         join_s=args.join_s)
+            policies[f"elastic, {args.spare_nodes} spare nodes"] = None
             for policy, interval in policies.items():
-                mean, std = mean_goodput(work_s, model, interval, args.draws, seed=len(cells))
+                mean, std = mean_goodput(work_s, spared if "spare" in policy else model,
+                                         interval, args.draws, seed=len(cells))
                 cells.append({"nprocs": n, "node_mtbf_h": mtbf_h,
                               "job_mtbf_h": model.job_mtbf_s / 3600,
                               "failure_free_h": work_s / 3600, "policy": policy,
@@ -93,6 +104,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     return record.finish({"study": "failures", "recipe": "swb2000", "algo": "ssgd",
                           "cluster": "p9_v100_infiniband", "epochs": args.epochs,
                           "restart_s": args.restart_s, "recovery_s": args.recovery_s,
+                          "spare_nodes": args.spare_nodes, "join_s": args.join_s,
                           "storage_gbps": args.storage_gbps, "draws": args.draws,
                           "cells": cells, "run_dirs": str(args.runs)})
 

@@ -16,8 +16,10 @@ a Poisson process of rate 1/``node_mtbf_s``; a failure takes the node's learners
   rest dealt again) and the step in flight; training goes on with the learners left, whose
   throughput is taken to scale with their number (data parallel, a fixed batch per learner:
   an assumption; the simulator's own numbers at fewer learners would refine it). No failure
-  needs a checkpoint; nothing replaces the lost nodes, so late in a long run on unreliable
-  nodes the job slows down.
+  needs a checkpoint. Without spares nothing replaces the lost nodes, so late in a long run
+  on unreliable nodes the job slows down; with ``spare_nodes`` (launcher.spares), a spare
+  takes a failed node's place after ``join_s`` while any is left. Waiting spares fail at the
+  same rate as the others (a dead spare is simply one fewer).
 
 Goodput: useful samples per second of wall time, as a fraction of the failure-free rate
 (``work_s / wall_s``); :func:`mean_goodput` averages Monte Carlo draws (a seeded generator).
@@ -38,6 +40,8 @@ class FailureModel:
     checkpoint_s: float  # writing one checkpoint (every rank's state)
     restart_s: float  # from a failure to training again from the last checkpoint
     recovery_s: float  # elastic: from a failure to training again without the node
+    spare_nodes: int = 0  # elastic: nodes of spares waiting to replace failed ones
+    join_s: float = 0.0  # elastic: a spare node's join, training paused
 
     @property
     def job_mtbf_s(self) -> float:
@@ -76,17 +80,25 @@ def restart_wall_s(work_s: float, interval_s: float, model: FailureModel,
 
 
 def elastic_wall_s(work_s: float, model: FailureModel, rng: np.random.Generator) -> float:
-    """Wall seconds to finish ``work_s`` of full-size training when failed nodes leave and
-    the rest go on (one draw); infinite if every node fails first."""
-    wall, left, alive = 0.0, work_s, model.nodes
+    """Wall seconds to finish ``work_s`` of full-size training when failed nodes leave, the
+    rest go on and spare nodes, while any is left, take their places (one draw); infinite if
+    every node fails first."""
+    wall, left, alive, spares = 0.0, work_s, model.nodes, model.spare_nodes
     while alive > 0:
         rate = alive / model.nodes  # the fraction of the full job's throughput
-        until_failure = rng.exponential(model.node_mtbf_s / alive)
+        until_failure = rng.exponential(model.node_mtbf_s / (alive + spares))
         if until_failure * rate >= left:
             return wall + left / rate
-        wall += until_failure + model.recovery_s
+        wall += until_failure
         left -= until_failure * rate
+        if rng.random() < spares / (alive + spares):  # a waiting spare failed
+            spares -= 1
+            continue
+        wall += model.recovery_s
         alive -= 1
+        if spares:
+            spares, alive = spares - 1, alive + 1
+            wall += model.join_s
     return math.inf
 
 
