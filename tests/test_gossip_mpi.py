@@ -31,6 +31,7 @@ CONSERVATION_CASES = {
     "adpsgd-random": ["algo=adpsgd", "algo.pattern=random", "topology=complete"],
     "hadpsgd": ["algo=hadpsgd", "launcher.procs_per_node=2"],
 }
+PUSH_SUM_CASES = {"sgp": ["algo=sgp"], "sgp-overlap": ["algo=sgp", "algo.overlap=true"]}
 MERGE_CASES = {"tau3-delay1": ["algo.tau=3", "algo.delay=1"],
                "tau2-delay2": ["algo.tau=2", "algo.delay=2"]}
 
@@ -46,6 +47,12 @@ def gossip_lines(tmp_path_factory):
 def conservation_lines(tmp_path_factory):
     return run_mpi_cases(4, "conservation.py", tmp_path_factory.mktemp("conservation"),
                          CONSERVATION_CASES, timeout=400)
+
+
+@pytest.fixture(scope="module")
+def push_sum_lines(tmp_path_factory):
+    return run_mpi_cases(4, "push_sum.py", tmp_path_factory.mktemp("push_sum"), PUSH_SUM_CASES,
+                         timeout=400)
 
 
 @pytest.fixture(scope="module")
@@ -82,4 +89,13 @@ def test_averaging_conserves_the_sum_of_the_models_while_learning(conservation_l
     exchange averaged two snapshots that existed, the same two on both ends."""
     report = case_report(conservation_lines, case, 4)
     assert report.count("conserved to") == 4 and report.count("exchanges matched") == 4, report
+    print(f"{case}: {report.splitlines()[0]}")
+
+
+@pytest.mark.parametrize("case", sorted(PUSH_SUM_CASES))
+def test_push_sum_weights_sum_to_n_and_pushing_moves_no_mass(push_sum_lines, case):
+    """SGP learning for real: the weights (with the share in flight) sum to n after every
+    step, and sum_i x_i moves only by the updates the optimizer applied (1e-10)."""
+    report = case_report(push_sum_lines, case, 4)
+    assert report.count("weights summed to n") == 4, report
     print(f"{case}: {report.splitlines()[0]}")

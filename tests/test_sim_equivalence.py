@@ -22,6 +22,8 @@ CASES = {
     "local_sgd": ["algo=local_sgd", "algo.period=3"],
     "dasgd": ["algo=dasgd"],
     "delay_by_one": ["algo=adpsgd", "algo.delay_by_one=true"],
+    "sgp": ["algo=sgp"],
+    "sgp_overlap": ["algo=sgp", "algo.overlap=true"],
     "adpsgd": ["algo=adpsgd", "algo.record_trace=true", "faults.delay_s=0.003"],
     "hadpsgd": ["algo=hadpsgd", "algo.record_trace=true", "faults.delay_s=0.003"],
 }

@@ -35,14 +35,14 @@ from typing import Any
 
 import numpy as np
 import torch
-from omegaconf import OmegaConf
 
 from ..comm import Communicator, World
 from ..comm.ulfm import agree, free_quietly, is_mpi_error, revoke_all, shrink, track
 from ..comm.world import detect_world, mpi
-from ..errors import ConfigError, UserError
+from ..errors import UserError
 from ..runlog.events import record_event
 from .data import ShardedBatches
+from .regroup import rebuild, unread_pass
 
 log = logging.getLogger("adpsgd")
 
@@ -384,75 +384,3 @@ def elastic_step(membership: Membership | None, step: Callable[..., None], *args
         step(*args)
         return True
     return membership.attempt(functools.partial(step, *args))
-
-
-def unread_pass(shards: ShardedBatches, epoch: int, done_steps: int) -> np.ndarray:
-    """The samples of ``epoch``'s pass that no rank of ``shards`` has trained on after its
-    first ``done_steps`` steps."""
-    return np.concatenate([shards.unread(epoch, done_steps, r) for r in range(shards.size)])
-
-
-def dealt_again(old: ShardedBatches, world: World,
-                partial: tuple[int, np.ndarray] | None = None) -> ShardedBatches:
-    """``old``'s data dealt to the ranks of ``world``; ``partial``: the current epoch and
-    the samples nobody has trained on in it."""
-    shards = ShardedBatches(old.n_items, world.rank, world.size, old.batch_size, old.seed,
-                            old.shuffle)
-    shards.partial = partial
-    return shards
-
-
-def rebuild(t: Any, world: World, comm: Communicator, node_comm: Communicator,
-            partial: tuple[int, np.ndarray], algo_state: dict[str, Any] | None = None,
-            rate: float | None = None) -> None:
-    """Point trainer ``t`` at the learners of ``world``: communicators, data, evaluation,
-    checkpoints, stop agreement, a new algorithm object and the learning-rate schedule for
-    the new global batch. The new algorithm takes over from the old one after a loss, or
-    loads ``algo_state`` (a joining spare: its donor's; the others: their own); the
-    schedule climbs from ``rate`` (default: the old one's rate now)."""
-    from ..algos import ALGORITHMS
-    from ..checkpoint.preemption import StopAgreement
-    from ..runlog.progress import ProgressBar
-    from ..runlog.records import read_metrics
-    from ..runlog.writer import RunLog
-    from .lr_schedule import LRSchedule
-
-    became_main = world.is_main and not t.world.is_main
-    t.world, t.comm = world, comm
-    t.shards = dealt_again(t.shards, world, partial)
-    t.ctx.world, t.ctx.comm, t.ctx.node_comm = world, comm, node_comm
-    t.ctx.steps_per_epoch = t.shards.steps_per_epoch
-    t.checkpointer.world, t.checkpointer.comm = world, comm
-    t.evaluator.comm = comm
-    t.evaluator.shards = dealt_again(t.evaluator.shards, world)
-    t.stop = StopAgreement(comm.mpi_comm, world.rank, comm.timeout_s)
-    previous = t.algo
-    previous.close()
-    algorithm = ALGORITHMS.get(t.cfg.algo.name)
-    try:
-        algorithm.check_world(OmegaConf.merge(t.cfg, {"launcher": {"nprocs": world.size}}))
-    except ConfigError as ex:  # the topology has no graph for the learners left
-        raise UserError(f"the {world.size} learners left cannot go on: {ex.cause}",
-                        "for elastic runs choose a topology for any number of learners "
-                        "(topology=ring, random_ring, exponential_undirected or complete)"
-                        ) from None
-    t.algo = algorithm.build(t.cfg.algo, t.ctx)
-    t.algo.setup(t.model, t.optimizer)
-    if algo_state is None:
-        t.algo.continue_after_loss(previous)
-    else:
-        t.algo.load_state_dict(algo_state)
-    t.paused = t.algo_finished = False  # a new object: not paused, its finish() still to come
-    rate = t.schedule.lr_at(t.state.samples) if rate is None else rate
-    t.schedule = LRSchedule(t.cfg.optim, world.size * t.cfg.trainer.batch_size,
-                            len(t.train_set), t.cfg.trainer.epochs)
-    t.schedule.start_ramp(t.state.samples, rate)
-    t.progress.relabel(f"{t.cfg.algo.name} x{world.size}")
-    if became_main:  # the first rank was lost: this one writes the run's records now
-        t.state.history = read_metrics(t.run_dir)
-        t.runlog = RunLog(t.run_dir, t.cfg, t.recipe.primary_metric,
-                          purge_step=t.state.step + 1)
-        if t.cfg.trainer.progress:
-            t.progress = ProgressBar(t.progress_stream, t.milestones.budget, t.state.samples,
-                                     f"{t.cfg.algo.name} x{world.size}",
-                                     t.cfg.trainer.progress_every_s)

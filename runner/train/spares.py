@@ -42,12 +42,13 @@ from ..comm import Communicator, World
 from ..comm.ulfm import free_quietly
 from ..comm.world import detect_world, mpi
 from ..errors import UserError
-from .elastic import Membership, rebuild, unread_pass
 from .faults import FaultInjector
+from .regroup import rebuild, unread_pass
 from .rng import rank_seed, seed_everything
 
 log = logging.getLogger("adpsgd")
 
+# Functions here take the job's elastic.Membership (``m``).
 NOTICE_TAG = 7177  # the first learner's word to the spares; a donor's state to its joiner
 JOIN, RELEASE = "join", "release"
 STANDBY_POLL_S = 0.05  # how often a waiting spare looks for word
@@ -72,7 +73,7 @@ def split_spares(world_mpi: Any, launcher: Any) -> tuple[Any, World | None, Any]
     return MPI.COMM_SELF.Dup(), world, MPI.COMM_SELF.Dup()
 
 
-def notify(m: Membership, notice: Any) -> None:
+def notify(m: Any, notice: Any) -> None:
     """The first learner's ``notice`` to every spare (one that died meanwhile is skipped)."""
     MPI = mpi()
     for spare in m.spares:
@@ -82,7 +83,7 @@ def notify(m: Membership, notice: Any) -> None:
             log.info("spare %d did not take word (%s): gone", spare, notice)
 
 
-def standby(m: Membership) -> None:
+def standby(m: Any) -> None:
     """A spare waits (see the module's docstring) until it has joined the learners or the
     job has ended (its world is still a spare's then)."""
     me = mpi().COMM_WORLD.Get_rank()
@@ -105,7 +106,7 @@ def standby(m: Membership) -> None:
     log.info("spare %d: every learner is gone", me)
 
 
-def _word(m: Membership) -> Any:
+def _word(m: Any) -> Any:
     """The first learner's next word; None when ``everyone`` was revoked (a loss)."""
     MPI = mpi()
     try:
@@ -119,7 +120,7 @@ def _word(m: Membership) -> Any:
         return None
 
 
-def grow(m: Membership) -> bool:
+def grow(m: Any) -> bool:
     """Collective over every process alive: spares replace the lost learners (see the
     module's docstring). True on every process that is a learner afterwards."""
     t = m.trainer
@@ -181,7 +182,7 @@ def on_cpu(state: Any) -> Any:
     return state
 
 
-def job_state(m: Membership) -> dict[str, Any]:
+def job_state(m: Any) -> dict[str, Any]:
     """What a joining spare needs of the job, as the first learner has it."""
     t = m.trainer
     epoch, done_steps = t.state.position
@@ -195,7 +196,7 @@ def job_state(m: Membership) -> dict[str, Any]:
             "partial": (epoch, unread_pass(t.shards, epoch, done_steps))}
 
 
-def take_job_state(m: Membership, job: dict[str, Any], donated: dict[str, Any],
+def take_job_state(m: Any, job: dict[str, Any], donated: dict[str, Any],
                    me: int) -> None:
     """A joining spare takes the job's counters and its donor's model and optimizer."""
     t = m.trainer
