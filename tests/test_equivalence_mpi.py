@@ -15,14 +15,28 @@ CASES = {
     "local-sgd-period-1": ["algo=local_sgd", "algo.period=1"],
     "post-local-sgd-before-the-switch": ["algo=local_sgd", "algo.switch_epoch=5"],
 }
+# Reductions to another algorithm than SSGD (with momentum: it is the same on both sides).
+OTHER_CASES = {
+    "diloco-outer-sgd-1-is-local-sgd": [
+        "algo=diloco", "algo.period=3", "algo.outer_lr=1", "algo.outer_momentum=0",
+        "optim.momentum=0.9", "reference:algo=local_sgd", "reference:algo.period=3",
+        "reference:optim.momentum=0.9"],
+}
 
 
 @pytest.fixture(scope="module")
 def lines(tmp_path_factory):
-    return run_mpi_cases(4, "equivalence.py", tmp_path_factory.mktemp("equivalence"), CASES)
+    return run_mpi_cases(4, "equivalence.py", tmp_path_factory.mktemp("equivalence"),
+                         {**CASES, **OTHER_CASES})
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_reduces_to_ssgd(lines, case):
     report = case_report(lines, case, 4)
     assert report.count("equals SSGD") == 4, report
+
+
+@pytest.mark.parametrize("case", sorted(OTHER_CASES))
+def test_reduces_to_another_algorithm(lines, case):
+    report = case_report(lines, case, 4)
+    assert report.count("equals algo=") == 4, report

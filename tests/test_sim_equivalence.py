@@ -24,6 +24,7 @@ CASES = {
     "delay_by_one": ["algo=adpsgd", "algo.delay_by_one=true"],
     "sgp": ["algo=sgp"],
     "sgp_overlap": ["algo=sgp", "algo.overlap=true"],
+    "diloco": ["algo=diloco", "algo.period=3"],
     "adpsgd": ["algo=adpsgd", "algo.record_trace=true", "faults.delay_s=0.003"],
     "hadpsgd": ["algo=hadpsgd", "algo.record_trace=true", "faults.delay_s=0.003"],
 }

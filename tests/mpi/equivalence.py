@@ -1,7 +1,9 @@
 """mpiexec -n N python equivalence.py RUN_DIR CASES_JSON: train SSGD once, then the algorithm
 each case selects, from the same seed in float64; each must end with SSGD's parameters on every
 rank (docs/algorithms.md: dpsgd on the complete graph, hadpsgd with one node, dasgd with delay 0 and
-tau 1, local SGD with period 1, each with plain SGD)."""
+tau 1, local SGD with period 1, each with plain SGD). A case whose overrides include
+``reference:OVERRIDE`` items is compared with that configuration instead (DiLoCo with outer
+learning rate 1 and no outer momentum against local SGD)."""
 
 from runner.comm.communicator import Communicator
 
@@ -23,16 +25,20 @@ def train(world_mpi, run_dir, overrides):
 
 
 def checks(world_mpi, run_dir, overrides):
-    if not reference:
-        reference["ssgd"] = train(world_mpi, f"{run_dir}-ssgd", ["algo=ssgd"])
-    ref_steps, ref_params = reference["ssgd"]
-    steps, params = train(world_mpi, run_dir, overrides)
+    against = tuple(o.removeprefix("reference:") for o in overrides
+                    if o.startswith("reference:")) or ("algo=ssgd",)
+    if against not in reference:
+        reference[against] = train(world_mpi, f"{run_dir}-reference", list(against))
+    ref_steps, ref_params = reference[against]
+    steps, params = train(world_mpi, run_dir,
+                          [o for o in overrides if not o.startswith("reference:")])
     assert steps == ref_steps > 0, (steps, ref_steps)
     worst = 0.0
     for ref, got in zip(ref_params, params):
         worst = max(worst, (ref - got).abs().max().item() / max(1.0, ref.abs().max().item()))
-    assert worst < 1e-9, f"differs from SSGD by {worst:.3g}"
-    return f"equals SSGD after {steps} steps (relative difference {worst:.2g})"
+    name = "SSGD" if against == ("algo=ssgd",) else " ".join(against)
+    assert worst < 1e-9, f"differs from {name} by {worst:.3g}"
+    return f"equals {name} after {steps} steps (relative difference {worst:.2g})"
 
 
 run_cases_on_ranks(checks)

@@ -1,0 +1,111 @@
+"""DiLoCo: local steps, then an outer step on the averaged pseudo-gradient (docs/algorithms.md,
+DiLoCo).
+
+Every learner starts each round of H = ``period`` steps from the shared outer model theta::
+
+    H steps:  x_i <- x_i - gamma_t * d_i(x_i)      the trainer's optimizer (the inner one)
+    Delta = (1/n) sum_i (theta - x_i)               one allreduce: the outer pseudo-gradient
+    theta <- theta - outer_lr * (Delta + mu * v),   v <- mu * v + Delta    (SGD, Nesterov)
+    x_i <- theta
+
+with mu = ``outer_momentum`` (plain momentum-free SGD when 0). Rounds end at steps that are
+multiples of H, as local SGD's averagings do.
+
+Invariants: after each round the replicas are identical (x_i = theta); with outer_lr = 1 and
+outer_momentum = 0 the outer step is theta - mean_i(theta - x_i) = mean_i x_i, so the run is
+local SGD with the same period (tests/test_equivalence_mpi.py, to 1e-10). The inner
+optimizer's state (momentum) stays local and carries over rounds.
+
+Checkpoints hold theta and the outer optimizer's state (its momentum). Not elastic yet: a step
+that ends a round changes theta, which the step's undo (runner/train/elastic.py) does not
+cover.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..config.section import require
+from .base import AlgoConfig, Algorithm
+from .registry import ALGORITHMS
+
+
+@dataclass
+class DiLoCoConfig(AlgoConfig):
+    name: str = "diloco"
+    period: int = 50  # H: inner steps per round
+    outer_lr: float = 0.7  # the outer SGD's learning rate
+    outer_momentum: float = 0.9  # the outer SGD's Nesterov momentum (0: none)
+
+    def check(self, prefix, cfg):
+        require(self.period >= 1, f"{prefix}.period", f"must be >= 1, got {self.period}",
+                f"{prefix}.period=50")
+        require(self.outer_lr > 0, f"{prefix}.outer_lr", f"must be > 0, got {self.outer_lr}",
+                f"{prefix}.outer_lr=0.7")
+        require(0 <= self.outer_momentum < 1, f"{prefix}.outer_momentum",
+                f"must be in [0, 1), got {self.outer_momentum}", f"{prefix}.outer_momentum=0.9")
+
+
+def outer_optimizer(theta: list[torch.Tensor], cfg: DiLoCoConfig) -> torch.optim.SGD:
+    """The outer SGD over theta (both engines use it)."""
+    return torch.optim.SGD(theta, lr=cfg.outer_lr, momentum=cfg.outer_momentum,
+                           nesterov=cfg.outer_momentum > 0)
+
+
+@ALGORITHMS.register("diloco")
+class DiLoCo(Algorithm):
+    Config = DiLoCoConfig
+
+    def setup(self, model, optimizer):
+        super().setup(model, optimizer)
+        self.x = self.ctx.param_buffers
+        self.theta = [flat.detach().clone() for flat in self.x]
+        for theta in self.theta:
+            theta.grad = torch.zeros_like(theta)
+        self.outer = outer_optimizer(self.theta, self.cfg)
+        self._synced = True
+        self.rounds = 0
+
+    @property
+    def identical_replicas(self) -> bool:  # type: ignore[override]
+        return self._synced
+
+    def after_step(self, step):
+        if step % self.cfg.period:
+            self._synced = False
+            return
+        with self.timers.time("comm"), torch.no_grad():
+            for x, theta in zip(self.x, self.theta):
+                torch.sub(theta, x, out=theta.grad)
+                self.comm.allreduce_(theta.grad, op="mean")
+            self.outer.step()
+            for x, theta in zip(self.x, self.theta):
+                x.copy_(theta)
+        self._synced = True
+        self.rounds += 1
+
+    def state_dict(self):
+        return {"theta": [t.detach().clone() for t in self.theta],
+                "outer": self.outer.state_dict(), "synced": self._synced,
+                "rounds": self.rounds}
+
+    def load_state_dict(self, state):
+        with torch.no_grad():
+            for mine, saved in zip(self.theta, state["theta"]):
+                mine.copy_(saved)
+        self.outer.load_state_dict(state["outer"])
+        self._synced, self.rounds = state["synced"], state["rounds"]
+
+    def load_merged_state(self, state, step, epoch):
+        # The replicas start from their mean, where a round starts; the outer momentum (the
+        # same on every old learner) goes on.
+        with torch.no_grad():
+            for theta, x in zip(self.theta, self.x):
+                theta.copy_(x)
+        self.outer.load_state_dict(state["outer"])
+        self.rounds = state["rounds"]
+
+    def stats(self):
+        return {"rounds": self.rounds}
