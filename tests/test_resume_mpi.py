@@ -18,11 +18,14 @@ CASES = {
                        "algo.period=4"],
     "delay-by-one": ["scenario=exact", "algo=adpsgd", "algo.delay_by_one=true",
                      "algo.pattern=random"],
+    "sgp-overlap-in-flight": ["scenario=exact", "algo=sgp", "algo.overlap=true"],
+    "diloco": ["scenario=exact", "algo=diloco", "algo.period=4"],
     "preempt-one-rank": ["scenario=preempt", "algo=ssgd"],
     # SSGD averages the gradient: both ranks drop the step. D-PSGD: only the rank whose loss
     # was NaN drops its own update.
     "skip-ssgd": ["scenario=skip:2,2", "algo=ssgd"],
     "skip-dpsgd": ["scenario=skip:0,2", "algo=dpsgd"],
+    "skip-sgp": ["scenario=skip:0,2", "algo=sgp"],  # a skipped step still pushes x, not z
 }
 
 
@@ -36,7 +39,7 @@ def test_checkpoint_resume_and_nonfinite_steps(job, case):
     report = case_report(job, case, 2)
     if CASES[case][0] == "scenario=exact":
         assert report.count("identical") == 2, report
-    if case in ("dasgd-in-flight", "delay-by-one"):
+    if case in ("dasgd-in-flight", "delay-by-one", "sgp-overlap-in-flight"):
         assert "with communication in flight" in report, report
 
 
