@@ -21,6 +21,10 @@ OTHER_CASES = {
         "algo=diloco", "algo.period=3", "algo.outer_lr=1", "algo.outer_momentum=0",
         "optim.momentum=0.9", "reference:algo=local_sgd", "reference:algo.period=3",
         "reference:optim.momentum=0.9"],
+    "choco-identity-consensus-1-is-dpsgd": [
+        "algo=choco", "algo.compression=identity", "algo.gamma=1", "topology=ring",
+        "optim.momentum=0.9", "reference:algo=dpsgd", "reference:topology=ring",
+        "reference:algo.ordering=step_then_average", "reference:optim.momentum=0.9"],
 }
 
 

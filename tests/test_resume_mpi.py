@@ -20,6 +20,7 @@ CASES = {
                      "algo.pattern=random"],
     "sgp-overlap-in-flight": ["scenario=exact", "algo=sgp", "algo.overlap=true"],
     "diloco": ["scenario=exact", "algo=diloco", "algo.period=4"],
+    "choco-qsgd": ["scenario=exact", "algo=choco", "algo.compression=qsgd"],
     "preempt-one-rank": ["scenario=preempt", "algo=ssgd"],
     # SSGD averages the gradient: both ranks drop the step. D-PSGD: only the rank whose loss
     # was NaN drops its own update.

@@ -25,6 +25,8 @@ CASES = {
     "sgp": ["algo=sgp"],
     "sgp_overlap": ["algo=sgp", "algo.overlap=true"],
     "diloco": ["algo=diloco", "algo.period=3"],
+    "choco_topk": ["algo=choco", "algo.compression=topk", "algo.ratio=0.1"],
+    "choco_qsgd": ["algo=choco", "algo.compression=qsgd", "algo.levels=15"],
     "adpsgd": ["algo=adpsgd", "algo.record_trace=true", "faults.delay_s=0.003"],
     "hadpsgd": ["algo=hadpsgd", "algo.record_trace=true", "faults.delay_s=0.003"],
 }

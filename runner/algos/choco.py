@@ -1,0 +1,205 @@
+"""CHOCO-SGD: decentralized SGD with compressed gossip (docs/algorithms.md, CHOCO-SGD).
+
+Each learner i keeps, besides its model x_i, a public copy xhat_i that its neighbours also
+track, and s_i = sum_j W[j,i] xhat_j over its in-neighbours and itself (the topology's fixed,
+symmetric W). Step t, with Q the compression (``algo.compression``)::
+
+    x_i    <- x_i - gamma_t * d_i(x_i)                        the optimizer's step
+    q_i     = Q(x_i - xhat_i)                                  sent to every neighbour
+    xhat_i <- xhat_i + q_i
+    s_i    <- s_i + W[i,i] q_i + sum_j W[j,i] q_j              the neighbours' q_j received
+    x_i    <- x_i + consensus * (s_i - xhat_i)                 consensus = algo.gamma
+
+xhat and s start at 0, so the first message is the model itself, compressed. What Q leaves out
+of x_i - xhat_i is not lost: it stays in the difference and is sent later (error feedback by
+construction). Compressions of a flat buffer v of d numbers (:func:`compress`):
+
+* ``identity``: v (d numbers);
+* ``topk``: the k = ceil(ratio d) entries of largest magnitude (k indices and k values);
+* ``randomk``: k entries drawn uniformly without replacement, not rescaled (k indices and
+  values);
+* ``qsgd``: ||v|| sign(v_j) l_j / s with l_j in {0..s} rounded at random so that E[l_j] =
+  s |v_j| / ||v||, divided by 1 + min(d / s^2, sqrt(d) / s) (s = ``levels``; one norm and d
+  signed levels of one byte);
+* ``sign``: (||v||_1 / d) sign(v) (one scale and d bits).
+
+The random draws come from a generator seeded by (run seed, learner, step, buffer), so the
+simulator draws the same ones.
+
+Invariants: with identity compression and consensus 1 the run is D-PSGD with
+``ordering=step_then_average`` over the same topology (tests/test_equivalence_mpi.py, to
+1e-10). The messages' sizes are what the compression sends, counted where they are sent.
+Momentum stays local. Checkpoints hold xhat and s; a resumed run with another number of
+learners starts them at 0 again.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from ..config.section import require
+from ..errors import ConfigError
+from ..topology import TOPOLOGIES
+from .base import AlgoConfig, Algorithm
+from .registry import ALGORITHMS
+
+COMPRESSIONS = ("identity", "topk", "randomk", "qsgd", "sign")
+
+
+@dataclass
+class ChocoConfig(AlgoConfig):
+    name: str = "choco"
+    compression: str = "topk"  # identity, topk, randomk, qsgd or sign
+    ratio: float = 0.01  # topk, randomk: the share of the entries sent
+    levels: int = 127  # qsgd: quantization levels s (at most 127: one byte with the sign)
+    gamma: float = 0.5  # the consensus step
+
+    def check(self, prefix, cfg):
+        require(self.compression in COMPRESSIONS, f"{prefix}.compression",
+                f"must be one of {', '.join(COMPRESSIONS)}, got {self.compression!r}",
+                f"{prefix}.compression=topk")
+        require(0 < self.ratio <= 1, f"{prefix}.ratio", f"must be in (0, 1], got {self.ratio}",
+                f"{prefix}.ratio=0.01")
+        require(1 <= self.levels <= 127, f"{prefix}.levels",
+                f"must be between 1 and 127, got {self.levels}", f"{prefix}.levels=127")
+        require(0 < self.gamma <= 1, f"{prefix}.gamma", f"must be in (0, 1], got {self.gamma}",
+                f"{prefix}.gamma=0.5")
+
+
+def draws(seed: int, learner: int, step: int, buffer: int) -> torch.Generator:
+    """The generator of one compression: the same on a rank and in the simulator."""
+    return torch.Generator().manual_seed(
+        ((seed * 1_000_003 + learner) * 1_000_003 + step) * 101 + buffer)
+
+
+def compress(v: torch.Tensor, cfg: ChocoConfig, generator: torch.Generator
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the message as bytes, its decoded value Q(v)) for a flat buffer ``v``."""
+    d = v.numel()
+    if cfg.compression == "identity":
+        return v.contiguous().view(torch.uint8), v.clone()
+    if cfg.compression in ("topk", "randomk"):
+        k = max(1, math.ceil(cfg.ratio * d))
+        if cfg.compression == "topk":
+            index = v.abs().topk(k, sorted=False).indices.sort().values
+        else:
+            index = torch.randperm(d, generator=generator)[:k].sort().values
+        values = v[index]
+        decoded = torch.zeros_like(v).index_put_((index,), values)
+        message = torch.cat([values.contiguous().view(torch.uint8),  # first: aligned views
+                             index.to(torch.int32).view(torch.uint8)])
+        return message, decoded
+    if cfg.compression == "qsgd":
+        s = cfg.levels
+        norm = v.norm()
+        scaled = v.abs() / norm * s if norm > 0 else torch.zeros_like(v)
+        floor = scaled.floor()
+        level = floor + (torch.rand(d, generator=generator, dtype=v.dtype) < scaled - floor)
+        signed = (level * v.sign()).to(torch.int8)
+        scale = norm / s / (1 + min(d / s**2, math.sqrt(d) / s))
+        message = torch.cat([scale.reshape(1).view(torch.uint8), signed.view(torch.uint8)])
+        return message, signed.to(v.dtype) * scale
+    # sign: one scale and d bits
+    scale = v.abs().sum() / d
+    bits = (v >= 0).to(torch.uint8)
+    padded = torch.cat([bits, bits.new_zeros(-d % 8)]).view(-1, 8)
+    packed = (padded << torch.arange(8, dtype=torch.uint8)).sum(1, dtype=torch.uint8)
+    message = torch.cat([scale.reshape(1).view(torch.uint8), packed])
+    return message, torch.where(v >= 0, scale, -scale)
+
+
+def decode(message: torch.Tensor, like: torch.Tensor, cfg: ChocoConfig) -> torch.Tensor:
+    """The value of a received ``message`` (what :func:`compress` returned second)."""
+    d, size = like.numel(), like.element_size()
+    if cfg.compression == "identity":
+        return message.view(like.dtype).clone()
+    if cfg.compression in ("topk", "randomk"):
+        k = max(1, math.ceil(cfg.ratio * d))
+        values = message[:k * size].view(like.dtype)
+        index = message[k * size:].view(torch.int32).long()
+        return torch.zeros_like(like).index_put_((index,), values)
+    scale = message[:size].view(like.dtype)[0]
+    if cfg.compression == "qsgd":
+        return message[size:].view(torch.int8).to(like.dtype) * scale
+    bits = (message[size:].unsqueeze(1) >> torch.arange(8, dtype=torch.uint8)) & 1
+    positive = bits.flatten()[:d].bool()
+    return torch.where(positive, scale, -scale)
+
+
+def message_bytes(like: torch.Tensor, cfg: ChocoConfig) -> int:
+    """Bytes of one message for a flat buffer like ``like``."""
+    d, size = like.numel(), like.element_size()
+    k = max(1, math.ceil(cfg.ratio * d))
+    return {"identity": d * size, "topk": k * (4 + size), "randomk": k * (4 + size),
+            "qsgd": size + d, "sign": size + math.ceil(d / 8)}[cfg.compression]
+
+
+def check_topology(topology, key: str = "topology") -> None:
+    if topology.time_varying or topology.directed:
+        raise ConfigError(key, f"choco keeps its neighbours' public copies, so it needs a "
+                          f"fixed, undirected topology; {topology.name} is "
+                          f"{'time-varying' if topology.time_varying else 'directed'}",
+                          "topology=ring (or torus, exponential_undirected, complete)")
+
+
+@ALGORITHMS.register("choco")
+class Choco(Algorithm):
+    Config = ChocoConfig
+    uses_topology = True
+
+    @classmethod
+    def check_world(cls, run_cfg):
+        topology = TOPOLOGIES.get(run_cfg.topology.name)(run_cfg.topology, seed=run_cfg.seed)
+        check_topology(topology)
+        try:
+            topology.check_size(run_cfg.launcher.nprocs)
+        except ConfigError as error:
+            raise ConfigError("launcher.nprocs", f"{error.cause.split(': ', 1)[-1]} "
+                              f"(topology={topology.name})", error.fix) from None
+
+    def setup(self, model, optimizer):
+        super().setup(model, optimizer)
+        run_cfg = self.ctx.cfg
+        topology = TOPOLOGIES.get(run_cfg.topology.name)(run_cfg.topology, seed=run_cfg.seed)
+        rank, size = self.comm.rank, self.comm.size
+        self.weights = topology.in_weights(rank, size)
+        self.peers = sorted(p for p in self.weights if p != rank)
+        self.x = self.ctx.param_buffers
+        self.public = [torch.zeros_like(flat) for flat in self.x]  # xhat_i
+        self.mixed = [torch.zeros_like(flat) for flat in self.x]  # s_i
+        self._inbox = [{p: torch.empty(message_bytes(flat, self.cfg), dtype=torch.uint8)
+                        for p in self.peers} for flat in self.x]
+        self.seed = run_cfg.seed
+        self.bytes_sent = 0
+
+    def after_step(self, step):
+        rank = self.comm.rank
+        with self.timers.time("comm"), torch.no_grad():
+            for b, (x, public, mixed, inbox) in enumerate(zip(self.x, self.public, self.mixed,
+                                                             self._inbox)):
+                message, q = compress(x - public, self.cfg, draws(self.seed, rank, step, b))
+                handle = self.comm.exchange_(message, self.peers, inbox)
+                self.bytes_sent += message.numel() * len(self.peers)
+                public.add_(q)
+                mixed.add_(q * self.weights[rank])
+                received = handle.wait()
+                for peer in self.peers:
+                    mixed.add_(decode(received[peer], x, self.cfg) * self.weights[peer])
+                x.add_((mixed - public) * self.cfg.gamma)
+
+    def state_dict(self):
+        return {"public": [t.clone() for t in self.public],
+                "mixed": [t.clone() for t in self.mixed], "bytes_sent": self.bytes_sent}
+
+    def load_state_dict(self, state):
+        for mine, saved in zip(self.public, state["public"]):
+            mine.copy_(saved)
+        for mine, saved in zip(self.mixed, state["mixed"]):
+            mine.copy_(saved)
+        self.bytes_sent = state["bytes_sent"]
+
+    def stats(self):
+        return {"bytes_sent": float(self.bytes_sent)}
