@@ -40,7 +40,7 @@ from ..train.milestones import CHECKPOINT, EVALUATE, Milestones
 from ..train.nonfinite import nonfinite_error
 from ..train.rng import seed_everything
 from ..train.timers import Timers
-from . import asynchronous, choco, diloco, lockstep, push_sum  # noqa: F401 - they register their drivers
+from . import asynchronous, choco, diloco, lockstep, sgp  # noqa: F401 - they register their drivers
 from .clocks import Clocks
 from .cluster import ClusterModel, ComputeModel, resolved
 from .learners import StackedLearners, StackedSGD
