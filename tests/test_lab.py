@@ -216,8 +216,9 @@ def test_a_host_whose_link_is_cut_is_named(lab_overrides, tmp_path, job, cut_ran
     finally:
         lab("link", "lab2", "up")
     assert proc.returncode == 137, err
+    # (How to continue depends on whether the first checkpoint completed before the cut.)
     assert re.search(rf"adpsgd-run: rank {cut_ranks} on host lab2 .* stopped responding: no "
-                     r"heartbeat for \d+ s .*its network link is down.*resume=auto", err), err
+                     r"heartbeat for \d+ s .*its network link is down", err), err
 
 
 def test_an_elastic_job_goes_on_without_a_learner_killed_on_another_host(lab_overrides,
