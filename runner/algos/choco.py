@@ -69,6 +69,11 @@ class ChocoConfig(AlgoConfig):
                 f"{prefix}.gamma=0.5")
 
 
+def kept(d: int, cfg: ChocoConfig) -> int:
+    """How many of ``d`` entries top-k and random-k send."""
+    return max(1, math.ceil(cfg.ratio * d))
+
+
 def draws(seed: int, learner: int, step: int, buffer: int) -> torch.Generator:
     """The generator of one compression: the same on a rank and in the simulator."""
     return torch.Generator().manual_seed(
@@ -82,7 +87,7 @@ def compress(v: torch.Tensor, cfg: ChocoConfig, generator: torch.Generator
     if cfg.compression == "identity":
         return v.contiguous().view(torch.uint8), v.clone()
     if cfg.compression in ("topk", "randomk"):
-        k = max(1, math.ceil(cfg.ratio * d))
+        k = kept(d, cfg)
         if cfg.compression == "topk":
             index = v.abs().topk(k, sorted=False).indices.sort().values
         else:
@@ -117,7 +122,7 @@ def decode(message: torch.Tensor, like: torch.Tensor, cfg: ChocoConfig) -> torch
     if cfg.compression == "identity":
         return message.view(like.dtype).clone()
     if cfg.compression in ("topk", "randomk"):
-        k = max(1, math.ceil(cfg.ratio * d))
+        k = kept(d, cfg)
         values = message[:k * size].view(like.dtype)
         index = message[k * size:].view(torch.int32).long()
         return torch.zeros_like(like).index_put_((index,), values)
@@ -132,7 +137,7 @@ def decode(message: torch.Tensor, like: torch.Tensor, cfg: ChocoConfig) -> torch
 def message_bytes(like: torch.Tensor, cfg: ChocoConfig) -> int:
     """Bytes of one message for a flat buffer like ``like``."""
     d, size = like.numel(), like.element_size()
-    k = max(1, math.ceil(cfg.ratio * d))
+    k = kept(d, cfg)
     return {"identity": d * size, "topk": k * (4 + size), "randomk": k * (4 + size),
             "qsgd": size + d, "sign": size + math.ceil(d / 8)}[cfg.compression]
 

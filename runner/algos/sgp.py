@@ -120,9 +120,14 @@ class SGP(Algorithm):
                     self._fold(*previous)
             else:
                 self._fold(slot, handles)
-            for flat in x:
+            self._to_model()
+
+    def _to_model(self) -> None:
+        """Back to z = x / w in the parameters, at the end of a step's push."""
+        with torch.no_grad():
+            for flat in self.z:
                 flat.div_(self.weight.item())
-            self._numerator = False
+        self._numerator = False
 
     def _fold(self, slot: int, handles: list) -> None:
         """Wait for the push in ``slot`` and add the share received to x and w."""
@@ -134,13 +139,11 @@ class SGP(Algorithm):
 
     def finish(self):
         if self._pending is not None:  # the last push: received before the final evaluation
+            self._to_numerator()
             with self.timers.time("comm"), torch.no_grad():
-                for flat in self.z:
-                    flat.mul_(self.weight.item())
                 self._fold(*self._pending)
-                self._pending = None
-                for flat in self.z:
-                    flat.div_(self.weight.item())
+            self._pending = None
+            self._to_model()
 
     def state_dict(self):
         state = {"weight": float(self.weight), "pushes": self.pushes, "in_flight": None}

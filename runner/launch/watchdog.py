@@ -475,12 +475,14 @@ class RankWatchdog:
             if silent is not None and silent > timeout_s \
                     and exit_status(self.run_dir, rank) is None and process_alive(pid):
                 stalled.append(StalledRank(rank, pid, silent))
-        lost = lost_learners(self.run_dir)  # an elastic job went on without them
+        silent = []
         for rank in self.remote_ranks():
             heard = self.listener.last(rank) if self.listener else None
-            if heard and now - heard[0] > timeout_s and exit_status(self.run_dir, rank) is None \
-                    and rank not in lost:
-                stalled.append(StalledRank(rank, heard[2], now - heard[0], heard[1]))
+            if heard and now - heard[0] > timeout_s and exit_status(self.run_dir, rank) is None:
+                silent.append(StalledRank(rank, heard[2], now - heard[0], heard[1]))
+        if silent:  # read only then (every poll otherwise): an elastic job went on without
+            lost = lost_learners(self.run_dir)  # these, whose silence is expected
+            stalled += [s for s in silent if s.rank not in lost]
         return max(stalled, key=lambda s: s.silent_s, default=None)
 
     def remote_ranks(self) -> list[int]:

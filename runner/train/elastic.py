@@ -38,11 +38,11 @@ import torch
 
 from ..comm import Communicator, World
 from ..comm.ulfm import agree, free_quietly, is_mpi_error, revoke_all, shrink, track
-from ..comm.world import detect_world, mpi
+from ..comm.world import mpi
 from ..errors import UserError
 from ..runlog.events import record_event
 from .data import ShardedBatches
-from .regroup import rebuild, unread_pass
+from .regroup import learner_comms, rebuild, unread_pass
 
 log = logging.getLogger("adpsgd")
 
@@ -309,10 +309,7 @@ class Membership:
                                                                "rank with every rank alive")
         lost = [self.learners[r] for r in lost_ranks]
         self.learners = [n for n in self.learners if n not in gone]
-        learner_mpi = self.split_learners()
-        comm = Communicator(learner_mpi, "mpi", name="world", timeout_s=old_comm.timeout_s)
-        world, node_mpi = detect_world(learner_mpi, None)
-        node_comm = Communicator(node_mpi, "mpi", name="node", timeout_s=old_comm.timeout_s)
+        world, comm, node_comm = learner_comms(self.split_learners(), old_comm.timeout_s)
         state = t.state
         epoch, done_steps = state.position
         if t.ledger is not None:  # with what the lost learners had used of this pass
@@ -320,12 +317,8 @@ class Membership:
                                   for r in lost_ranks])
         survivors_samples = comm.allreduce_numbers([state.local_samples])[0]
         self.lost_samples = int(state.lockstep_samples - survivors_samples)
-        for closing in (old_comm, t.ctx.node_comm):
-            closing.close()
-            free_quietly(closing.mpi_comm)
         t.stop.abandon()
         rebuild(t, world, comm, node_comm, (epoch, unread_pass(old_shards, epoch, done_steps)))
-        state.position = (epoch, 0)  # the start of the partial pass
         self.announce("lost", lost, world, time.perf_counter() - self.step_started)
         if len(self.learners) < self.min_learners:
             raise UserError(f"only {len(self.learners)} learner(s) remain after losing "

@@ -10,6 +10,7 @@ import numpy as np
 from omegaconf import OmegaConf
 
 from ..comm import Communicator, World
+from ..comm.ulfm import free_quietly
 from ..errors import ConfigError, UserError
 from .data import ShardedBatches
 
@@ -30,14 +31,26 @@ def dealt_again(old: ShardedBatches, world: World,
     return shards
 
 
+def learner_comms(learner_mpi: Any, timeout_s: float) -> tuple[World, Communicator,
+                                                                 Communicator]:
+    """The World and the world and node communicators of the learners' MPI communicator
+    (collective over it)."""
+    from ..comm.world import detect_world
+
+    comm = Communicator(learner_mpi, "mpi", name="world", timeout_s=timeout_s)
+    world, node_mpi = detect_world(learner_mpi, None)
+    return world, comm, Communicator(node_mpi, "mpi", name="node", timeout_s=timeout_s)
+
+
 def rebuild(t: Any, world: World, comm: Communicator, node_comm: Communicator,
             partial: tuple[int, np.ndarray], algo_state: dict[str, Any] | None = None,
             rate: float | None = None) -> None:
-    """Point trainer ``t`` at the learners of ``world``: communicators, data, evaluation,
-    checkpoints, stop agreement, a new algorithm object and the learning-rate schedule for
-    the new global batch. The new algorithm takes over from the old one after a loss, or
-    loads ``algo_state`` (a joining spare: its donor's; the others: their own); the
-    schedule climbs from ``rate`` (default: the old one's rate now)."""
+    """Point trainer ``t`` at the learners of ``world``: communicators (the old ones are
+    freed), data, evaluation, checkpoints, stop agreement, a new algorithm object and the
+    learning-rate schedule for the new global batch; training goes on at the start of the
+    ``partial`` pass. The new algorithm takes over from the old one after a loss, or loads
+    ``algo_state`` (a joining spare: its donor's; the others: their own); the schedule
+    climbs from ``rate`` (default: the old one's rate now)."""
     from ..algos import ALGORITHMS
     from ..checkpoint.preemption import StopAgreement
     from ..runlog.progress import ProgressBar
@@ -46,6 +59,9 @@ def rebuild(t: Any, world: World, comm: Communicator, node_comm: Communicator,
     from .lr_schedule import LRSchedule
 
     became_main = world.is_main and not t.world.is_main
+    for closing in (t.comm, t.ctx.node_comm):  # revoked after a loss, idle after a join
+        closing.close()
+        free_quietly(closing.mpi_comm)
     t.world, t.comm = world, comm
     t.shards = dealt_again(t.shards, world, partial)
     t.ctx.world, t.ctx.comm, t.ctx.node_comm = world, comm, node_comm
@@ -76,6 +92,7 @@ def rebuild(t: Any, world: World, comm: Communicator, node_comm: Communicator,
                             len(t.train_set), t.cfg.trainer.epochs)
     t.schedule.start_ramp(t.state.samples, rate)
     t.progress.relabel(f"{t.cfg.algo.name} x{world.size}")
+    t.state.position = (partial[0], 0)
     if became_main:  # the first rank was lost: this one writes the run's records now
         t.state.history = read_metrics(t.run_dir)
         t.runlog = RunLog(t.run_dir, t.cfg, t.recipe.primary_metric,

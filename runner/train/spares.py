@@ -38,12 +38,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..comm import Communicator, World
-from ..comm.ulfm import free_quietly
-from ..comm.world import detect_world, mpi
+from ..comm import World
+from ..comm.world import mpi
 from ..errors import UserError
 from .faults import FaultInjector
-from .regroup import rebuild, unread_pass
+from .regroup import learner_comms, rebuild, unread_pass
 from .rng import rank_seed, seed_everything
 
 log = logging.getLogger("adpsgd")
@@ -141,10 +140,7 @@ def grow(m: Any) -> bool:
     learner_mpi = m.split_learners()
     if me not in m.learners:
         return False
-    timeout_s = t.cfg.comm.timeout_s
-    comm = Communicator(learner_mpi, "mpi", name="world", timeout_s=timeout_s)
-    world, node_mpi = detect_world(learner_mpi, None)
-    node_comm = Communicator(node_mpi, "mpi", name="node", timeout_s=timeout_s)
+    world, comm, node_comm = learner_comms(learner_mpi, t.cfg.comm.timeout_s)
     job = learner_mpi.bcast(job_state(m) if world.is_main else None, root=0)
     if joining:
         donated = learner_mpi.recv(source=(world.rank - len(before)) % len(before),
@@ -157,15 +153,10 @@ def grow(m: Any) -> bool:
             learner_mpi.send(on_cpu({"model": t.model.state_dict(), "algo": algo_state,
                                      "optimizer": t.optimizer.state_dict()}),
                              dest=len(before) + k, tag=NOTICE_TAG)
-    for closing in (t.comm, t.ctx.node_comm):
-        closing.close()
-        free_quietly(closing.mpi_comm)
     t.stop.close()
     if t.ledger is not None:  # every count so far, carried by all: a learner lost later
         t.ledger.carry(comm, [])  # takes only its part of the rest of the pass with it
-    epoch = job["partial"][0]
     rebuild(t, world, comm, node_comm, job["partial"], algo_state, job["lr"])
-    t.state.position = (epoch, 0)  # the start of the rest of the pass
     m.announce("joined", joiners, world, time.perf_counter() - started)
     return True
 
