@@ -67,7 +67,8 @@ class Trainer:
         self.model = self.recipe.build_model().to(device=device, dtype=getattr(torch,
                                                                                tcfg.dtype))
         self.param_buffers = flatten_parameters(self.model.parameters())
-        broadcast_model(self.model, self.param_buffers, comm)
+        with comm.traffic.aside():  # set-up, not training traffic
+            broadcast_model(self.model, self.param_buffers, comm)
         self.checkpointer = Checkpointer(cfg, self.run_dir, world, comm, self.timers,
                                          progress_stream)
         self.resumed_from, resume_state = self.checkpointer.resolve(len(self.train_set))
@@ -311,7 +312,7 @@ class Trainer:
             self._leave()
             return
         log.info("evaluating at step %d (%d samples)", state.step, state.samples)
-        with self.timers.time("eval"):
+        with self.timers.time("eval"), self.comm.traffic.aside():
             self.faults.slow_evaluation()
             results = self.evaluator.score(self.algo.identical_replicas, final)
             consensus = self.evaluator.consensus_distance()

@@ -165,6 +165,7 @@ def _run_rank(run_dir: Path, in_process: bool) -> int:
         torch_subgroups,
     )
     from .comm.pairwise import ExchangeTimeout
+    from .comm.traffic import Traffic
     from .comm.world import detect_world, mpi
     from .train.compute_path import resolve_device
     from .train.spares import split_spares
@@ -238,9 +239,11 @@ def _run_rank(run_dir: Path, in_process: bool) -> int:
                       for node in range(world.num_nodes)]
             node_group = torch_subgroups(groups)[world.node]
         timeout = cfg.comm.timeout_s
-        comm = Communicator(learner_mpi, backend, name="world", timeout_s=timeout)
+        traffic = Traffic()  # the bytes this rank sends, over either communicator
+        comm = Communicator(learner_mpi, backend, name="world", timeout_s=timeout,
+                            traffic=traffic)
         node_comm = Communicator(node_mpi, backend, torch_group=node_group, name="node",
-                                 timeout_s=timeout)
+                                 timeout_s=timeout, traffic=traffic)
         trainer = Trainer(cfg, run_dir, world, comm, node_comm, device, progress_stream=console)
         trainer.run()
         if trainer.membership is not None:

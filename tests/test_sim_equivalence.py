@@ -1,7 +1,9 @@
 """launcher=sim runs the algorithms' own rules: at n=4 (float64, the same seed) every lockstep
 algorithm ends with the real ranks' model, and AD-PSGD/H-ADPSGD replaying a real run's
-recorded operations (algo.record_trace=true, launcher.replay) end with its model, to 1e-10."""
+recorded operations (algo.record_trace=true, launcher.replay) end with its model, to 1e-10;
+and each simulated learner counts the bytes its rank sent (summary.json's ``bytes_sent``)."""
 
+import json
 import sys
 
 import pytest
@@ -40,14 +42,16 @@ def real_runs(tmp_path_factory):
     return root, lines
 
 
-def simulate(overrides: list[str], run_dir) -> dict:
+def simulate(overrides: list[str], run_dir) -> tuple[dict, dict]:
+    """The simulated run's final model and summary."""
     sys.path.insert(0, str(MPI_SCRIPTS))
     from runner.sim.engine import Simulation
 
     from harness import compose_config
 
-    Simulation(compose_config(overrides), run_dir).run()
-    return torch.load(run_dir / "checkpoints" / "final_rank0.pt", weights_only=False)["model"]
+    summary = Simulation(compose_config(overrides), run_dir).run()
+    model = torch.load(run_dir / "checkpoints" / "final_rank0.pt", weights_only=False)["model"]
+    return model, summary
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -60,6 +64,9 @@ def test_simulated_model_equals_the_real_one(real_runs, case, tmp_path):
                  "launcher.procs_per_node=2"]
     if "algo.record_trace=true" in overrides:  # replay the real run's operations
         overrides += [f"launcher.replay={root / case / 'trace'}"]
-    simulated = simulate(overrides, tmp_path / "sim")
+    simulated, summary = simulate(overrides, tmp_path / "sim")
     worst = max(float((real[k] - simulated[k]).abs().max()) for k in real)
     assert worst <= 1e-10, f"{case}: the simulated model differs by {worst:.3g}"
+    real_sent = json.loads((root / case / "summary.json").read_text())["bytes_sent"]
+    assert summary["bytes_sent"]["by_kind"] == real_sent["by_kind"], case
+    assert real_sent["mean_per_step"] > 0, real_sent

@@ -145,7 +145,7 @@ class ADPSGD(Algorithm):
     # ---- the group of ranks that forms one learner ---------------------------------------
     def learner_comm(self) -> Communicator:
         """Ranks that share one model: just this rank (hadpsgd: its node)."""
-        return Communicator(mpi().COMM_SELF, "mpi", name="self")
+        return Communicator(mpi().COMM_SELF, "mpi", name="self", traffic=self.comm.traffic)
 
     def setup(self, model, optimizer):
         super().setup(model, optimizer)
@@ -181,7 +181,7 @@ class ADPSGD(Algorithm):
             self.averager = PairwiseAverager(
                 leaders, self.x, self.lock, is_active=is_active(index),
                 next_peer=peer_schedule(self.cfg.pattern, peers, self.ctx.cfg.seed, index),
-                timeout_s=self.cfg.timeout_s)
+                timeout_s=self.cfg.timeout_s, traffic=self.comm.traffic)
             self.signal = MilestoneSignal(leaders, self.cfg.timeout_s)
             if self.cfg.record_trace:
                 self.trace = self.averager.trace = []
@@ -190,7 +190,6 @@ class ADPSGD(Algorithm):
             leaders.Free()
         self._snapshot_version = 0
         self._shared_version = 0  # the leader's version the node's replicas last received
-        self.local_steps = 0  # steps of this session (traffic per step)
 
     def _refresh_replica(self, force: bool = False) -> None:
         """Copy x into the model the next gradient is computed on. In a super learner every
@@ -219,7 +218,6 @@ class ADPSGD(Algorithm):
 
     # ---- hooks -------------------------------------------------------------------------
     def before_forward(self, step):
-        self.local_steps += 1
         self._refresh_replica()
 
     def gradient_weight(self, local_count, global_count):
@@ -337,10 +335,6 @@ class ADPSGD(Algorithm):
 
     def stats(self):
         out = {}
-        if self.group.size > 1:  # a super learner's internal traffic, per local step
-            for kind in ("allreduce", "broadcast"):
-                out[f"node_{kind}_bytes_per_step"] = (self.group.payload_bytes[kind]
-                                                      / max(1, self.local_steps))
         if not self.averager:
             return out
         staleness = self.staleness or [0]

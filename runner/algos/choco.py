@@ -28,7 +28,8 @@ simulator draws the same ones.
 
 Invariants: with identity compression and consensus 1 the run is D-PSGD with
 ``ordering=step_then_average`` over the same topology (tests/test_equivalence_mpi.py, to
-1e-10). The messages' sizes are what the compression sends, counted where they are sent.
+1e-10). The messages' sizes are what the compression sends; the communicator counts them
+where they are sent (summary.json's ``bytes_sent``).
 Momentum stays local. Checkpoints hold xhat and s; a resumed run with another number of
 learners starts them at 0 again.
 """
@@ -178,7 +179,6 @@ class Choco(Algorithm):
         self._inbox = [{p: torch.empty(message_bytes(flat, self.cfg), dtype=torch.uint8)
                         for p in self.peers} for flat in self.x]
         self.seed = run_cfg.seed
-        self.bytes_sent = 0
 
     def after_step(self, step):
         rank = self.comm.rank
@@ -187,7 +187,6 @@ class Choco(Algorithm):
                                                              self._inbox)):
                 message, q = compress(x - public, self.cfg, draws(self.seed, rank, step, b))
                 handle = self.comm.exchange_(message, self.peers, inbox)
-                self.bytes_sent += message.numel() * len(self.peers)
                 public.add_(q)
                 mixed.add_(q * self.weights[rank])
                 received = handle.wait()
@@ -197,14 +196,10 @@ class Choco(Algorithm):
 
     def state_dict(self):
         return {"public": [t.clone() for t in self.public],
-                "mixed": [t.clone() for t in self.mixed], "bytes_sent": self.bytes_sent}
+                "mixed": [t.clone() for t in self.mixed]}
 
     def load_state_dict(self, state):
         for mine, saved in zip(self.public, state["public"]):
             mine.copy_(saved)
         for mine, saved in zip(self.mixed, state["mixed"]):
             mine.copy_(saved)
-        self.bytes_sent = state["bytes_sent"]
-
-    def stats(self):
-        return {"bytes_sent": float(self.bytes_sent)}

@@ -42,7 +42,8 @@ def capture(trainer: Any) -> dict[str, Any]:
                          "last_milestone": t.milestones.last_passed(),
                          "lr": t.lr, "lr_ramp": t.schedule.ramp,
                          "elapsed_s": time.perf_counter() - t.start_time,
-                         "timers": t.timers.snapshot()}}
+                         "timers": t.timers.snapshot(),
+                         "bytes_sent": t.comm.traffic.state_dict()}}
     if t.ledger is not None:  # collective: the samples used so far in the epoch, every rank's
         saved["ledger"] = t.ledger.state_dict(t.comm, t.state.position[1])
     if t.world.is_main:
@@ -78,6 +79,8 @@ def restore(trainer: Any, saved: dict[str, Any]) -> None:
         t.milestones.resume_after(saved["trainer"]["last_milestone"])
         t.schedule.ramp = saved["trainer"].get("lr_ramp")
         t.timers.seconds.update(saved["trainer"]["timers"])
+        # The bytes sent before the checkpoint (absent from checkpoints before it counted).
+        t.comm.traffic.load_state_dict(saved["trainer"].get("bytes_sent", {}))
         state.history = saved.get("history", [])
     if saved.get("ledger") is not None and t.ledger is not None:
         t.ledger.load_state_dict(saved["ledger"], resized=RESIZED in saved)

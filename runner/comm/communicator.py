@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from .deadline import DEADLINES, CommTimeout
+from .traffic import Traffic
 from .ulfm import free_quietly, track
 from .world import mpi
 
@@ -73,7 +74,9 @@ class Handle:
 
 class Communicator:
     def __init__(self, mpi_comm, backend: str = "mpi", torch_group=None, name: str = "world",
-                 timeout_s: float = DEFAULT_TIMEOUT_S):
+                 timeout_s: float = DEFAULT_TIMEOUT_S, traffic: Traffic | None = None):
+        """``traffic``: where the bytes this rank sends are counted (runner/comm/traffic.py),
+        shared by a rank's communicators; a new count if None."""
         if backend not in TENSOR_BACKENDS:
             raise ValueError(f"unknown tensor backend {backend!r}")
         self.MPI = mpi()
@@ -90,9 +93,7 @@ class Communicator:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"comm-{name}")
         self._busy_lock = threading.Lock()
         self.busy_s = 0.0  # seconds the communication thread spent inside collectives
-        # Bytes of tensor payload per kind of collective (allreduce, broadcast, exchange) that
-        # actually went to other ranks: what a traffic measurement reads.
-        self.payload_bytes: dict[str, int] = {"allreduce": 0, "broadcast": 0, "exchange": 0}
+        self.traffic = Traffic() if traffic is None else traffic
 
     # ---- tensor collectives (communication thread) -------------------------------------
     def _what(self, operation: str) -> str:
@@ -101,8 +102,8 @@ class Communicator:
                 f"{operation}")
 
     def _count(self, kind: str, nbytes: int) -> None:
-        if self.size > 1:
-            self.payload_bytes[kind] += nbytes
+        if self.size > 1 and nbytes:
+            self.traffic.count(f"{self.name}/{kind}", nbytes)
 
     def _submit(self, fn: Callable[[], Any], operation: str) -> Handle:
         def timed():
@@ -121,7 +122,7 @@ class Communicator:
             raise ValueError(f"unsupported reduction {op!r}")
         if not tensor.is_contiguous():
             raise ValueError("collectives need contiguous tensors; use a flat buffer")
-        self._count("allreduce", _nbytes(tensor))
+        self._count("allreduce", ring_bytes(_nbytes(tensor), self.size))
 
         def run():
             if self.size > 1:
@@ -142,7 +143,8 @@ class Communicator:
         return self.iallreduce_(tensor, op).wait()
 
     def broadcast_(self, tensor: torch.Tensor, root: int = 0) -> torch.Tensor:
-        self._count("broadcast", _nbytes(tensor))
+        if self.rank == root:
+            self._count("broadcast", _nbytes(tensor))
 
         def run():
             if self.size > 1:
@@ -245,6 +247,13 @@ class Communicator:
 
 def _nbytes(tensor: torch.Tensor) -> int:
     return tensor.numel() * tensor.element_size()
+
+
+def ring_bytes(nbytes: int, n: int) -> int:
+    """What each of ``n`` ranks sends in an allreduce of ``nbytes``: 2 (n - 1) / n of it, the
+    volume of the bandwidth-optimal algorithms (ring; reduce-scatter then allgather) that MPI
+    libraries use for large buffers, and of this module's lower-precision ring."""
+    return 2 * (n - 1) * nbytes // n
 
 
 class HostStaging:

@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from .progress import ProgressTable
+from .traffic import Traffic
 from .world import mpi
 
 REQUEST, REPLY, MODEL_REQUEST, MODEL_REPLY = 21, 22, 23, 24
@@ -74,16 +75,18 @@ class ExchangeTimeout(RuntimeError):
 class PairwiseAverager:
     def __init__(self, mpi_comm, buffers: list[torch.Tensor], lock: threading.Lock,
                  is_active: bool, next_peer: Callable[[int], int], timeout_s: float = 300.0,
-                 rate_limited: bool = True):
+                 rate_limited: bool = True, traffic: Traffic | None = None):
         """``mpi_comm``: the participants (a duplicate is used, never shared with other
         threads); ``buffers``: the shared model x; ``next_peer(k)``: the passive peer of this
-        active's k-th exchange; ``rate_limited``: an active averages once per :meth:`tick`."""
+        active's k-th exchange; ``rate_limited``: an active averages once per :meth:`tick`;
+        ``traffic``: where the bytes sent are counted (``world/gossip``)."""
         self.MPI = mpi()
         self.comm = mpi_comm.Dup()
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
         self.buffers, self.lock = buffers, lock
         self.is_active, self.next_peer = is_active, next_peer
         self.timeout_s, self.rate_limited = timeout_s, rate_limited
+        self.traffic = Traffic() if traffic is None else traffic
         # MPI sends host memory: GPU models are staged through page-locked host copies.
         self.snapshots = [_host_like(b) for b in buffers]
         self.received = [_host_like(b) for b in buffers]
@@ -208,10 +211,9 @@ class PairwiseAverager:
             key = [self.rank, peer, self.partners.get(peer, 0)]
             header = self._snapshot(key)
             reply = np.empty_like(header)
-            self._wait([self.comm.Isend(header, dest=peer, tag=REQUEST),
+            self._wait([self._send(header, peer, REQUEST),
                         self.comm.Irecv(reply, source=peer, tag=REPLY)], peer, "request")
-            requests = [self.comm.Isend(_np(s), dest=peer, tag=MODEL_REQUEST)
-                        for s in self.snapshots]
+            requests = [self._send(_np(s), peer, MODEL_REQUEST) for s in self.snapshots]
             requests += [self.comm.Irecv(_np(r), source=peer, tag=MODEL_REPLY)
                          for r in self.received]
             self._wait(requests, peer, "model exchange")
@@ -234,15 +236,19 @@ class PairwiseAverager:
             header = np.empty(3 * self.size)
             self.comm.Recv(header, source=peer, tag=REQUEST)
             key = [peer, self.rank, self.partners.get(peer, 0)]
-            requests = [self.comm.Isend(self._snapshot(key), dest=peer, tag=REPLY)]
+            requests = [self._send(self._snapshot(key), peer, REPLY)]
             requests += [self.comm.Irecv(_np(r), source=peer, tag=MODEL_REQUEST)
                          for r in self.received]
-            requests += [self.comm.Isend(_np(s), dest=peer, tag=MODEL_REPLY)
-                         for s in self.snapshots]
+            requests += [self._send(_np(s), peer, MODEL_REPLY) for s in self.snapshots]
             self._wait(requests, peer, "reply")
             self._merge(header, peer, started, key)
         finally:
             self._set_busy(False)
+
+    def _send(self, data: np.ndarray, peer: int, tag: int):
+        """Post one message to ``peer``, counted as sent."""
+        self.traffic.count("world/gossip", data.nbytes)
+        return self.comm.Isend(data, dest=peer, tag=tag)
 
     def _snapshot(self, key: list[int]) -> np.ndarray:
         """Copy x into the snapshot buffers; return the progress table of that moment.

@@ -45,7 +45,8 @@ def rank_report(trainer: Any) -> dict[str, Any]:
             "algo": t.algo.stats(), "steps": t.state.step,
             "skipped_batches": t.state.skipped_batches, "milestones": t.milestone_waits,
             "host": host_record(), "device": device_record(t.compute.device),
-            "comm_backend": t.comm.backend, "comm_staging": t.comm.staging_record()}
+            "comm_backend": t.comm.backend, "comm_staging": t.comm.staging_record(),
+            "bytes_sent": t.comm.traffic.report(t.state.step)}
 
 
 def gather_summary(trainer: Any, status: str) -> dict[str, Any]:
@@ -86,6 +87,18 @@ def gather_summary(trainer: Any, status: str) -> dict[str, Any]:
                             t.recipe, recipe_reports)
     t.runlog.finish(summary)
     return summary
+
+
+def bytes_sent_entry(sent: list[dict[str, Any]]) -> dict[str, Any]:
+    """summary.json's ``bytes_sent`` from each rank's traffic report (runner/comm/traffic.py):
+    per rank, the bytes sent and sent per step, and the same by kind; ``mean_per_step``, the
+    mean over ranks of their bytes per step."""
+    kinds = sorted({kind for report in sent for kind in report["by_kind"]})
+    return {"per_rank": [report["total"] for report in sent],
+            "per_step": [report["per_step"] for report in sent],
+            "mean_per_step": sum(report["per_step"] for report in sent) / len(sent),
+            "by_kind": {kind: [report["by_kind"].get(kind, 0) for report in sent]
+                        for kind in kinds}}
 
 
 def hosts_of(per_rank: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -139,6 +152,9 @@ def build_summary(status: str, cfg: Any, world: Any, run: dict[str, Any],
         "algo_stats": {name: [stats.get(name) for stats in algo_stats]
                        for name in sorted({k for st in algo_stats for k in st})},
     }
+    sent = [report.get("bytes_sent") for report in per_rank]
+    if all(sent):
+        summary["bytes_sent"] = bytes_sent_entry(sent)
     devices = [report.get("device") for report in per_rank]
     if any(devices):  # real ranks: where each computed and how its tensors travelled
         summary["devices"] = devices

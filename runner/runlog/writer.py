@@ -86,7 +86,16 @@ class RunLog:
             self.scalars({f"time/{name}_s": float(np.mean([r["time"].get(name, 0.0)
                                                            for r in per_rank]))
                           for name in TIME_SPLIT}, step)
+        sent = [report["bytes_sent"] for report in per_rank if report.get("bytes_sent")]
+        if sent:  # bytes on the wire (runner/comm/traffic.py): per step, and in all by samples
+            self.scalars({"comm/bytes_sent_per_step": float(np.mean([r["per_step"]
+                                                                     for r in sent]))}, step)
+            self.scalars({"by_samples/comm/bytes_sent": float(sum(r["total"] for r in sent))},
+                         where["samples"])
         for rank, report in enumerate(per_rank):
+            if report.get("bytes_sent"):
+                self.scalars({f"comm/bytes_sent_per_step/rank{rank}":
+                              report["bytes_sent"]["per_step"]}, step)
             # Per rank only the split itself (checkpoint and bookkeeping seconds are in
             # summary.json): 5 cards per rank rather than 8.
             self.scalars({f"time/{name}_s/rank{rank}": report["time"][name]
@@ -140,10 +149,12 @@ def custom_scalars_layout(metric: str) -> dict[str, dict[str, list[Any]]]:
             "held-out loss": ["Multiline", ["^eval/loss$"]],
             "train samples/s": ["Multiline", ["^train/samples_per_s$"]],
             "consensus distance": ["Multiline", ["^consensus/distance$"]],
+            "bytes sent per step": ["Multiline", ["^comm/bytes_sent_per_step$"]],
         },
         "by global samples": {
             f"held-out {metric}": ["Multiline", [f"^by_samples/eval/{metric}$"]],
             "held-out loss": ["Multiline", ["^by_samples/eval/loss$"]],
+            "bytes sent (all ranks)": ["Multiline", ["^by_samples/comm/bytes_sent$"]],
         },
         # One small chart per split (cumulative seconds, mean over ranks): in a single chart
         # the five lines of a run share its colour and cannot be told apart.

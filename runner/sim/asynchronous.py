@@ -30,6 +30,7 @@ import torch
 
 from ..algos.adpsgd import ADPSGD
 from ..comm.buffers import parameter_digest
+from ..comm.communicator import ring_bytes
 from ..topology.pairing import is_active, passive_peers, peer_schedule
 from .events import EventQueue
 from .lockstep import DelayByOneDriver
@@ -176,12 +177,17 @@ class GossipDriver:
         self.queue.after(slowest + node_reduce, lambda: self._end_step(s, lr, sum(counts)))
 
     def _node_comm_s(self, members: list[int], changed: bool) -> float:
-        """A super learner's collectives of one step (none for one member): the allreduce of
-        the gradients, two control broadcasts (whether x changed; the leader's count of
-        global samples) and, when an averaging changed x, the broadcast of x."""
+        """A super learner's collectives of one step (none for one member), counted as sent:
+        the allreduce of the gradients, two control broadcasts (whether x changed; the
+        leader's count of global samples) and, when an averaging changed x, the broadcast of
+        x by the leader."""
         if len(members) <= 1:
             return 0.0
         cluster, nbytes = self.sim.cluster, self.sim.nbytes
+        clocks = self.sim.clocks
+        clocks.count_sent("node/allreduce", ring_bytes(nbytes, len(members)), members)
+        if changed:
+            clocks.count_sent("node/broadcast", nbytes, members[:1])
         return (cluster.allreduce_s(members, nbytes)
                 + 2 * cluster.broadcast_s(members, CONTROL_BYTES)
                 + (cluster.broadcast_s(members, nbytes) if changed else 0.0))
@@ -225,6 +231,8 @@ class GossipDriver:
         self.ops[p].append([SNAP, *key])
         started = self.queue.now
         ranks = (self.members[a][0], self.members[p][0])
+        # Each end sends its snapshot and its progress table (3 numbers per participant).
+        sim.clocks.count_sent("world/gossip", sim.nbytes + 24 * len(self.members), ranks)
         nodes = [int(sim.cluster.node_of(r)) for r in ranks]
         done = lambda: self._exchanged(a, p, key, started)  # noqa: E731
         if nodes[0] == nodes[1] or self.nic[nodes[0]] is None:
@@ -279,12 +287,33 @@ class GossipDriver:
         self.executor.samples = int(state["executed_samples"])
 
     # ---- replaying a real run's trace ----------------------------------------------------
+    def _count_replayed(self, ops: list[list[list]]) -> None:
+        """The bytes the recorded run sent, from its operations: a snapshot goes to the peer
+        with the progress table; a super learner's every step averages the gradients over
+        its node, and a read after an averaging broadcasts the leader's x."""
+        clocks, nbytes = self.sim.clocks, self.sim.nbytes
+        for members, sequence in zip(self.members, ops):
+            merged = False
+            for op in sequence:
+                if op[0] == SNAP:
+                    clocks.count_sent("world/gossip", nbytes + 24 * len(ops), members[:1])
+                elif op[0] == MERGE:
+                    merged = True
+                elif len(members) > 1 and op[0] == APPLY:
+                    clocks.count_sent("node/allreduce", ring_bytes(nbytes, len(members)),
+                                      members)
+                elif len(members) > 1 and op[0] == READ:
+                    if merged:
+                        clocks.count_sent("node/broadcast", nbytes, members[:1])
+                    merged = False
+
     def _replay(self) -> None:
         sim = self.sim
         if self.started:
             return
         self.started = True
         ops = read_traces(self.replay, self.model_count)
+        self._count_replayed(ops)
         self.steps = np.array([sum(1 for op in seq if op[0] == APPLY) for seq in ops])
         self.version = np.array([sum(1 for op in seq if op[0] == MERGE) for seq in ops])
         self.executor.run(ops)

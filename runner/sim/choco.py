@@ -1,6 +1,7 @@
 """CHOCO-SGD under the simulator (runner/algos/choco.py): every stacked learner compresses
 with the algorithm's own ``compress`` and the same random draws as its rank, and mixes in
-its neighbours' messages in the same order. The messages' sizes are the compressed ones."""
+its neighbours' messages in the same order. The messages' sizes (the time they take, the
+bytes counted as sent) are the compressed ones."""
 
 from __future__ import annotations
 
@@ -25,7 +26,6 @@ class ChocoDriver(LockstepDriver):
         topology = TOPOLOGIES.get(cfg.topology.name)(cfg.topology, seed=cfg.seed)
         self.columns = [topology.in_weights(i, self.n) for i in range(self.n)]  # W's
         self.cfg, self.seed = cfg.algo, cfg.seed
-        self.bytes_sent = [0] * self.n
 
     def setup(self):
         self.public = torch.zeros_like(self.sim.x)
@@ -42,7 +42,6 @@ class ChocoDriver(LockstepDriver):
             for i in range(self.n):
                 message, q[i] = compress(x[i] - self.public[i], self.cfg,
                                          draws(self.seed, i, step, 0))
-                self.bytes_sent[i] += message.numel() * (len(self.columns[i]) - 1)
             self.public.add_(q)
             peers = []
             for i, weights in enumerate(self.columns):
@@ -54,14 +53,9 @@ class ChocoDriver(LockstepDriver):
             x.add_((self.mixed - self.public) * self.cfg.gamma)
         self.sim.clocks.receive(peers, sent_at, self.nbytes)
 
-    def stats(self):
-        return [{"bytes_sent": float(b)} for b in self.bytes_sent]
-
     def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "public": self.public, "mixed": self.mixed,
-                "bytes_sent": list(self.bytes_sent)}
+        return {**super().state_dict(), "public": self.public, "mixed": self.mixed}
 
     def load_state_dict(self, state):
         super().load_state_dict(state)
         self.public, self.mixed = state["public"], state["mixed"]
-        self.bytes_sent = list(state["bytes_sent"])

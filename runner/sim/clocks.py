@@ -1,8 +1,11 @@
-"""Every learner's virtual clock and where its seconds went (compute, comm, idle).
+"""Every learner's virtual clock and where its seconds went (compute, comm, idle), and the
+bytes each learner sent.
 
 A learner's time advances by what it does (compute, a transfer it cannot hide) and by waiting:
 for a slower peer (idle) or for bytes on the wire (comm). The split is the one real ranks
-report (runner/train/timers.py), in seconds of the modelled cluster.
+report (runner/train/timers.py), in seconds of the modelled cluster. The bytes sent are
+counted under the keys real ranks use (runner/comm/traffic.py), where the drivers model a
+send, with the sizes that the time model charges.
 """
 
 from __future__ import annotations
@@ -20,6 +23,17 @@ class Clocks:
         self.n, self.cluster = n, cluster
         self.t = np.zeros(n)
         self.seconds = {kind: np.zeros(n) for kind in KINDS}
+        self.sent: dict[str, np.ndarray] = {}  # "<communicator>/<kind>" -> bytes per learner
+
+    def count_sent(self, key: str, nbytes: np.ndarray | float,
+                   learners: Sequence[int] | None = None) -> None:
+        """``learners`` (default: every one) sent ``nbytes`` each (one number per learner
+        listed, or one for all) under ``key``."""
+        sent = self.sent.setdefault(key, np.zeros(self.n))
+        if learners is None:
+            sent += nbytes
+        else:
+            np.add.at(sent, np.asarray(learners, dtype=int), nbytes)
 
     def advance(self, seconds: np.ndarray | float, kind: str) -> None:
         """Every learner spends ``seconds`` (one per learner, or one for all) on ``kind``."""
@@ -44,6 +58,7 @@ class Clocks:
         for listed in peers:
             for j in listed:
                 out_degree[j] += 1
+        self.count_sent("world/exchange", nbytes * out_degree)
         latest_send = np.zeros(self.n)
         arrival = np.zeros(self.n)
         for i, listed in enumerate(peers):
@@ -62,9 +77,11 @@ class Clocks:
     def state_dict(self) -> dict:
         """Tensors (checkpoints load with weights_only, which takes no numpy arrays)."""
         return {"t": torch.from_numpy(self.t.copy()),
-                **{k: torch.from_numpy(v.copy()) for k, v in self.seconds.items()}}
+                **{k: torch.from_numpy(v.copy()) for k, v in self.seconds.items()},
+                "sent": {k: torch.from_numpy(v.copy()) for k, v in self.sent.items()}}
 
     def load_state_dict(self, state: dict) -> None:
         self.t = state["t"].numpy().copy()
         for kind in KINDS:
             self.seconds[kind] = state[kind].numpy().copy()
+        self.sent = {k: v.numpy().copy() for k, v in state.get("sent", {}).items()}

@@ -26,6 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 from ..algos import ALGORITHMS
 from ..checkpoint.checkpointer import Checkpointer
 from ..comm.communicator import Communicator
+from ..comm.traffic import traffic_report
 from ..comm.world import World, mpi
 from ..errors import ConfigError, UserError
 from ..recipe import RECIPES
@@ -347,7 +348,9 @@ class Simulation:
         return [{"time": {**{k: float(v[i]) for k, v in self.clocks.seconds.items()},
                           "data": 0.0, "eval": 0.0},
                  "algo": stats[i], "steps": int(steps[i]), "skipped_batches": 0,
-                 "milestones": 0} for i in range(self.n)]
+                 "milestones": 0,
+                 "bytes_sent": traffic_report({k: v[i] for k, v in self.clocks.sent.items()},
+                                              int(steps[i]))} for i in range(self.n)]
 
     def finalize(self) -> dict[str, Any]:
         self._fill(self.x[0], {k: v[0] for k, v in self.learners.buffers.items()})

@@ -23,6 +23,7 @@ from ..algos.delay_by_one import mix_ as delay_mix_
 from ..algos.dpsgd import mix_
 from ..algos.local_sgd import AVERAGE, SYNCHRONOUS, step_kind
 from ..comm.buffers import parameter_digest
+from ..comm.communicator import ring_bytes
 from ..topology import TOPOLOGIES
 from .registry import SIM_DRIVERS
 
@@ -115,6 +116,12 @@ class LockstepDriver:
         clocks.wait_until(clocks.t.max(), "idle")
         clocks.advance(self.sim.cluster.allreduce_s(list(range(self.n)), self.sim.nbytes),
                        "comm")
+        self.count_allreduce()
+
+    def count_allreduce(self) -> None:
+        """Every learner's share of an allreduce of one model (runner/comm/traffic.py)."""
+        if self.n > 1:
+            self.sim.clocks.count_sent("world/allreduce", ring_bytes(self.sim.nbytes, self.n))
 
 
 @SIM_DRIVERS.register("ssgd")
@@ -280,6 +287,7 @@ class DaSGDDriver(LockstepDriver):
             self.reduce_started = float(self.sim.clocks.t.max())  # the last learner launches
             self.reduced_at = self.reduce_started + self.sim.cluster.allreduce_s(
                 list(range(self.n)), self.sim.nbytes)
+            self.count_allreduce()
             if self.delay == 0:
                 self._merge()
                 self.synced = True
@@ -329,6 +337,13 @@ class DelayByOneDriver(LockstepDriver):
         self.apply(grads)
         if self.n > 1:
             self.previous, self.previous_partner = (sent_models, start), partners
+
+    def finish(self):
+        """The last step's message is never mixed in, but the ranks wait for it to arrive."""
+        if self.previous is not None:
+            self.sim.clocks.receive([[p] for p in self.previous_partner], self.previous[1],
+                                    self.sim.nbytes)
+            self.previous = None
 
     def state_dict(self):
         if self.previous is None:

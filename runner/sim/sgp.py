@@ -37,7 +37,8 @@ class SGPDriver(LockstepDriver):
         share, weight_share, senders, sent_at = pending
         fold_(self.sim.x, share)
         fold_(self.weight, weight_share)
-        self.sim.clocks.receive([[j] for j in senders], sent_at, self.sim.nbytes)
+        # x's share and w's (one float64) travel to the same peer.
+        self.sim.clocks.receive([[j] for j in senders], sent_at, self.sim.nbytes + 8)
 
     def step(self, step, batches, counts, global_count):
         grads = self.local_gradients(batches, counts, global_count)  # at z

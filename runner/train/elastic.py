@@ -309,7 +309,8 @@ class Membership:
                                                                "rank with every rank alive")
         lost = [self.learners[r] for r in lost_ranks]
         self.learners = [n for n in self.learners if n not in gone]
-        world, comm, node_comm = learner_comms(self.split_learners(), old_comm.timeout_s)
+        world, comm, node_comm = learner_comms(self.split_learners(), old_comm.timeout_s,
+                                               old_comm.traffic)
         state = t.state
         epoch, done_steps = state.position
         if t.ledger is not None:  # with what the lost learners had used of this pass

@@ -10,6 +10,7 @@ import numpy as np
 from omegaconf import OmegaConf
 
 from ..comm import Communicator, World
+from ..comm.traffic import Traffic
 from ..comm.ulfm import free_quietly
 from ..errors import ConfigError, UserError
 from .data import ShardedBatches
@@ -31,15 +32,16 @@ def dealt_again(old: ShardedBatches, world: World,
     return shards
 
 
-def learner_comms(learner_mpi: Any, timeout_s: float) -> tuple[World, Communicator,
-                                                                 Communicator]:
+def learner_comms(learner_mpi: Any, timeout_s: float, traffic: Traffic
+                  ) -> tuple[World, Communicator, Communicator]:
     """The World and the world and node communicators of the learners' MPI communicator
-    (collective over it)."""
+    (collective over it); ``traffic``: this rank's count of bytes sent, which goes on."""
     from ..comm.world import detect_world
 
-    comm = Communicator(learner_mpi, "mpi", name="world", timeout_s=timeout_s)
+    comm = Communicator(learner_mpi, "mpi", name="world", timeout_s=timeout_s, traffic=traffic)
     world, node_mpi = detect_world(learner_mpi, None)
-    return world, comm, Communicator(node_mpi, "mpi", name="node", timeout_s=timeout_s)
+    return world, comm, Communicator(node_mpi, "mpi", name="node", timeout_s=timeout_s,
+                                     traffic=traffic)
 
 
 def rebuild(t: Any, world: World, comm: Communicator, node_comm: Communicator,

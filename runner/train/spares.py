@@ -140,7 +140,7 @@ def grow(m: Any) -> bool:
     learner_mpi = m.split_learners()
     if me not in m.learners:
         return False
-    world, comm, node_comm = learner_comms(learner_mpi, t.cfg.comm.timeout_s)
+    world, comm, node_comm = learner_comms(learner_mpi, t.cfg.comm.timeout_s, t.comm.traffic)
     job = learner_mpi.bcast(job_state(m) if world.is_main else None, root=0)
     if joining:
         donated = learner_mpi.recv(source=(world.rank - len(before)) % len(before),

@@ -128,7 +128,7 @@ def build_trainer(world_mpi, comm, run_dir, cfg):
     from runner.trainer import Trainer
 
     world, node_mpi = detect_world(world_mpi, cfg.launcher.procs_per_node)
-    node = Communicator(node_mpi, "mpi", name="node")
+    node = Communicator(node_mpi, "mpi", name="node", traffic=comm.traffic)
     return Trainer(cfg, run_dir, world, comm, node, torch.device("cpu")), node
 
 
