@@ -1,10 +1,13 @@
-"""The seeds' network claims on real links: the algorithms trained across the lab's hosts
+"""The network claims on real links: the algorithms trained across the lab's hosts
 (scripts/lab_cluster.sh) at 1 Gbit/s, at 100 Mbit/s, and with one host's link at a tenth of
-the others' (the shared network of the AD-PSGD paper), for epoch time, samples/s and time to a
-held-out target.
+the others' (the shared network of the AD-PSGD paper), for epoch time, samples/s, bytes sent
+per step and time to a held-out target.
 
     python benchmarks/bench_lab_claims.py --json docs/results/lab/claims.json \
         --plot docs/results/lab/claims.png            # ~20 min on 2 cores
+    python benchmarks/bench_lab_claims.py --networks 100mbit --epochs 12 \
+        --algos ssgd dpsgd adpsgd sgp sgp_overlap choco_top1 choco_qsgd8 diloco_p10 diloco_p50 \
+        --json docs/results/lab/peers.json --plot docs/results/lab/peers.png   # the peers'
     python benchmarks/bench_lab_claims.py --quick     # 2 hosts, 1 epoch, 2 algorithms: wiring
 
 Needs root (the lab). The workload makes the exchange dominate at the lower rate: the digits
@@ -16,10 +19,12 @@ evaluation of the averaged model at or above the target; the wall time to it (as
 waits, evaluations included) is reported beside. SSGD's communication share is its ranks'
 communication seconds over their training seconds (summary.json's time split).
 
-The claim (AD-PSGD and its seeds): where SSGD spends more than half its time communicating,
-AD-PSGD trains at >= 2x its samples/s and reaches the target in <= 0.6 of its time. The run
-dirs stay under --runs for adpsgd-report and the simulator's comparison
-(benchmarks/bench_lab_sim.py).
+The claims. AD-PSGD and its seeds: where SSGD spends more than half its time communicating,
+AD-PSGD trains at >= 2x its samples/s and reaches the target in <= 0.6 of its time. CHOCO-SGD
+with top-1% against D-PSGD on the same ring: <= 3% of its bytes per step, and the target in
+<= 0.5 of its time. Bytes per step are summary.json's ``bytes_sent`` (counted where each rank
+sent them), mean over ranks. The run dirs stay under --runs for adpsgd-report and the
+simulator's comparison (benchmarks/bench_lab_sim.py).
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ from benchmarks import harness as bench  # noqa: E402
 from benchmarks.bench_network import lab, lab_with  # noqa: E402
 
 NAME = "lab_claims"
-ALGOS = ["ssgd", "dpsgd", "adpsgd", "adpsgd_random", "hadpsgd", "dasgd"]
+ALGOS = ["ssgd", "dpsgd", "adpsgd", "adpsgd_random", "hadpsgd", "dasgd"]  # the default
 # Network name -> the rate of each host's link (lab2 is the slow one of the shared network:
 # hadpsgd's two hosts are lab1 and lab2, so every algorithm meets it).
 NETWORKS = {"1gbit": ["1gbit"] * 4, "100mbit": ["100mbit"] * 4,
@@ -47,8 +52,9 @@ QUICK = {"hosts": 2, "epochs": 1, "target": 50.0, "networks": ["1gbit"],
          "algos": ["ssgd", "adpsgd"]}
 WORKLOAD = ["recipe=digit_images", "recipe.hidden=1024", "trainer.batch_size=32",
             "trainer.progress=false"]
-MD_HEADER = ("| date | network | algorithm | samples/s | epoch s | comm share | training s to "
-             "target | wall s to target | final top-1 |\n|---|---|---|---|---|---|---|---|---|\n")
+MD_HEADER = ("| date | network | algorithm | samples/s | epoch s | comm share | MB sent/step | "
+             "training s to target | wall s to target | final top-1 |\n"
+             "|---|---|---|---|---|---|---|---|---|---|\n")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -58,7 +64,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--epochs", type=int, help=f"default {FULL['epochs']}")
     p.add_argument("--target", type=float, help=f"held-out top-1, %% (default {FULL['target']})")
     p.add_argument("--networks", nargs="+", choices=list(NETWORKS))
-    p.add_argument("--algos", nargs="+", choices=ALGOS)
+    p.add_argument("--algos", nargs="+", choices=list(bench.ALGORITHM_VARIANTS),
+                   help=f"default: {' '.join(ALGOS)}")
     p.add_argument("--plot", type=Path, help="write the picture (PNG) here")
     p.add_argument("--reuse", action="store_true", help="keep the completed cases of --runs")
     args = p.parse_args(argv)
@@ -117,6 +124,8 @@ def run_network(args: argparse.Namespace, network: str, shell: str) -> dict[str,
             "run_dir": run["run_dir"], "samples_per_s": summary["samples_per_s"],
             "epoch_s": summary["train_s"] / summary["epochs"],
             "comm_share": comm_share(summary),
+            "bytes_per_step": summary["bytes_sent"]["mean_per_step"],
+            "bytes_by_kind": summary["bytes_sent"]["by_kind"],
             "time_to_target_s": time_to(run["metrics"], args.target, "train_s"),
             "wall_to_target_s": time_to(run["metrics"], args.target, "wall_s"),
             "final_top1": summary.get("top1"), "hosts": summary.get("hosts")}
@@ -131,8 +140,8 @@ def verdict(results: dict[str, Any]) -> dict[str, Any]:
     at >= 2x SSGD's samples/s and <= 0.6 of its time to the target."""
     ssgd = results.get("ssgd")
     if not ssgd or ssgd["comm_share"] <= 0.5:
-        return {"applies": False}
-    out: dict[str, Any] = {"applies": True}
+        return {"applies": False, **choco_verdict(results)}
+    out: dict[str, Any] = {"applies": True, **choco_verdict(results)}
     for algo in ("adpsgd", "adpsgd_random"):
         if algo not in results:
             continue
@@ -143,6 +152,19 @@ def verdict(results: dict[str, Any]) -> dict[str, Any]:
         out[algo] = {"speedup": speed, "time_ratio": times,
                      "held": speed >= 2 and times is not None and times <= 0.6}
     return out
+
+
+def choco_verdict(results: dict[str, Any]) -> dict[str, Any]:
+    """CHOCO-SGD top-1% against D-PSGD: <= 3% of its bytes per step and <= 0.5 of its time to
+    the target."""
+    dpsgd, choco = results.get("dpsgd"), results.get("choco_top1")
+    if not dpsgd or not choco:
+        return {}
+    bytes_ratio = choco["bytes_per_step"] / dpsgd["bytes_per_step"]
+    times = (choco["time_to_target_s"] / dpsgd["time_to_target_s"]
+             if choco["time_to_target_s"] and dpsgd["time_to_target_s"] else None)
+    return {"choco_top1": {"bytes_ratio": bytes_ratio, "time_ratio": times,
+                           "held": bytes_ratio <= 0.03 and times is not None and times <= 0.5}}
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
@@ -163,7 +185,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def plot(result: dict[str, Any], path: Path) -> None:
-    """Samples/s and time to the target, per algorithm, one group of bars per network."""
+    """Samples/s, bytes sent per step and time to the target, per algorithm, one group of
+    bars per network."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -171,20 +194,23 @@ def plot(result: dict[str, Any], path: Path) -> None:
 
     networks = list(result["networks"])
     algos = list(next(iter(result["networks"].values())))
-    figure = Figure(figsize=(11, 4))
-    for axis, key, label in zip(figure.subplots(1, 2), ("samples_per_s", "time_to_target_s"),
-                                ("samples/s (higher is better)",
-                                 f"training s to {result['target_top1']:.0f}% top-1 (lower is "
-                                 "better)")):
+    figure = Figure(figsize=(16, 4))
+    panels = (("samples_per_s", "samples/s (higher is better)"),
+              ("bytes_per_step", "bytes sent per step and rank (log)"),
+              ("time_to_target_s", f"training s to {result['target_top1']:.0f}% top-1 (lower "
+                                   "is better; none: not reached)"))
+    for axis, (key, label) in zip(figure.subplots(1, 3), panels):
         width = 0.8 / len(algos)
         for i, algo in enumerate(algos):
             values = [result["networks"][n][algo][key] or 0.0 for n in networks]
             axis.bar([x + i * width for x in range(len(networks))], values, width, label=algo)
         axis.set_xticks([x + 0.4 - width / 2 for x in range(len(networks))], networks)
-        axis.set_title(label)
+        axis.set_title(label, fontsize=9)
+        if key == "bytes_per_step":
+            axis.set_yscale("log")
     figure.axes[0].legend(fontsize=8)
-    figure.suptitle(f"{result['hosts']} lab hosts: 1 Gbit/s, 100 Mbit/s, and lab2 at a tenth "
-                    "(shared)")
+    figure.suptitle(f"{result['hosts']} lab hosts: "
+                    + ", ".join(f"{n} ({' '.join(result['rates'][n])})" for n in networks))
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=100, bbox_inches="tight")
 
@@ -197,7 +223,8 @@ def markdown_rows(result: dict[str, Any]) -> list[str]:
             to, wall = (f"{r[k]:.1f}" if r[k] else "-"
                         for k in ("time_to_target_s", "wall_to_target_s"))
             rows.append(f"| {date} | {network} | {algo} | {r['samples_per_s']:.0f} | "
-                        f"{r['epoch_s']:.2f} | {r['comm_share']:.2f} | {to} | {wall} | "
+                        f"{r['epoch_s']:.2f} | {r['comm_share']:.2f} | "
+                        f"{r['bytes_per_step'] / 1e6:.3f} | {to} | {wall} | "
                         f"{r['final_top1']:.1f} |")
     return rows
 

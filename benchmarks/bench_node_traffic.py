@@ -5,9 +5,10 @@ among themselves (the gradient allreduce, and the broadcasts that keep their rep
     python benchmarks/bench_node_traffic.py --shapes 4x2 --repeats 5
     python benchmarks/bench_node_traffic.py --quick            # seconds: checks the wiring only
 
-The counts come from the node communicator (payload bytes of each tensor collective, read
-from summary.json's ``algo_stats``), so they do not depend on the machine's speed; samples/s
-is reported beside them. The allreduce of the gradient is the synchronous half of H-ADPSGD
+The counts come from summary.json's ``bytes_sent`` (runner/comm/traffic.py: what each rank
+sent, evaluations apart): per step, a member's share of the gradients' allreduce and, per
+node, the leader's broadcasts. They do not depend on the machine's speed; samples/s is
+reported beside them. The allreduce of the gradient is the synchronous half of H-ADPSGD
 and needed at every step; the broadcast is what keeps the ranks of a node on their leader's
 model after its gossip changed it.
 """
@@ -55,8 +56,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def mean(values: list[float]) -> float:
-    return sum(values) / len(values)
+def per_step(summary: dict, kind: str) -> float:
+    """Bytes of ``kind`` (summary.json's bytes_sent) per step, summed over ranks."""
+    sent = summary["bytes_sent"]["by_kind"].get(kind, [])
+    return sum(b / max(steps, 1) for b, steps in zip(sent, summary["steps_per_rank"]))
 
 
 def measure(args: argparse.Namespace) -> dict:
@@ -72,8 +75,10 @@ def measure(args: argparse.Namespace) -> dict:
         params = bench.parameter_count(next(iter(runs.values()))["run_dir"])
         model_bytes = 4 * params  # float32
         stats = [s["algo_stats"] for s in summaries]
-        allreduce = [mean(st["node_allreduce_bytes_per_step"]) for st in stats]
-        broadcast = [mean(st["node_broadcast_bytes_per_step"]) for st in stats]
+        # Per step, a member's share of the gradients' allreduce; the leader's broadcasts of x
+        # (the one rank that sends them), per node.
+        allreduce = [per_step(s, "node/allreduce") / nprocs for s in summaries]
+        broadcast = [per_step(s, "node/broadcast") / (nprocs // per_node) for s in summaries]
         shapes[f"{nprocs}x{per_node}"] = {
             "parameters": params, "overrides": base,
             "allreduce_bytes_per_step": allreduce, "broadcast_bytes_per_step": broadcast,

@@ -241,6 +241,14 @@ ALGORITHM_VARIANTS: dict[str, list[str]] = {
     "hadpsgd": ["algo=hadpsgd"],
     "dasgd": ["algo=dasgd"],
     "local_sgd": ["algo=local_sgd"],
+    # The peers' algorithms (docs/algorithms.md): SGP, CHOCO-SGD top-1% and 8-bit QSGD on the
+    # ring, DiLoCo at two periods.
+    "sgp": ["algo=sgp"],
+    "sgp_overlap": ["algo=sgp", "algo.overlap=true"],
+    "choco_top1": ["algo=choco", "topology=ring", "algo.compression=topk", "algo.ratio=0.01"],
+    "choco_qsgd8": ["algo=choco", "topology=ring", "algo.compression=qsgd", "algo.levels=127"],
+    "diloco_p10": ["algo=diloco", "algo.period=10"],
+    "diloco_p50": ["algo=diloco", "algo.period=50"],
 }
 
 

@@ -188,3 +188,31 @@ def test_elastic(tmp_path):
     assert list(case["uninterrupted_top1"]) == ["0"]  # --quick: seed 0's only
     cells = [c.strip() for c in rows[0].strip("|").split("|")]
     assert cells[1:3] == ["ssgd", "4"] and cells[-1] == "yes"
+
+
+@pytest.mark.mpi
+def test_exchange_dtype(tmp_path):
+    """--quick: dpsgd on 2 ranks with its models sent in float32, bfloat16 and float16: the
+    lower precisions send half the bytes per step and train to a held-out top-1 near the
+    float32 one."""
+    r, rows = run_quick(tmp_path, "bench_exchange_dtype", "--runs", str(tmp_path / "runs"))
+    by_dtype = r["results"]["dpsgd"]
+    assert list(by_dtype) == ["float32", "bfloat16", "float16"] and len(rows) == 3
+    full = by_dtype["float32"]["bytes_per_step"][0]
+    assert positive(full) and full % 4 == 0
+    for dtype in ("bfloat16", "float16"):
+        assert by_dtype[dtype]["bytes_per_step"] == [full / 2]
+        assert abs(by_dtype[dtype]["top1_change"][0]) < 5, by_dtype
+    assert by_dtype["float32"]["top1_change"] == [0.0]
+
+
+@pytest.mark.mpi
+def test_node_traffic(tmp_path):
+    """--quick: hadpsgd 4 ranks in 2 nodes: a member's share of the node's gradient allreduce
+    is the whole gradient (2 (n - 1) / n with n = 2) every step, and the leaders broadcast at
+    most one model per step."""
+    r, rows = run_quick(tmp_path, "bench_node_traffic", "--runs", str(tmp_path / "runs"))
+    shape = r["shapes"]["4x2"]
+    model_bytes = 4 * shape["parameters"]
+    assert shape["allreduce_bytes_per_step"] == [model_bytes] and len(rows) == 1
+    assert 0 < shape["model_broadcasts_per_step"][0] <= 1, shape

@@ -11,16 +11,24 @@ from runner.algos.choco import COMPRESSIONS, ChocoConfig, compress, decode, draw
 from runner.commands.run import check_command_line
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("dtype,wire", [(torch.float32, None), (torch.float64, None),
+                                        (torch.float32, torch.bfloat16),
+                                        (torch.float64, torch.float16)])
 @pytest.mark.parametrize("name", COMPRESSIONS)
-def test_the_peer_decodes_what_was_sent_and_the_size_is_the_stated_one(name, dtype):
+def test_the_peer_decodes_what_was_sent_and_the_size_is_the_stated_one(name, dtype, wire):
+    """Also with the values in a lower precision (comm.exchange_dtype): the sender's Q(v) is
+    the rounded message, so both ends' public copies agree."""
     cfg = ChocoConfig(compression=name, ratio=0.05, levels=15)
     v = torch.randn(1001, generator=torch.Generator().manual_seed(1), dtype=dtype)
-    message, value = compress(v, cfg, draws(0, 1, 7, 0))
-    assert message.dtype == torch.uint8 and message.numel() == message_bytes(v, cfg)
-    assert torch.equal(decode(message.clone(), v, cfg), value)
-    again, _ = compress(v, cfg, draws(0, 1, 7, 0))  # the same draws on a rank and the sim
+    message, value = compress(v, cfg, draws(0, 1, 7, 0), wire)
+    assert message.dtype == torch.uint8 and message.numel() == message_bytes(v, cfg, wire)
+    assert value.dtype == dtype and torch.equal(decode(message.clone(), v, cfg, wire), value)
+    again, _ = compress(v, cfg, draws(0, 1, 7, 0), wire)  # the same draws on a rank and the sim
     assert torch.equal(again, message)
+    if wire is not None and name in ("identity", "topk"):  # the values, rounded once
+        full = compress(v, cfg, draws(0, 1, 7, 0))[1]
+        assert torch.equal(value, full.to(wire).to(dtype))
+        assert message.numel() < message_bytes(v, cfg)
 
 
 def test_each_operator_keeps_what_its_definition_says():

@@ -30,8 +30,14 @@ CONSERVATION_CASES = {
     "adpsgd-fixed": ["algo=adpsgd", "algo.pattern=fixed"],
     "adpsgd-random": ["algo=adpsgd", "algo.pattern=random", "topology=complete"],
     "hadpsgd": ["algo=hadpsgd", "launcher.procs_per_node=2"],
+    # Snapshots in bfloat16: both ends average the same two rounded vectors.
+    "adpsgd-bfloat16": ["algo=adpsgd", "algo.pattern=fixed", "comm.exchange_dtype=bfloat16"],
 }
-PUSH_SUM_CASES = {"sgp": ["algo=sgp"], "sgp-overlap": ["algo=sgp", "algo.overlap=true"]}
+PUSH_SUM_CASES = {"sgp": ["algo=sgp"], "sgp-overlap": ["algo=sgp", "algo.overlap=true"],
+                  # The pushed half rounded by its sender, who keeps the rest: no mass lost.
+                  "sgp-bfloat16": ["algo=sgp", "comm.exchange_dtype=bfloat16"],
+                  "sgp-overlap-float16": ["algo=sgp", "algo.overlap=true",
+                                          "comm.exchange_dtype=float16"]}
 MERGE_CASES = {"tau3-delay1": ["algo.tau=3", "algo.delay=1"],
                "tau2-delay2": ["algo.tau=2", "algo.delay=2"]}
 

@@ -29,6 +29,11 @@ CASES = {
     "diloco": ["algo=diloco", "algo.period=3"],
     "choco_topk": ["algo=choco", "algo.compression=topk", "algo.ratio=0.1"],
     "choco_qsgd": ["algo=choco", "algo.compression=qsgd", "algo.levels=15"],
+    # Lower precision on the wire: the simulator charges and counts the smaller messages but
+    # does not round (its models are not compared).
+    "dpsgd_ring_bfloat16": ["algo=dpsgd", "topology=ring", "comm.exchange_dtype=bfloat16"],
+    "choco_topk_float16": ["algo=choco", "algo.compression=topk", "algo.ratio=0.1",
+                           "comm.exchange_dtype=float16"],
     "adpsgd": ["algo=adpsgd", "algo.record_trace=true", "faults.delay_s=0.003"],
     "hadpsgd": ["algo=hadpsgd", "algo.record_trace=true", "faults.delay_s=0.003"],
 }
@@ -66,7 +71,8 @@ def test_simulated_model_equals_the_real_one(real_runs, case, tmp_path):
         overrides += [f"launcher.replay={root / case / 'trace'}"]
     simulated, summary = simulate(overrides, tmp_path / "sim")
     worst = max(float((real[k] - simulated[k]).abs().max()) for k in real)
-    assert worst <= 1e-10, f"{case}: the simulated model differs by {worst:.3g}"
+    rounded = any(o.startswith("comm.exchange_dtype=") for o in overrides)
+    assert rounded or worst <= 1e-10, f"{case}: the simulated model differs by {worst:.3g}"
     real_sent = json.loads((root / case / "summary.json").read_text())["bytes_sent"]
     assert summary["bytes_sent"]["by_kind"] == real_sent["by_kind"], case
     assert real_sent["mean_per_step"] > 0, real_sent

@@ -100,7 +100,9 @@ def test_custom_scalars_chart_tags_the_runs_write(server: str):
     assert set(charts) == {
         ("compare runs", "held-out top1"), ("compare runs", "held-out loss"),
         ("compare runs", "train samples/s"), ("compare runs", "consensus distance"),
+        ("compare runs", "bytes sent per step"),
         ("by global samples", "held-out top1"), ("by global samples", "held-out loss"),
+        ("by global samples", "bytes sent (all ranks)"),
         *(("time split", f"{name} s") for name in ("compute", "comm", "idle", "data", "eval")),
         ("learners", "own work per step (s)"), ("learners", "waiting per step (s)")}
     for key, patterns in charts.items():

@@ -181,7 +181,7 @@ class ADPSGD(Algorithm):
             self.averager = PairwiseAverager(
                 leaders, self.x, self.lock, is_active=is_active(index),
                 next_peer=peer_schedule(self.cfg.pattern, peers, self.ctx.cfg.seed, index),
-                timeout_s=self.cfg.timeout_s, traffic=self.comm.traffic)
+                timeout_s=self.cfg.timeout_s, traffic=self.comm.traffic, wire=self.wire)
             self.signal = MilestoneSignal(leaders, self.cfg.timeout_s)
             if self.cfg.record_trace:
                 self.trace = self.averager.trace = []

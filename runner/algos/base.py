@@ -57,6 +57,16 @@ class TrainContext:
     run_dir: Path = Path(".")
 
 
+def wire_dtype(cfg: DictConfig) -> torch.dtype | None:
+    """``comm.exchange_dtype`` as a torch dtype; None when unset or equal to the model's."""
+    from ..comm.communicator import WIRE_DTYPES
+
+    name = cfg.comm.get("exchange_dtype")
+    if name is None or name == cfg.trainer.dtype:
+        return None
+    return WIRE_DTYPES[name]
+
+
 def sample_weight(count: int, members: int, total: int) -> float:
     """``c * m / C``: the factor on a member's mean loss that makes the plain mean over the
     ``members`` of a group the mean over all ``total`` samples of their step (one rule for
@@ -123,6 +133,9 @@ class Algorithm:
     def __init__(self, cfg: Any, ctx: TrainContext):
         self.cfg = cfg
         self.ctx = ctx
+        # comm.exchange_dtype: what models (and the pieces of them) travel in between
+        # learners; None: the model's dtype (runner/comm/communicator.py).
+        self.wire = wire_dtype(ctx.cfg)
         self.world = ctx.world
         self.comm = ctx.comm
         self.timers = ctx.timers

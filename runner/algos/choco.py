@@ -23,8 +23,10 @@ construction). Compressions of a flat buffer v of d numbers (:func:`compress`):
   signed levels of one byte);
 * ``sign``: (||v||_1 / d) sign(v) (one scale and d bits).
 
-The random draws come from a generator seeded by (run seed, learner, step, buffer), so the
-simulator draws the same ones.
+The values sent (identity, top-k and random-k; the scale of qsgd and sign) travel in
+``comm.exchange_dtype`` when it is set; Q(v) is then the rounded message, the same on both
+ends. The random draws come from a generator seeded by (run seed, learner, step, buffer), so
+the simulator draws the same ones.
 
 Invariants: with identity compression and consensus 1 the run is D-PSGD with
 ``ordering=step_then_average`` over the same topology (tests/test_equivalence_mpi.py, to
@@ -81,20 +83,22 @@ def draws(seed: int, learner: int, step: int, buffer: int) -> torch.Generator:
         ((seed * 1_000_003 + learner) * 1_000_003 + step) * 101 + buffer)
 
 
-def compress(v: torch.Tensor, cfg: ChocoConfig, generator: torch.Generator
-             ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(the message as bytes, its decoded value Q(v)) for a flat buffer ``v``."""
-    d = v.numel()
+def compress(v: torch.Tensor, cfg: ChocoConfig, generator: torch.Generator,
+             wire: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the message as bytes, its decoded value Q(v)) for a flat buffer ``v``; ``wire``: the
+    dtype of the values sent (None: ``v``'s)."""
+    d, wire = v.numel(), wire or v.dtype
     if cfg.compression == "identity":
-        return v.contiguous().view(torch.uint8), v.clone()
+        sent = v.to(wire)
+        return sent.contiguous().view(torch.uint8), sent.to(v.dtype)
     if cfg.compression in ("topk", "randomk"):
         k = kept(d, cfg)
         if cfg.compression == "topk":
             index = v.abs().topk(k, sorted=False).indices.sort().values
         else:
             index = torch.randperm(d, generator=generator)[:k].sort().values
-        values = v[index]
-        decoded = torch.zeros_like(v).index_put_((index,), values)
+        values = v[index].to(wire)
+        decoded = torch.zeros_like(v).index_put_((index,), values.to(v.dtype))
         message = torch.cat([values.contiguous().view(torch.uint8),  # first: aligned views
                              index.to(torch.int32).view(torch.uint8)])
         return message, decoded
@@ -105,29 +109,32 @@ def compress(v: torch.Tensor, cfg: ChocoConfig, generator: torch.Generator
         floor = scaled.floor()
         level = floor + (torch.rand(d, generator=generator, dtype=v.dtype) < scaled - floor)
         signed = (level * v.sign()).to(torch.int8)
-        scale = norm / s / (1 + min(d / s**2, math.sqrt(d) / s))
+        scale = (norm / s / (1 + min(d / s**2, math.sqrt(d) / s))).to(wire)
         message = torch.cat([scale.reshape(1).view(torch.uint8), signed.view(torch.uint8)])
-        return message, signed.to(v.dtype) * scale
+        return message, signed.to(v.dtype) * scale.to(v.dtype)
     # sign: one scale and d bits
-    scale = v.abs().sum() / d
+    scale = (v.abs().sum() / d).to(wire)
     bits = (v >= 0).to(torch.uint8)
     padded = torch.cat([bits, bits.new_zeros(-d % 8)]).view(-1, 8)
     packed = (padded << torch.arange(8, dtype=torch.uint8)).sum(1, dtype=torch.uint8)
     message = torch.cat([scale.reshape(1).view(torch.uint8), packed])
+    scale = scale.to(v.dtype)
     return message, torch.where(v >= 0, scale, -scale)
 
 
-def decode(message: torch.Tensor, like: torch.Tensor, cfg: ChocoConfig) -> torch.Tensor:
+def decode(message: torch.Tensor, like: torch.Tensor, cfg: ChocoConfig,
+           wire: torch.dtype | None = None) -> torch.Tensor:
     """The value of a received ``message`` (what :func:`compress` returned second)."""
-    d, size = like.numel(), like.element_size()
+    wire = wire or like.dtype
+    d, size = like.numel(), wire.itemsize
     if cfg.compression == "identity":
-        return message.view(like.dtype).clone()
+        return message.view(wire).to(like.dtype)
     if cfg.compression in ("topk", "randomk"):
         k = kept(d, cfg)
-        values = message[:k * size].view(like.dtype)
-        index = message[k * size:].view(torch.int32).long()
+        values = message[:k * size].view(wire).to(like.dtype)
+        index = message[k * size:].clone().view(torch.int32).long()  # clone: 4-byte aligned
         return torch.zeros_like(like).index_put_((index,), values)
-    scale = message[:size].view(like.dtype)[0]
+    scale = message[:size].view(wire)[0].to(like.dtype)
     if cfg.compression == "qsgd":
         return message[size:].view(torch.int8).to(like.dtype) * scale
     bits = (message[size:].unsqueeze(1) >> torch.arange(8, dtype=torch.uint8)) & 1
@@ -135,9 +142,10 @@ def decode(message: torch.Tensor, like: torch.Tensor, cfg: ChocoConfig) -> torch
     return torch.where(positive, scale, -scale)
 
 
-def message_bytes(like: torch.Tensor, cfg: ChocoConfig) -> int:
-    """Bytes of one message for a flat buffer like ``like``."""
-    d, size = like.numel(), like.element_size()
+def message_bytes(like: torch.Tensor, cfg: ChocoConfig, wire: torch.dtype | None = None
+                  ) -> int:
+    """Bytes of one message for a flat buffer like ``like``, its values in ``wire``."""
+    d, size = like.numel(), (wire or like.dtype).itemsize
     k = kept(d, cfg)
     return {"identity": d * size, "topk": k * (4 + size), "randomk": k * (4 + size),
             "qsgd": size + d, "sign": size + math.ceil(d / 8)}[cfg.compression]
@@ -176,7 +184,8 @@ class Choco(Algorithm):
         self.x = self.ctx.param_buffers
         self.public = [torch.zeros_like(flat) for flat in self.x]  # xhat_i
         self.mixed = [torch.zeros_like(flat) for flat in self.x]  # s_i
-        self._inbox = [{p: torch.empty(message_bytes(flat, self.cfg), dtype=torch.uint8)
+        self._inbox = [{p: torch.empty(message_bytes(flat, self.cfg, self.wire),
+                                       dtype=torch.uint8)
                         for p in self.peers} for flat in self.x]
         self.seed = run_cfg.seed
 
@@ -185,13 +194,15 @@ class Choco(Algorithm):
         with self.timers.time("comm"), torch.no_grad():
             for b, (x, public, mixed, inbox) in enumerate(zip(self.x, self.public, self.mixed,
                                                              self._inbox)):
-                message, q = compress(x - public, self.cfg, draws(self.seed, rank, step, b))
+                message, q = compress(x - public, self.cfg, draws(self.seed, rank, step, b),
+                                      self.wire)
                 handle = self.comm.exchange_(message, self.peers, inbox)
                 public.add_(q)
                 mixed.add_(q * self.weights[rank])
                 received = handle.wait()
                 for peer in self.peers:
-                    mixed.add_(decode(received[peer], x, self.cfg) * self.weights[peer])
+                    mixed.add_(decode(received[peer], x, self.cfg, self.wire)
+                               * self.weights[peer])
                 x.add_((mixed - public) * self.cfg.gamma)
 
     def state_dict(self):

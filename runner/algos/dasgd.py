@@ -94,7 +94,8 @@ class DaSGD(Algorithm):
         self._handles = []
         for flat, snap, avg in zip(self.x, self.snapshot, self.average):
             snap.copy_(flat)
-            self._handles.append(self.comm.iallreduce_(avg.copy_(flat), op="mean"))
+            self._handles.append(self.comm.iallreduce_(avg.copy_(flat), op="mean",
+                                                       wire=self.wire))
         self._launched_at = t
         self.launches += 1
 

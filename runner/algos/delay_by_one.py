@@ -67,7 +67,8 @@ class DelayByOne(Algorithm):
         handles = []
         for x, sent, received in zip(self.params, self.sent[slot], self.received[slot]):
             sent.copy_(x)  # x changes before this message is consumed
-            handles.append(self.comm.exchange_(sent, [peer], {peer: received}))
+            handles.append(self.comm.exchange_(sent, [peer], {peer: received},
+                                               wire=self.wire))
         self._previous, self._in_flight = self._in_flight, (handles, peer)
         self._slot = slot
 

@@ -79,7 +79,7 @@ class DiLoCo(Algorithm):
         with self.timers.time("comm"), torch.no_grad():
             for x, theta in zip(self.x, self.theta):
                 torch.sub(theta, x, out=theta.grad)
-                self.comm.allreduce_(theta.grad, op="mean")
+                self.comm.allreduce_(theta.grad, op="mean", wire=self.wire)
             self.outer.step()
             for x, theta in zip(self.x, self.theta):
                 x.copy_(theta)

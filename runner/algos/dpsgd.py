@@ -70,8 +70,10 @@ def _fits(topology, n: int) -> bool:
 class Gossip:
     """One synchronous mixing step x_i <- sum_j W[j,i] x_j over flat buffers."""
 
-    def __init__(self, topology, comm, buffers: list[torch.Tensor]):
-        self.topology, self.comm, self.buffers = topology, comm, buffers
+    def __init__(self, topology, comm, buffers: list[torch.Tensor],
+                 wire: torch.dtype | None = None):
+        """``wire``: the dtype the models travel in (None: their own)."""
+        self.topology, self.comm, self.buffers, self.wire = topology, comm, buffers, wire
         self._pool: list[list[torch.Tensor]] = [[] for _ in buffers]
 
     def _receive_buffers(self, index: int, peers: list[int]) -> dict[int, torch.Tensor]:
@@ -86,7 +88,7 @@ class Gossip:
         weights = self.topology.in_weights(rank, size, step)
         peers = sorted(p for p in weights if p != rank)
         out = self.topology.out_peers(rank, size, step)
-        handles = [self.comm.exchange_(flat, out, self._receive_buffers(i, peers))
+        handles = [self.comm.exchange_(flat, out, self._receive_buffers(i, peers), self.wire)
                    for i, flat in enumerate(self.buffers)]
         return weights, handles
 
@@ -123,7 +125,7 @@ class DPSGD(Algorithm):
         super().setup(model, optimizer)
         run_cfg = self.ctx.cfg
         topology = TOPOLOGIES.get(run_cfg.topology.name)(run_cfg.topology, seed=run_cfg.seed)
-        self.gossip = Gossip(topology, self.comm, self.ctx.param_buffers)
+        self.gossip = Gossip(topology, self.comm, self.ctx.param_buffers, self.wire)
         self._pending = None
 
     def before_forward(self, step):

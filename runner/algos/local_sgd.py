@@ -123,7 +123,7 @@ class LocalSGD(SSGD):
             return
         with self.timers.time("comm"):
             for flat in self.ctx.param_buffers:
-                self.comm.allreduce_(flat, op="mean")
+                self.comm.allreduce_(flat, op="mean", wire=self.wire)
         self._synced = True
         self.averagings += 1
 

@@ -107,8 +107,13 @@ class SGP(Algorithm):
             handles = []
             for flat, sent, received in zip(x, self._sent[slot], self._received[slot]):
                 torch.mul(flat, 0.5, out=sent)
-                flat.mul_(0.5)
-                handles.append(self.comm.exchange_(sent, [out_peer], {in_peer: received}))
+                if self.wire is None:
+                    flat.mul_(0.5)
+                else:  # keep what rounding the pushed half leaves out: the sum stays exact
+                    sent.copy_(sent.to(self.wire))
+                    flat.sub_(sent)
+                handles.append(self.comm.exchange_(sent, [out_peer], {in_peer: received},
+                                                   wire=self.wire))
             torch.mul(self.weight, 0.5, out=self._weight_sent[slot])
             self.weight.mul_(0.5)
             handles.append(self.comm.exchange_(self._weight_sent[slot], [out_peer],

@@ -45,7 +45,8 @@ class SSGD(Algorithm):
 
     def _launch(self, index: int) -> None:
         # Called from the autograd thread as soon as a bucket is complete.
-        self._pending.append(self.comm.iallreduce_(self.buckets.buckets[index], op="mean"))
+        self._pending.append(self.comm.iallreduce_(self.buckets.buckets[index], op="mean",
+                                                    wire=self.wire))
 
     def before_backward(self, step):
         self.buckets.rearm()

@@ -14,6 +14,11 @@ Every wait is bounded by ``timeout_s`` (``comm.timeout_s``): a tensor collective
 :meth:`Handle.wait` raises :class:`CommTimeout`, and a blocking control collective is watched
 by runner/comm/deadline.py; both messages name this rank, the communicator and the operation,
 so a dead or hung peer ends the job instead of leaving it waiting.
+
+Lower precision on the wire (``comm.exchange_dtype``, the ``wire`` argument): an exchange
+sends its tensor rounded to ``wire`` and widens what it receives into the caller's buffers; an
+allreduce runs as a ring (:meth:`_ring_allreduce`) whose messages are in ``wire`` and whose
+sums are kept in the tensor's own dtype, every rank ending with the same values.
 """
 
 from __future__ import annotations
@@ -40,6 +45,8 @@ from .world import mpi
 TENSOR_BACKENDS = ("mpi", "nccl", "gloo")
 log = logging.getLogger("adpsgd")
 EXCHANGE = 11  # MPI tag of model exchanges
+RING = 12  # MPI tag of the lower-precision ring allreduce
+WIRE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DEFAULT_TIMEOUT_S = 900.0
 
 
@@ -116,17 +123,23 @@ class Communicator:
 
         return Handle(self._executor.submit(timed), self._what(operation), self.timeout_s)
 
-    def iallreduce_(self, tensor: torch.Tensor, op: str = "sum") -> Handle:
-        """Start an in-place allreduce (``op`` is ``sum`` or ``mean``) of a contiguous tensor."""
+    def iallreduce_(self, tensor: torch.Tensor, op: str = "sum",
+                    wire: torch.dtype | None = None) -> Handle:
+        """Start an in-place allreduce (``op`` is ``sum`` or ``mean``) of a contiguous tensor;
+        ``wire``: the dtype its messages travel in (None: the tensor's own)."""
         if op not in ("sum", "mean"):
             raise ValueError(f"unsupported reduction {op!r}")
         if not tensor.is_contiguous():
             raise ValueError("collectives need contiguous tensors; use a flat buffer")
-        self._count("allreduce", ring_bytes(_nbytes(tensor), self.size))
+        wire = None if wire == tensor.dtype else wire
+        itemsize = tensor.element_size() if wire is None else wire.itemsize
+        self._count("allreduce", ring_bytes(tensor.numel() * itemsize, self.size))
 
         def run():
             if self.size > 1:
-                if self.backend == "mpi":
+                if wire is not None:
+                    self._ring_allreduce(tensor.view(-1), wire)
+                elif self.backend == "mpi":
                     with self._staging.host(tensor) as host:
                         self._tensor_comm.Allreduce(self.MPI.IN_PLACE, host, op=self.MPI.SUM)
                 else:
@@ -139,8 +152,9 @@ class Communicator:
 
         return self._submit(run, f"allreduce of {tensor.numel()} values")
 
-    def allreduce_(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
-        return self.iallreduce_(tensor, op).wait()
+    def allreduce_(self, tensor: torch.Tensor, op: str = "sum",
+                   wire: torch.dtype | None = None) -> torch.Tensor:
+        return self.iallreduce_(tensor, op, wire).wait()
 
     def broadcast_(self, tensor: torch.Tensor, root: int = 0) -> torch.Tensor:
         if self.rank == root:
@@ -160,38 +174,89 @@ class Communicator:
         return self._submit(run, f"broadcast of {tensor.numel()} values from rank {root}").wait()
 
     def exchange_(self, send: torch.Tensor, send_to: Sequence[int],
-                  recv_from: dict[int, torch.Tensor]) -> Handle:
+                  recv_from: dict[int, torch.Tensor], wire: torch.dtype | None = None
+                  ) -> Handle:
         """Send ``send`` to every rank in ``send_to`` and fill ``recv_from[peer]`` from every
-        peer, all posted at once so that two ranks sending to each other cannot block.
+        peer, all posted at once so that two ranks sending to each other cannot block;
+        ``wire``: the dtype the messages travel in (None: ``send``'s own). With ``wire``,
+        ``send`` is rounded when this call is made, so it may change while the message
+        travels.
 
         Messages between two ranks arrive in the order they were posted, and this
         communicator posts in submission order, so consecutive exchanges never mix.
         """
+        wire = None if wire == send.dtype else wire
+        if wire is not None:
+            send = send.to(wire)
+            inbox = {peer: torch.empty(buf.shape, dtype=wire, device=buf.device)
+                     for peer, buf in recv_from.items()}
+        else:
+            inbox = recv_from
 
         def run():
-            if self.backend == "mpi":
-                with contextlib.ExitStack() as staged:
-                    out = staged.enter_context(self._staging.host(send, copy_back=False))
-                    requests = [self._tensor_comm.Irecv(
-                        staged.enter_context(self._staging.host(buf, copy_in=False)),
-                        source=peer, tag=EXCHANGE) for peer, buf in recv_from.items()]
-                    requests += [self._tensor_comm.Isend(out, dest=peer, tag=EXCHANGE)
-                                 for peer in send_to]
-                    self.MPI.Request.Waitall(requests)
-            elif recv_from or send_to:
-                import torch.distributed as dist
-
-                ops = [dist.P2POp(dist.irecv, buf, self._global(peer), group=self.torch_group)
-                       for peer, buf in recv_from.items()]
-                ops += [dist.P2POp(dist.isend, send, self._global(peer), group=self.torch_group)
-                        for peer in send_to]
-                for request in dist.batch_isend_irecv(ops):
-                    request.wait()
+            self._send_receive([(send, peer) for peer in send_to], list(inbox.items()),
+                               EXCHANGE)
+            if wire is not None:
+                for peer, buf in inbox.items():
+                    recv_from[peer].copy_(buf)
             return recv_from
 
         self._count("exchange", _nbytes(send) * len(send_to))
         peers = sorted(set(send_to) | set(recv_from))
         return self._submit(run, f"exchange with rank(s) {', '.join(map(str, peers))}")
+
+    def _send_receive(self, sends: list[tuple[torch.Tensor, int]],
+                      receives: list[tuple[int, torch.Tensor]], tag: int) -> None:
+        """Post every send (tensor, peer) and receive (peer, tensor) at once and wait for all
+        (communication thread). Tensors travel as their bytes, so any dtype goes over MPI."""
+        if not sends and not receives:
+            return
+        if self.backend == "mpi":
+            with contextlib.ExitStack() as staged:
+                requests = [self._tensor_comm.Irecv(
+                    staged.enter_context(self._staging.host(_bytes(buf), copy_in=False)),
+                    source=peer, tag=tag) for peer, buf in receives]
+                hosts: dict[int, Any] = {}  # a tensor sent to several peers is staged once
+                for out, peer in sends:
+                    if id(out) not in hosts:
+                        hosts[id(out)] = staged.enter_context(
+                            self._staging.host(_bytes(out), copy_back=False))
+                    requests.append(self._tensor_comm.Isend(hosts[id(out)], dest=peer,
+                                                            tag=tag))
+                self.MPI.Request.Waitall(requests)
+            return
+        import torch.distributed as dist
+
+        ops = [dist.P2POp(dist.irecv, _bytes(buf), self._global(peer), group=self.torch_group)
+               for peer, buf in receives]
+        ops += [dist.P2POp(dist.isend, _bytes(out), self._global(peer), group=self.torch_group)
+                for out, peer in sends]
+        for request in dist.batch_isend_irecv(ops):
+            request.wait()
+
+    def _ring_allreduce(self, flat: torch.Tensor, wire: torch.dtype) -> None:
+        """Sum ``flat`` over the ranks in place, its messages in ``wire`` (communication
+        thread). Reduce-scatter: in n - 1 steps each rank passes a chunk to the next and adds
+        the one it receives, in ``flat``'s dtype, so rank r ends with the whole sum of chunk
+        r + 1. Allgather: that sum, rounded to ``wire``, goes round the ring, and its owner
+        keeps the rounded value too, so every rank ends with the same numbers."""
+        n, r = self.size, self.rank
+        right, left = (r + 1) % n, (r - 1) % n
+        chunks = torch.tensor_split(flat, n)
+
+        def pass_on(index_out: int, index_in: int) -> torch.Tensor:
+            received = torch.empty(chunks[index_in].numel(), dtype=wire, device=flat.device)
+            self._send_receive([(chunks[index_out].to(wire), right)], [(left, received)], RING)
+            return received
+
+        for step in range(n - 1):
+            index = (r - step - 1) % n
+            chunks[index].add_(pass_on((r - step) % n, index))
+        own = chunks[right]  # chunk r + 1: complete here
+        own.copy_(own.to(wire))
+        for step in range(n - 1):
+            index = (r - step) % n
+            chunks[index].copy_(pass_on((r + 1 - step) % n, index))
 
     def _global(self, rank: int) -> int:
         """torch.distributed addresses peers by global rank."""
@@ -247,6 +312,11 @@ class Communicator:
 
 def _nbytes(tensor: torch.Tensor) -> int:
     return tensor.numel() * tensor.element_size()
+
+
+def _bytes(tensor: torch.Tensor) -> torch.Tensor:
+    """A contiguous tensor's bytes, as a uint8 view (numpy, and so MPI, has no bfloat16)."""
+    return tensor.view(-1).view(torch.uint8)
 
 
 def ring_bytes(nbytes: int, n: int) -> int:

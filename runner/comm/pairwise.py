@@ -9,12 +9,13 @@ One gossip thread per participant owns the averaging of a shared model ``x`` (fl
   with it and merges ``x <- x + ((s_a + s_p)/2 - s_p)``.
 
 Both ends average exactly the two vectors that were exchanged, so the pair's sum is preserved
-and the result equals "average atomically, then apply the gradients that arrived meanwhile":
-the training thread keeps applying its own gradients to x (under the same short lock) and never
-waits for a transfer. Every wait is a poll with back-off (no core spent spinning on an
-oversubscribed machine) and a timeout whose message names this rank, its peer and the
-operation. Waits always go from an active to a passive, and passives never wait for anyone, so
-no cycle of waits (deadlock) can form.
+(with ``wire``, a lower precision on the wire, both snapshots are the rounded ones, and what
+rounding left out stays in each x) and the result equals "average atomically, then apply the
+gradients that arrived meanwhile": the training thread keeps applying its own gradients to x
+(under the same short lock) and never waits for a transfer. Every wait is a poll with back-off
+(no core spent spinning on an oversubscribed machine) and a timeout whose message names this
+rank, its peer and the operation. Waits always go from an active to a passive, and passives
+never wait for anyone, so no cycle of waits (deadlock) can form.
 
 Progress rides along: each message carries the sender's table of samples seen per participant
 (with when and how fast, runner/comm/progress.py), merged row by row, which gives every rank an
@@ -46,7 +47,10 @@ def merge_average_(x: torch.Tensor, mine: torch.Tensor, theirs: torch.Tensor,
     """``x <- x + ((mine + theirs)/2 - mine)``, computed as ``(theirs - mine)/2`` on both ends
     with the roles swapped, so the pair's sum is unchanged (``theirs`` is overwritten). The
     one merge rule of AD-PSGD: real ranks call it per flat buffer, the simulator on the
-    ``rows`` of its stacked models (``mine``, ``theirs``: one row each)."""
+    ``rows`` of its stacked models (``mine``, ``theirs``: one row each). Snapshots in a lower
+    precision than x are widened first."""
+    if theirs.dtype != x.dtype:
+        theirs, mine = theirs.to(x.dtype), mine.to(x.dtype)
     delta = theirs.sub_(mine).to(x.device)
     if rows is None:
         x.add_(delta, alpha=0.5)
@@ -75,11 +79,13 @@ class ExchangeTimeout(RuntimeError):
 class PairwiseAverager:
     def __init__(self, mpi_comm, buffers: list[torch.Tensor], lock: threading.Lock,
                  is_active: bool, next_peer: Callable[[int], int], timeout_s: float = 300.0,
-                 rate_limited: bool = True, traffic: Traffic | None = None):
+                 rate_limited: bool = True, traffic: Traffic | None = None,
+                 wire: torch.dtype | None = None):
         """``mpi_comm``: the participants (a duplicate is used, never shared with other
         threads); ``buffers``: the shared model x; ``next_peer(k)``: the passive peer of this
         active's k-th exchange; ``rate_limited``: an active averages once per :meth:`tick`;
-        ``traffic``: where the bytes sent are counted (``world/gossip``)."""
+        ``traffic``: where the bytes sent are counted (``world/gossip``); ``wire``: the dtype
+        the snapshots travel in (None: x's own)."""
         self.MPI = mpi()
         self.comm = mpi_comm.Dup()
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
@@ -88,8 +94,8 @@ class PairwiseAverager:
         self.timeout_s, self.rate_limited = timeout_s, rate_limited
         self.traffic = Traffic() if traffic is None else traffic
         # MPI sends host memory: GPU models are staged through page-locked host copies.
-        self.snapshots = [_host_like(b) for b in buffers]
-        self.received = [_host_like(b) for b in buffers]
+        self.snapshots = [_host_like(b, wire) for b in buffers]
+        self.received = [_host_like(b, wire) for b in buffers]
         # What staging costs on a GPU: seconds in the snapshot copies out of the device and in
         # the merges (the difference on the host, its copy back and the add), and the bytes of
         # model staged (once per exchange): ms per MB of model, as benchmarks/bench_staging.py.
@@ -295,10 +301,11 @@ class PairwiseAverager:
 
 
 def _np(tensor: torch.Tensor) -> np.ndarray:
-    return tensor.detach().numpy()
+    """A host tensor's bytes for MPI (numpy has no bfloat16)."""
+    return tensor.detach().view(-1).view(torch.uint8).numpy()
 
 
-def _host_like(tensor: torch.Tensor) -> torch.Tensor:
-    """An uninitialised host tensor shaped like ``tensor`` (page-locked if it is on a GPU,
-    so the copies to and from it are fast)."""
-    return torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=tensor.is_cuda)
+def _host_like(tensor: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """An uninitialised host tensor shaped like ``tensor``, in ``dtype`` (default: its own;
+    page-locked if it is on a GPU, so the copies to and from it are fast)."""
+    return torch.empty(tensor.shape, dtype=dtype or tensor.dtype, pin_memory=tensor.is_cuda)

@@ -138,8 +138,15 @@ class CommConfig(Section):
     # 2(n-1)/n of the message, which MPICH's own choice fell short of across 4 hosts:
     # docs/lab.md) or auto (the library's choice, fewer steps for small messages).
     allreduce: str = "ring"
+    # The dtype models travel in between learners (gossip, averaging): float32, bfloat16 or
+    # float16; None: the model's own. What is received is widened before it is averaged.
+    exchange_dtype: Optional[str] = None
 
     def check(self, prefix: str, cfg: DictConfig) -> None:
+        require(self.exchange_dtype in (None, "float32", "bfloat16", "float16"),
+                f"{prefix}.exchange_dtype",
+                f"must be float32, bfloat16 or float16 (or null: the model's dtype), got "
+                f"{self.exchange_dtype!r}", f"{prefix}.exchange_dtype=bfloat16")
         require(self.backend in ("auto", "mpi", "nccl", "gloo"), f"{prefix}.backend",
                 f"must be auto, mpi, nccl or gloo, got {self.backend!r}",
                 self.hint(prefix, "backend"))

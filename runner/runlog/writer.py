@@ -175,14 +175,18 @@ def config_markdown(cfg: Any) -> str:
 
 def hparams_of(cfg: Any) -> dict[str, Any]:
     """What a run's hparams entry is filtered and sorted by: the algorithm with its own
-    options (``algo.*``), the topology, the layout of ranks, the batch and the rate."""
+    options (``algo.*``), the topology, the layout of ranks, how models travel, the batch and
+    the rate."""
     algo = {f"algo.{k}": v for k, v in cfg.algo.items()
             if k != "name" and isinstance(v, (int, float, str, bool))}
     return {"recipe": cfg.recipe.name, "algo": cfg.algo.name, **algo,
             "topology": cfg.topology.name, "launcher": cfg.launcher.name,
             "nprocs": cfg.launcher.nprocs,
             "launcher.procs_per_node": cfg.launcher.get("procs_per_node"),
-            "comm.backend": cfg.comm.backend, "trainer.batch_size": cfg.trainer.batch_size,
+            "comm.backend": cfg.comm.backend,
+            # The dtype models travel in (the model's own when unset).
+            "comm.exchange_dtype": cfg.comm.get("exchange_dtype") or cfg.trainer.dtype,
+            "trainer.batch_size": cfg.trainer.batch_size,
             "trainer.epochs": cfg.trainer.epochs, "optim.lr": cfg.optim.lr, "seed": cfg.seed}
 
 

@@ -183,7 +183,7 @@ class GossipDriver:
         x by the leader."""
         if len(members) <= 1:
             return 0.0
-        cluster, nbytes = self.sim.cluster, self.sim.nbytes
+        cluster, nbytes = self.sim.cluster, self.sim.node_nbytes
         clocks = self.sim.clocks
         clocks.count_sent("node/allreduce", ring_bytes(nbytes, len(members)), members)
         if changed:
@@ -291,7 +291,7 @@ class GossipDriver:
         """The bytes the recorded run sent, from its operations: a snapshot goes to the peer
         with the progress table; a super learner's every step averages the gradients over
         its node, and a read after an averaging broadcasts the leader's x."""
-        clocks, nbytes = self.sim.clocks, self.sim.nbytes
+        clocks, nbytes, node_nbytes = self.sim.clocks, self.sim.nbytes, self.sim.node_nbytes
         for members, sequence in zip(self.members, ops):
             merged = False
             for op in sequence:
@@ -300,11 +300,11 @@ class GossipDriver:
                 elif op[0] == MERGE:
                     merged = True
                 elif len(members) > 1 and op[0] == APPLY:
-                    clocks.count_sent("node/allreduce", ring_bytes(nbytes, len(members)),
+                    clocks.count_sent("node/allreduce", ring_bytes(node_nbytes, len(members)),
                                       members)
                 elif len(members) > 1 and op[0] == READ:
                     if merged:
-                        clocks.count_sent("node/broadcast", nbytes, members[:1])
+                        clocks.count_sent("node/broadcast", node_nbytes, members[:1])
                     merged = False
 
     def _replay(self) -> None:

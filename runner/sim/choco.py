@@ -30,7 +30,7 @@ class ChocoDriver(LockstepDriver):
     def setup(self):
         self.public = torch.zeros_like(self.sim.x)
         self.mixed = torch.zeros_like(self.sim.x)
-        self.nbytes = message_bytes(self.sim.x[0], self.cfg)
+        self.nbytes = message_bytes(self.sim.x[0], self.cfg, self.sim.wire)
 
     def step(self, step, batches, counts, global_count):
         self.apply(self.local_gradients(batches, counts, global_count))
@@ -41,7 +41,7 @@ class ChocoDriver(LockstepDriver):
             q = torch.empty_like(x)
             for i in range(self.n):
                 message, q[i] = compress(x[i] - self.public[i], self.cfg,
-                                         draws(self.seed, i, step, 0))
+                                         draws(self.seed, i, step, 0), self.sim.wire)
             self.public.add_(q)
             peers = []
             for i, weights in enumerate(self.columns):

@@ -24,6 +24,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from ..algos import ALGORITHMS
+from ..algos.base import wire_dtype
 from ..checkpoint.checkpointer import Checkpointer
 from ..comm.communicator import Communicator
 from ..comm.traffic import traffic_report
@@ -127,8 +128,14 @@ class Simulation:
         self.learners = StackedLearners(self.model, self.recipe.loss, self.models)
         self.x = self.learners.x
         # launcher.model_bytes times the exchanges for a model of that size while this one
-        # learns: a small model's steps with a large one's communication.
-        self.nbytes = float(cfg.launcher.get("model_bytes") or self.learners.nbytes)
+        # learns: a small model's steps with a large one's communication. Between learners
+        # models travel in comm.exchange_dtype (nbytes); inside a super learner in their own
+        # dtype (node_nbytes). The arithmetic stays in the model's dtype: the time and the
+        # bytes are the lower precision's, the rounding is not simulated.
+        self.node_nbytes = float(cfg.launcher.get("model_bytes") or self.learners.nbytes)
+        self.wire = wire_dtype(cfg)
+        self.nbytes = self.node_nbytes * (self.wire.itemsize / self.learners.x.element_size()
+                                          if self.wire is not None else 1.0)
         self.optimizer = StackedSGD(self.learners, self.model, o.momentum, o.nesterov,
                                     o.weight_decay, o.no_decay_norm_bias)
         self.driver.setup()

@@ -76,6 +76,8 @@ def checks(world_mpi):
     node.exchange_(torch.full((3,), float(rank)), [1 - world.local_rank], pair).wait()
     assert torch.equal(pair[1 - world.local_rank], torch.full((3,), float(rank ^ 1)))
 
+    lower_precision_checks(comm, rank, size)
+
     # Shards: what every rank draws in an epoch covers the dataset exactly once.
     for n_items, batch in ((1438, 32), (101, 8)):
         shards = ShardedBatches(n_items, rank, size, batch, seed=7)
@@ -102,6 +104,44 @@ def checks(world_mpi):
     node.close()
     shutdown_torch_distributed()
     return f"comm checks passed ({backend})"
+
+
+def lower_precision_checks(comm, rank, size):
+    """comm.exchange_dtype's paths: values rounded once on the wire, received into float64
+    buffers; the ring allreduce ends with the same numbers on every rank, within the
+    rounding of n partial sums of the exact mean; bytes counted as the wire dtype's."""
+    torch.manual_seed(100 + rank)
+    for wire, unit in ((torch.bfloat16, 2.0**-8), (torch.float16, 2.0**-11)):
+        before = comm.traffic.total()
+        mine = torch.randn(1001, dtype=torch.float64)
+        left, right = (rank - 1) % size, (rank + 1) % size
+        received = {left: torch.empty(1001, dtype=torch.float64)}
+        comm.exchange_(mine, [right], received, wire=wire).wait()
+        theirs = comm.exchange_(mine, [right], {left: torch.empty(1001, dtype=torch.float64)}
+                                ).wait()[left]  # full precision, for the error
+        assert received[left].dtype == torch.float64
+        assert torch.equal(received[left], theirs.to(wire).to(torch.float64)), "rounded once"
+        # Relative rounding of at most the unit (float16's subnormals: an absolute 2^-25).
+        error = (received[left] - theirs).abs()
+        assert bool((error <= unit * theirs.abs() + 2.0**-25).all()), float(error.max())
+        exact = mine.clone()
+        comm.allreduce_(exact, "mean")
+        rounded = mine.clone()
+        comm.allreduce_(rounded, "mean", wire=wire)
+        everyone = comm.mpi_comm.allgather(rounded.numpy().tobytes())
+        assert len(set(everyone)) == 1, "the ranks' results differ"
+        scale = float(comm.allreduce_(mine.abs().clone(), "mean").max())
+        assert float((rounded - exact).abs().max()) <= 2 * size * unit * scale, (
+            float((rounded - exact).abs().max()))
+        # Two exchanges (one at 2 bytes a value, one at 8) and the ring's 2 (n - 1) / n.
+        sent = comm.traffic.total() - before
+        assert sent == 1001 * 2 + 1001 * 8 + 2 * 2 * (size - 1) * 1001 // size + 2 * (
+            2 * (size - 1) * 1001 * 8 // size), sent
+    # Sizes that do not divide into n chunks, down to fewer values than ranks.
+    for count in (1, size - 1, 7):
+        t = torch.full((count,), float(rank + 1))
+        comm.allreduce_(t, "sum", wire=torch.bfloat16)
+        assert torch.equal(t, torch.full((count,), size * (size + 1) / 2)), count
 
 
 run_on_ranks(checks)

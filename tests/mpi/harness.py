@@ -135,7 +135,7 @@ def build_trainer(world_mpi, comm, run_dir, cfg):
 def digest(tensors) -> str:
     h = hashlib.sha256()
     for t in tensors:
-        h.update(t.detach().contiguous().numpy().tobytes())
+        h.update(t.detach().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
     return h.hexdigest()
 
 
@@ -143,7 +143,8 @@ class Recorder:
     """Wraps an AD-PSGD learner's update, snapshot and merge (a leader's, for H-ADPSGD) to
     record, under its lock, what they did to x: the sum of the updates applied, the digests of
     every state x had, whether each snapshot sent was one of them, and each exchange's peer
-    with the digests of the two snapshots averaged."""
+    with the digests of the two snapshots averaged. With a lower precision on the wire
+    (comm.exchange_dtype) the states are x's values rounded to it, as snapshots are."""
 
     def __init__(self, algo):
         self.algo, self.averager = algo, algo.averager
@@ -151,10 +152,14 @@ class Recorder:
         algo.lock = self.averager.lock = lock
         self.lock = lock
         self.applied = [torch.zeros_like(t) for t in algo.x]
-        self.states = {digest(algo.x)}
+        self.wire = self.averager.snapshots[0].dtype
+        self.states = {self.state()}
         self.snapshots_existed = []
         self.exchanges = []  # (peer, digest sent, digest received), in order
         self._wrap()
+
+    def state(self) -> str:
+        return digest([t.to(self.wire) for t in self.algo.x])
 
     def _wrap(self):
         algo, averager = self.algo, self.averager
@@ -166,7 +171,7 @@ class Recorder:
                 apply_update(optimizer)
                 for total, now, then in zip(self.applied, algo.x, before):
                     total.add_(now - then)
-                self.states.add(digest(algo.x))
+                self.states.add(self.state())
 
         def recorded_snapshot(*key):
             with self.lock:
@@ -179,7 +184,7 @@ class Recorder:
                 # _merge turns the received buffers into (received - sent) in place.
                 sent, got = digest(averager.snapshots), digest(averager.received)
                 merge(their_counts, peer, started, *key)
-                self.states.add(digest(algo.x))
+                self.states.add(self.state())
                 self.exchanges.append((peer, sent, got))
 
         algo.apply_update = recorded_update
