@@ -218,6 +218,9 @@ def test_kill_during_a_checkpoint_write_keeps_the_previous_one_and_ssgd_resumes_
     assert resumed.keys() == whole.keys()
     difference = max((resumed[k] - whole[k]).abs().max().item() for k in whole)
     assert difference <= 1e-6, f"resumed SSGD differs from the uninterrupted run by {difference}"
+    # The bytes sent before the checkpoint are kept: the resumed run reports the whole run's.
+    _, reference_summary = read_run(reference)
+    assert summary["bytes_sent"] == reference_summary["bytes_sent"]
 
 
 # Held-out top-1 (%) of uninterrupted runs of the jobs below, 9 each (5 with seed 0, seeds
