@@ -37,7 +37,9 @@ class DiLoCoConfig(AlgoConfig):
     name: str = "diloco"
     period: int = 50  # H: inner steps per round
     outer_lr: float = 0.7  # the outer SGD's learning rate
-    outer_momentum: float = 0.9  # the outer SGD's Nesterov momentum (0: none)
+    # The outer SGD's Nesterov momentum (0: none). The paper's 0.9 (with AdamW inside) made
+    # SGD-momentum inner steps diverge at period 10 (digits, 4 learners: docs/RESULTS.md).
+    outer_momentum: float = 0.5
 
     def check(self, prefix, cfg):
         require(self.period >= 1, f"{prefix}.period", f"must be >= 1, got {self.period}",
@@ -45,7 +47,7 @@ class DiLoCoConfig(AlgoConfig):
         require(self.outer_lr > 0, f"{prefix}.outer_lr", f"must be > 0, got {self.outer_lr}",
                 f"{prefix}.outer_lr=0.7")
         require(0 <= self.outer_momentum < 1, f"{prefix}.outer_momentum",
-                f"must be in [0, 1), got {self.outer_momentum}", f"{prefix}.outer_momentum=0.9")
+                f"must be in [0, 1), got {self.outer_momentum}", f"{prefix}.outer_momentum=0.5")
 
 
 def outer_optimizer(theta: list[torch.Tensor], cfg: DiLoCoConfig) -> torch.optim.SGD:

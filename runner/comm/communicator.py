@@ -137,7 +137,11 @@ class Communicator:
 
         def run():
             if self.size > 1:
-                if wire is not None:
+                if wire is not None and self.backend == "mpi":
+                    # Over MPI the ring runs in host memory (one staging of the whole buffer).
+                    with self._staging.host(_bytes(tensor)) as host:
+                        self._ring_allreduce(torch.from_numpy(host).view(tensor.dtype), wire)
+                elif wire is not None:
                     self._ring_allreduce(tensor.view(-1), wire)
                 elif self.backend == "mpi":
                     with self._staging.host(tensor) as host:
@@ -187,8 +191,11 @@ class Communicator:
         """
         wire = None if wire == send.dtype else wire
         if wire is not None:
-            send = send.to(wire)
-            inbox = {peer: torch.empty(buf.shape, dtype=wire, device=buf.device)
+            # The rounded messages are temporaries: over MPI they live in host memory (host
+            # staging keeps a pinned twin per long-lived buffer, not per temporary).
+            device = torch.device("cpu") if self.backend == "mpi" else send.device
+            send = send.to(device=device, dtype=wire)
+            inbox = {peer: torch.empty(buf.shape, dtype=wire, device=device)
                      for peer, buf in recv_from.items()}
         else:
             inbox = recv_from
