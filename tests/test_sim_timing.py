@@ -99,6 +99,14 @@ def test_sizes_default_to_the_recipe_s_model_and_training_set(tmp_path):
     parameters = sum(p.numel() for p in recipe.build_model().parameters())
     assert s["model_bytes"] == 4 * parameters  # float32
     assert s["samples_per_epoch"] == len(recipe.datasets()[0])
+    # Each learner sent its ring share of every step's allreduce (2 (n - 1) / n of a model).
+    n = s["nprocs"]
+    assert s["bytes_sent"]["per_step"] == [2 * (n - 1) * s["model_bytes"] // n] * n
+    # Models sent at 2 bytes a value take half the bytes; the model's size stays.
+    half = timing(["recipe=digit_images", "algo=ssgd", "comm.exchange_dtype=bfloat16"],
+                  tmp_path / "bf16", model_bytes=None)
+    assert half["model_bytes"] == s["model_bytes"]
+    assert half["bytes_sent"]["mean_per_step"] == s["bytes_sent"]["mean_per_step"] / 2
     # ImageNet's ResNet-50 without its data: 1,000 classes, 25,557,032 parameters
     imagenet = compose_config(["recipe=imagenet", "trainer.dtype=float64"])
     assert model_bytes(imagenet) == 8 * 25_557_032

@@ -61,8 +61,8 @@ def wire_dtype(cfg: DictConfig) -> torch.dtype | None:
     """``comm.exchange_dtype`` as a torch dtype; None when unset or equal to the model's."""
     from ..comm.communicator import WIRE_DTYPES
 
-    name = cfg.comm.get("exchange_dtype")
-    if name is None or name == cfg.trainer.dtype:
+    name = getattr(cfg.comm, "exchange_dtype", None)  # absent from configs saved before it
+    if name is None or name == getattr(cfg.trainer, "dtype", None):
         return None
     return WIRE_DTYPES[name]
 

@@ -128,14 +128,8 @@ class Simulation:
         self.learners = StackedLearners(self.model, self.recipe.loss, self.models)
         self.x = self.learners.x
         # launcher.model_bytes times the exchanges for a model of that size while this one
-        # learns: a small model's steps with a large one's communication. Between learners
-        # models travel in comm.exchange_dtype (nbytes); inside a super learner in their own
-        # dtype (node_nbytes). The arithmetic stays in the model's dtype: the time and the
-        # bytes are the lower precision's, the rounding is not simulated.
-        self.node_nbytes = float(cfg.launcher.get("model_bytes") or self.learners.nbytes)
-        self.wire = wire_dtype(cfg)
-        self.nbytes = self.node_nbytes * (self.wire.itemsize / self.learners.x.element_size()
-                                          if self.wire is not None else 1.0)
+        # learns: a small model's steps with a large one's communication.
+        self.set_message_sizes(float(cfg.launcher.get("model_bytes") or self.learners.nbytes))
         self.optimizer = StackedSGD(self.learners, self.model, o.momentum, o.nesterov,
                                     o.weight_decay, o.no_decay_norm_bias)
         self.driver.setup()
@@ -164,6 +158,16 @@ class Simulation:
                              purge_step=self.step + 1 if self.resumed_from else None)
         if self.resumed_from:
             self.runlog.rewrite_metrics(self.history)
+
+    def set_message_sizes(self, model_nbytes: float) -> None:
+        """Between learners models travel in comm.exchange_dtype (``nbytes``); inside a super
+        learner in their own dtype (``node_nbytes``). The arithmetic stays in the model's
+        dtype: the time and the bytes are the lower precision's, the rounding is not
+        simulated."""
+        self.node_nbytes = model_nbytes
+        self.wire = wire_dtype(self.cfg)
+        element = torch.empty(0, dtype=self.dtype).element_size()
+        self.nbytes = model_nbytes * (self.wire.itemsize / element if self.wire else 1.0)
 
     def build_schedule(self, train_size: int) -> None:
         """What the drivers' clocks read (shared with the timing-only simulation): the
@@ -355,9 +359,13 @@ class Simulation:
         return [{"time": {**{k: float(v[i]) for k, v in self.clocks.seconds.items()},
                           "data": 0.0, "eval": 0.0},
                  "algo": stats[i], "steps": int(steps[i]), "skipped_batches": 0,
-                 "milestones": 0,
-                 "bytes_sent": traffic_report({k: v[i] for k, v in self.clocks.sent.items()},
-                                              int(steps[i]))} for i in range(self.n)]
+                 "milestones": 0, "bytes_sent": sent} for i, sent in enumerate(
+                     self.traffic_reports(steps))]
+
+    def traffic_reports(self, steps: list[int]) -> list[dict[str, Any]]:
+        """Each learner's bytes sent (runner/comm/traffic.py's report) after ``steps``."""
+        return [traffic_report({k: v[i] for k, v in self.clocks.sent.items()}, int(steps[i]))
+                for i in range(self.n)]
 
     def finalize(self) -> dict[str, Any]:
         self._fill(self.x[0], {k: v[0] for k, v in self.learners.buffers.items()})

@@ -34,6 +34,7 @@ from ..errors import UserError
 from ..recipe import RECIPES
 from ..runlog.progress import ProgressBar
 from ..runlog.records import write_json_atomic
+from ..runlog.summary import bytes_sent_entry
 from ..train.data import ShardedBatches
 from ..train.milestones import EVALUATE
 from .clocks import KINDS
@@ -144,7 +145,7 @@ class TimingSimulation(Simulation):
         self.procs_per_node = launcher.procs_per_node or cfg.cluster.gpus_per_node or 1
         self.dtype = getattr(torch, tcfg.dtype)
         given = launcher.get("model_bytes")
-        self.nbytes = float(given) if given else float(model_bytes(cfg))
+        self.set_message_sizes(float(given) if given else float(model_bytes(cfg)))
         self.samples_per_epoch = int(launcher.get("samples_per_epoch")
                                      or samples_per_epoch(cfg))
         self.data = SampleCounts(self.samples_per_epoch, self.n, tcfg.batch_size, cfg.seed)
@@ -207,7 +208,8 @@ class TimingSimulation(Simulation):
             "cluster": cfg.cluster.name, "algo": cfg.algo.name, "recipe": cfg.recipe.name,
             "nprocs": self.n, "procs_per_node": self.procs_per_node,
             "batch_size": cfg.trainer.batch_size, "epochs": cfg.trainer.epochs,
-            "samples_per_epoch": self.samples_per_epoch, "model_bytes": self.nbytes,
+            "samples_per_epoch": self.samples_per_epoch, "model_bytes": self.node_nbytes,
+            "exchange_bytes": self.nbytes,
             "steps": self.step, "samples": int(self.samples),
             "virtual_s": virtual_s, "wall_s": virtual_s, "train_s": virtual_s,
             "epoch_s": virtual_s / max(epochs, 1e-12),
@@ -219,6 +221,7 @@ class TimingSimulation(Simulation):
             "per_rank": [{kind: float(seconds[kind][i]) for kind in KINDS}
                          for i in range(self.n)],
             "steps_per_rank": steps,
+            "bytes_sent": bytes_sent_entry(self.traffic_reports(steps)),
             "algo_stats": {name: [s.get(name) for s in stats]
                            for name in sorted({k for s in stats for k in s})},
             "final": {},

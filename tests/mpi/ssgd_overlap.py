@@ -25,7 +25,9 @@ def checks(world_mpi):
     torch.set_num_threads(1)
     world, _ = detect_world(world_mpi, procs_per_node=None)
     comm = Communicator(world_mpi, "mpi")
-    cfg = SimpleNamespace(comm=SimpleNamespace(bucket_mb=0.25))  # the one key SSGD reads
+    # The keys SSGD reads: its bucket size, and the dtype gradients travel in (their own).
+    cfg = SimpleNamespace(comm=SimpleNamespace(bucket_mb=0.25, exchange_dtype=None),
+                          trainer=SimpleNamespace(dtype="float32"))
     ctx = TrainContext(cfg=cfg, world=world, comm=comm, node_comm=comm,
                        device=torch.device("cpu"), timers=Timers())
     torch.manual_seed(0)
@@ -36,9 +38,9 @@ def checks(world_mpi):
     launched, finished = [], []
     launch = comm.iallreduce_
 
-    def recording_iallreduce(tensor, op="sum"):
+    def recording_iallreduce(tensor, op="sum", wire=None):
         launched.append(time.perf_counter())
-        handle = launch(tensor, op)
+        handle = launch(tensor, op, wire)
         handle._future.add_done_callback(lambda _: finished.append(time.perf_counter()))
         return handle
 
