@@ -68,6 +68,8 @@ def restore(trainer: Any, saved: dict[str, Any]) -> None:
             t.schedule.start_ramp(state.samples, saved["trainer"]["lr"])
         t.timers.seconds.update({k: saved["trainer"]["timers"].get(k, 0.0)
                                  for k in ("eval", "checkpoint")})
+        # Another number of ranks sent other bytes: this world counts from here.
+        t.comm.traffic.load_state_dict(None, state.step)
         # Asynchronous learners learn each other's counts in the new world.
         t.algo.global_samples(state.local_samples, state.lockstep_samples)
         t.algo.sync_global_samples(state.samples)
@@ -80,7 +82,7 @@ def restore(trainer: Any, saved: dict[str, Any]) -> None:
         t.schedule.ramp = saved["trainer"].get("lr_ramp")
         t.timers.seconds.update(saved["trainer"]["timers"])
         # The bytes sent before the checkpoint (absent from checkpoints before it counted).
-        t.comm.traffic.load_state_dict(saved["trainer"].get("bytes_sent", {}))
+        t.comm.traffic.load_state_dict(saved["trainer"].get("bytes_sent"), state.step)
         state.history = saved.get("history", [])
     if saved.get("ledger") is not None and t.ledger is not None:
         t.ledger.load_state_dict(saved["ledger"], resized=RESIZED in saved)

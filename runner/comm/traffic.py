@@ -34,6 +34,9 @@ class Traffic:
 
     def __init__(self) -> None:
         self.sent: dict[str, int] = {}
+        # The step counting began at: 0, or the step of a checkpoint written before bytes
+        # were counted (per step is then over the steps since).
+        self.since_step = 0
         self._lock = threading.Lock()
         self._aside = threading.local()
 
@@ -59,15 +62,23 @@ class Traffic:
 
     def report(self, steps: int) -> dict[str, object]:
         """What summary.json and TensorBoard show for this rank after ``steps`` local steps."""
-        return traffic_report(self.state_dict(), steps)
-
-    def state_dict(self) -> dict[str, int]:
         with self._lock:
-            return dict(self.sent)
+            sent = dict(self.sent)
+        return traffic_report(sent, steps - self.since_step)
 
-    def load_state_dict(self, state: dict[str, int]) -> None:
+    def state_dict(self) -> dict[str, object]:
         with self._lock:
-            self.sent = {key: int(value) for key, value in state.items()}
+            return {"sent": dict(self.sent), "since_step": self.since_step}
+
+    def load_state_dict(self, state: dict[str, object] | None, step: int) -> None:
+        """Continue the counts of a checkpoint at ``step``; one without them (written before
+        bytes were counted) starts counting there."""
+        with self._lock:
+            if state is None:
+                self.sent, self.since_step = {}, step
+            else:
+                self.sent = {key: int(value) for key, value in state["sent"].items()}
+                self.since_step = int(state["since_step"])
 
 
 def traffic_report(sent: dict[str, int], steps: int) -> dict[str, object]:
