@@ -59,6 +59,11 @@ class ProgressTable:
         self.stamps[self.stamps > 0] = time.time()
         self._window = None
 
+    @staticmethod
+    def packed_nbytes(size: int) -> int:
+        """Bytes of :meth:`pack`'s message for ``size`` participants."""
+        return 3 * size * np.dtype(np.float64).itemsize
+
     def pack(self) -> np.ndarray:
         """The table as one float64 message of 3 x size values."""
         return np.concatenate([self.counts.astype(np.float64), self.stamps, self.rates])

@@ -31,6 +31,7 @@ import torch
 from ..algos.adpsgd import ADPSGD
 from ..comm.buffers import parameter_digest
 from ..comm.communicator import ring_bytes
+from ..comm.progress import ProgressTable
 from ..topology.pairing import is_active, passive_peers, peer_schedule
 from .events import EventQueue
 from .lockstep import DelayByOneDriver
@@ -231,8 +232,7 @@ class GossipDriver:
         self.ops[p].append([SNAP, *key])
         started = self.queue.now
         ranks = (self.members[a][0], self.members[p][0])
-        # Each end sends its snapshot and its progress table (3 numbers per participant).
-        sim.clocks.count_sent("world/gossip", sim.nbytes + 24 * len(self.members), ranks)
+        sim.clocks.count_sent("world/gossip", self._gossip_message_bytes(), ranks)
         nodes = [int(sim.cluster.node_of(r)) for r in ranks]
         done = lambda: self._exchanged(a, p, key, started)  # noqa: E731
         if nodes[0] == nodes[1] or self.nic[nodes[0]] is None:
@@ -286,17 +286,22 @@ class GossipDriver:
         self.executor.rank_steps = list(state["rank_steps"])
         self.executor.samples = int(state["executed_samples"])
 
+    def _gossip_message_bytes(self) -> float:
+        """What each end of an averaging sends: its snapshot and its progress table, as the
+        ranks' runner/comm/pairwise.py does."""
+        return self.sim.nbytes + ProgressTable.packed_nbytes(len(self.members))
+
     # ---- replaying a real run's trace ----------------------------------------------------
     def _count_replayed(self, ops: list[list[list]]) -> None:
         """The bytes the recorded run sent, from its operations: a snapshot goes to the peer
         with the progress table; a super learner's every step averages the gradients over
         its node, and a read after an averaging broadcasts the leader's x."""
-        clocks, nbytes, node_nbytes = self.sim.clocks, self.sim.nbytes, self.sim.node_nbytes
+        clocks, node_nbytes = self.sim.clocks, self.sim.node_nbytes
         for members, sequence in zip(self.members, ops):
             merged = False
             for op in sequence:
                 if op[0] == SNAP:
-                    clocks.count_sent("world/gossip", nbytes + 24 * len(ops), members[:1])
+                    clocks.count_sent("world/gossip", self._gossip_message_bytes(), members[:1])
                 elif op[0] == MERGE:
                     merged = True
                 elif len(members) > 1 and op[0] == APPLY:
