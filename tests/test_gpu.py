@@ -1,6 +1,8 @@
 """The CUDA path on a real GPU: the compute path (bf16 autocast, channels-last, torch.compile,
 pinned-memory loading), NCCL, host staging of GPU tensors when ranks share a GPU, and both
-GPU recipes trained end to end with SSGD and AD-PSGD on one rank and on ranks sharing one GPU.
+GPU recipes trained end to end with SSGD and AD-PSGD on one rank and on ranks sharing one GPU,
+elastic jobs that lose a learner and take in a spare with every model on the GPU, and exchanges
+in bfloat16 from GPU models.
 
 Every test here carries the ``gpu`` marker and is skipped, with the reason, where no CUDA GPU
 is visible (conftest.py); ``make test-gpu`` runs them on a GPU machine. The decisions they
@@ -16,9 +18,12 @@ import os
 import pytest
 import torch
 from test_compute_path import PassThrough, SmallNet
+from test_elastic import DIGITS as ELASTIC_DIGITS
+from test_elastic import assert_every_sample_once, learners_alive
 from test_speech_e2e import SMALL as SPEECH
 
 from recipes.imagenet.synthetic import write_fake_imagenet
+from runner.algos.choco import COMPRESSIONS, ChocoConfig, compress, decode, draws
 from runner.comm.buffers import flatten_parameters
 from runner.train.compute_path import ComputePath
 from runner.train.data import BatchFetcher
@@ -167,3 +172,71 @@ def test_recipe_trains_on_the_gpu(recipe, algo, nprocs, fake_imagenet, speech_ca
         assert summary["wer"] < 60.0, [m["wer"] for m in metrics]
     else:
         assert summary["top1"] >= 2 * 100.0 / CLASSES, [m["top1"] for m in metrics]
+
+
+@pytest.mark.parametrize("wire", [None, torch.bfloat16], ids=["float32", "bfloat16"])
+@pytest.mark.parametrize("name", COMPRESSIONS)
+def test_choco_messages_of_gpu_buffers_are_the_bytes_a_cpu_sends(name, wire):
+    """A GPU learner's compressed message is byte for byte a CPU learner's (the random draws
+    are made on the CPU for both), and either end decodes it onto its own device."""
+    cfg = ChocoConfig(compression=name, ratio=0.05, levels=15)
+    v = torch.randn(1003, generator=torch.Generator().manual_seed(1))
+    message, value = compress(v, cfg, draws(0, 1, 7, 0), wire)
+    gpu_message, gpu_value = compress(v.to(CUDA), cfg, draws(0, 1, 7, 0), wire)
+    assert gpu_message.is_cuda and gpu_value.is_cuda
+    assert torch.equal(gpu_message.cpu(), message)
+    torch.testing.assert_close(gpu_value.cpu(), value)
+    torch.testing.assert_close(decode(message, v.to(CUDA), cfg, wire).cpu(), value)
+    torch.testing.assert_close(decode(gpu_message, v, cfg, wire), value)
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+@pytest.mark.parametrize("algo", ["ssgd", "dpsgd", "local_sgd", "dasgd"])
+def test_elastic_job_on_the_gpu_loses_a_learner_and_a_spare_takes_its_place(algo, tmp_path):
+    """Learners and the spare on the GPU under ULFM: learner 2 is killed at step 10, the
+    others undo the step in flight from their GPU snapshots, shrink and go on; the spare
+    receives a learner's model, optimizer and algorithm state onto the GPU and joins."""
+    run_dir = tmp_path / "run"
+    proc = run_cli([*ELASTIC_DIGITS, f"algo={algo}", "trainer.device=cuda", "launcher.spares=1",
+                    "faults.sigkill.ranks=[2]", "faults.sigkill.step=10",
+                    f"hydra.run.dir={run_dir}"], cwd=tmp_path, timeout=400)
+    metrics, summary = read_run(run_dir)
+    print(json.dumps({"case": f"elastic-{algo}", "top1": summary["top1"],
+                      "samples_per_s": summary.get("samples_per_s"),
+                      "membership": summary["membership"], "devices": summary["devices"],
+                      "events": [line for line in proc.stderr.splitlines() if " at " in line]}))
+    assert summary["status"] == "completed" and summary["learners_at_end"] == 4
+    assert [(m["event"], m["learner"], m["learners"]) for m in summary["membership"]] == [
+        ("lost", 2, 3), ("joined", 4, 4)]
+    assert_every_sample_once(summary)
+    assert [count for _, count in learners_alive(run_dir)] == [4, 3, 4]
+    assert summary["comm_backend"] == "mpi"
+    assert summary["devices"] and all(d.startswith("cuda:0 (") for d in summary["devices"])
+    assert summary["top1"] > 60, [m["top1"] for m in metrics]
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+@pytest.mark.parametrize("algo", ["ssgd", "dpsgd", "adpsgd", "choco", "sgp"])
+def test_bfloat16_exchange_from_gpu_models_trains_on_fewer_bytes(algo, tmp_path):
+    """comm.exchange_dtype=bfloat16 with float32 models on the GPU: what travels is rounded
+    on the way out of the GPU (through pinned host memory) and widened on the way in."""
+    sent = {}
+    for dtype in ("float32", "bfloat16"):
+        run_dir = tmp_path / dtype
+        run_cli(["recipe=digit_images", f"algo={algo}", "launcher.nprocs=2", "trainer.epochs=3",
+                 "trainer.device=cuda", f"comm.exchange_dtype={dtype}",
+                 f"hydra.run.dir={run_dir}"], cwd=tmp_path, timeout=400)
+        metrics, summary = read_run(run_dir)
+        assert summary["status"] == "completed", summary
+        sent[dtype] = summary["bytes_sent"]
+        print(json.dumps({"case": f"{algo}-{dtype}", "top1": summary["top1"],
+                          "bytes_sent": summary["bytes_sent"]["by_kind"]}))
+        assert summary["top1"] > 60, [m["top1"] for m in metrics]
+    if algo != "adpsgd":  # AD-PSGD's count of gossips, hence of bytes, varies from run to run
+        # The same steps, every value half the size (CHOCO's top-k indices stay int32; SGP's
+        # push weight stays float64).
+        expected = 0.75 if algo == "choco" else 0.5
+        ratio = sent["bfloat16"]["mean_per_step"] / sent["float32"]["mean_per_step"]
+        assert abs(ratio - expected) < 0.02, sent

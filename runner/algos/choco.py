@@ -96,7 +96,8 @@ def compress(v: torch.Tensor, cfg: ChocoConfig, generator: torch.Generator,
         if cfg.compression == "topk":
             index = v.abs().topk(k, sorted=False).indices.sort().values
         else:
-            index = torch.randperm(d, generator=generator)[:k].sort().values
+            # Drawn on the CPU (the same draws on a GPU, on a CPU and in the simulator).
+            index = torch.randperm(d, generator=generator)[:k].sort().values.to(v.device)
         values = v[index].to(wire)
         decoded = torch.zeros_like(v).index_put_((index,), values.to(v.dtype))
         message = torch.cat([values.contiguous().view(torch.uint8),  # first: aligned views
@@ -107,7 +108,8 @@ def compress(v: torch.Tensor, cfg: ChocoConfig, generator: torch.Generator,
         norm = v.norm()
         scaled = v.abs() / norm * s if norm > 0 else torch.zeros_like(v)
         floor = scaled.floor()
-        level = floor + (torch.rand(d, generator=generator, dtype=v.dtype) < scaled - floor)
+        coins = torch.rand(d, generator=generator, dtype=v.dtype).to(v.device)
+        level = floor + (coins < scaled - floor)
         signed = (level * v.sign()).to(torch.int8)
         scale = (norm / s / (1 + min(d / s**2, math.sqrt(d) / s))).to(wire)
         message = torch.cat([scale.reshape(1).view(torch.uint8), signed.view(torch.uint8)])
@@ -116,7 +118,8 @@ def compress(v: torch.Tensor, cfg: ChocoConfig, generator: torch.Generator,
     scale = (v.abs().sum() / d).to(wire)
     bits = (v >= 0).to(torch.uint8)
     padded = torch.cat([bits, bits.new_zeros(-d % 8)]).view(-1, 8)
-    packed = (padded << torch.arange(8, dtype=torch.uint8)).sum(1, dtype=torch.uint8)
+    shifts = torch.arange(8, dtype=torch.uint8, device=v.device)
+    packed = (padded << shifts).sum(1, dtype=torch.uint8)
     message = torch.cat([scale.reshape(1).view(torch.uint8), packed])
     scale = scale.to(v.dtype)
     return message, torch.where(v >= 0, scale, -scale)
@@ -127,6 +130,7 @@ def decode(message: torch.Tensor, like: torch.Tensor, cfg: ChocoConfig,
     """The value of a received ``message`` (what :func:`compress` returned second)."""
     wire = wire or like.dtype
     d, size = like.numel(), wire.itemsize
+    message = message.to(like.device)
     if cfg.compression == "identity":
         return message.view(wire).to(like.dtype)
     if cfg.compression in ("topk", "randomk"):
@@ -137,7 +141,8 @@ def decode(message: torch.Tensor, like: torch.Tensor, cfg: ChocoConfig,
     scale = message[:size].view(wire)[0].to(like.dtype)
     if cfg.compression == "qsgd":
         return message[size:].view(torch.int8).to(like.dtype) * scale
-    bits = (message[size:].unsqueeze(1) >> torch.arange(8, dtype=torch.uint8)) & 1
+    shifts = torch.arange(8, dtype=torch.uint8, device=message.device)
+    bits = (message[size:].unsqueeze(1) >> shifts) & 1
     positive = bits.flatten()[:d].bool()
     return torch.where(positive, scale, -scale)
 
@@ -184,8 +189,9 @@ class Choco(Algorithm):
         self.x = self.ctx.param_buffers
         self.public = [torch.zeros_like(flat) for flat in self.x]  # xhat_i
         self.mixed = [torch.zeros_like(flat) for flat in self.x]  # s_i
+        # Where the model is: the communicator stages a GPU inbox through pinned host memory.
         self._inbox = [{p: torch.empty(message_bytes(flat, self.cfg, self.wire),
-                                       dtype=torch.uint8)
+                                       dtype=torch.uint8, device=flat.device)
                         for p in self.peers} for flat in self.x]
         self.seed = run_cfg.seed
 
