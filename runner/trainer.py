@@ -174,6 +174,7 @@ class Trainer:
         state = self.state
         self.ctx.step_counts = self.shards.counts(k, epoch)
         global_count = self.shards.global_count(k, epoch)
+        self.faults.crash_on(indices)
         self.train_step(batch, len(indices), global_count)
         state.lockstep_samples += global_count
         seen = self.algo.global_samples(state.local_samples, state.lockstep_samples)

@@ -22,7 +22,7 @@ from test_cli import assert_one_line_error
 from runner.commands.run import check_command_line
 from runner.launch.ulfm_mpi import ULFM_PREFIX
 from runner.train.data import ShardedBatches
-from runner.train.elastic import EpochLedger, StepSnapshot
+from runner.train.elastic import EpochLedger, Membership, StepSnapshot
 
 from conftest import BIN, read_run, run_cli
 
@@ -157,6 +157,17 @@ def test_a_checkpoint_carries_the_epochs_count_into_a_resumed_ledger():
                               {"epoch": 2, "distinct": 4, "used": 8}]
 
 
+def test_a_loss_repeats_an_earlier_one_only_on_the_same_samples_of_the_same_pass():
+    membership = Membership.__new__(Membership)  # same_failure() reads only what it records
+    membership.in_flight = {}
+    # Two learners lost together: their batches are their own, not a repeat.
+    assert membership.same_failure(1, {2: np.array([5, 9]), 3: np.array([6, 10])}) is None
+    assert membership.same_failure(2, {1: np.array([9, 11])}) is None  # another pass
+    assert membership.same_failure(2, {0: np.array([12])}) is None
+    assert membership.same_failure(2, {4: np.array([11, 3, 12])}) == (1, 4, [11])
+    assert membership.in_flight[4] == (2, [11, 3, 12])
+
+
 def start(run_dir: Path, *args: str) -> subprocess.Popen:
     return subprocess.Popen([str(BIN / "adpsgd-run"), *DIGITS, f"hydra.run.dir={run_dir}",
                              *args], cwd=run_dir.parent, stdout=subprocess.PIPE,
@@ -276,6 +287,28 @@ def test_a_topology_without_a_graph_for_the_survivors_ends_the_job_with_one_line
                     f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path, check=False, timeout=240)
     assert_ends_with_one_error_line(proc, "the 3 learners left cannot go on: launcher.nprocs: "
                                     "bipartite_exponential cannot use n=3", "topology=ring")
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_a_sample_that_kills_every_learner_it_reaches_ends_the_job_at_its_second_victim(tmp_path):
+    """faults.sigkill.sample: whichever learner is about to train sample 700 dies. The first
+    loss is survived; the sample is dealt again with the rest of the pass and kills a second
+    learner, which is the same failure repeating: the job ends with one line naming both."""
+    run_dir = tmp_path / "run"
+    proc = run_cli([*DIGITS, "algo=dpsgd", "faults.sigkill.sample=700",
+                    f"hydra.run.dir={run_dir}"], cwd=tmp_path, check=False, timeout=240)
+    first = [line.split()[2] for line in proc.stderr.splitlines() if " lost at " in line][0]
+    host = os.uname().nodename
+    assert_ends_with_one_error_line(proc, "the same failure repeated: learner ", "resume=auto")
+    error = next(line for line in proc.stderr.splitlines() if "adpsgd-run: error:" in line)
+    second = error.split("the same failure repeated: learner ")[1].split()[0]
+    assert second != first and f"that learner {first} ({host}) was also about to train" in error
+    # The whole list of the samples both were about to train, in the survivors' logs.
+    lists = [line.split(": ", 1)[1] for log in (run_dir / "logs").glob("rank*.log")
+             for line in log.read_text(errors="replace").splitlines()
+             if "training samples both were about to train" in line]
+    assert lists and all(700 in json.loads(listed) for listed in lists), lists
 
 
 def assert_ends_with_one_error_line(proc: subprocess.CompletedProcess, cause: str, fix: str

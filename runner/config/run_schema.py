@@ -174,6 +174,9 @@ class NonfiniteLossConfig:
 class SigkillConfig:
     ranks: list[int] = field(default_factory=list)  # these ranks kill -9 themselves...
     step: Optional[int] = None  # ...as they start this step (tests of launcher.max_restarts)
+    # Whichever rank is about to train this training-set sample kills -9 itself: a sample that
+    # kills every learner it reaches (tests of an elastic job's repeated-failure rule).
+    sample: Optional[int] = None
 
 
 @dataclass
@@ -204,6 +207,9 @@ class FaultsConfig(Section):
         require(self.sigkill.step is None or self.sigkill.step >= 1, f"{prefix}.sigkill.step",
                 f"must be >= 1 (steps count from 1), got {self.sigkill.step}",
                 f"{prefix}.sigkill.step=10")
+        require(self.sigkill.sample is None or self.sigkill.sample >= 0,
+                f"{prefix}.sigkill.sample", f"must be >= 0 (an index into the training set), "
+                f"got {self.sigkill.sample}", f"{prefix}.sigkill.sample=0")
         require(self.checkpoint_write_delay_s >= 0, f"{prefix}.checkpoint_write_delay_s",
                 "must be >= 0", self.hint(prefix, "checkpoint_write_delay_s"))
         require(self.eval_delay_s >= 0, f"{prefix}.eval_delay_s", "must be >= 0",

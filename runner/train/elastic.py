@@ -196,6 +196,9 @@ class Membership:
         self.hosts = self.everyone.allgather(MPI.Get_processor_name())
         self.events: list[dict[str, Any]] = []
         self.lost_samples = 0  # what the lost learners had trained on (summary's samples)
+        # Lost learner -> (its pass, the samples it was about to train) when it was lost
+        # (the same on every learner; a joining spare receives them): see same_failure().
+        self.in_flight: dict[int, tuple[int, list[int]]] = {}
         self.snapshot = StepSnapshot(trainer.model, trainer.optimizer)
         if not trainer.world.spare:
             self.chart(self.target)
@@ -308,11 +311,13 @@ class Membership:
             raise error if error is not None else RuntimeError("a step failed on another "
                                                                "rank with every rank alive")
         lost = [self.learners[r] for r in lost_ranks]
+        state = t.state
+        epoch, done_steps = state.position
+        repeated = self.same_failure(epoch, {n: old_shards.epoch_batches(epoch, r)[done_steps]
+                                             for r, n in zip(lost_ranks, lost)})
         self.learners = [n for n in self.learners if n not in gone]
         world, comm, node_comm = learner_comms(self.split_learners(), old_comm.timeout_s,
                                                old_comm.traffic)
-        state = t.state
-        epoch, done_steps = state.position
         if t.ledger is not None:  # with what the lost learners had used of this pass
             t.ledger.carry(comm, [t.ledger.lost_part(old_shards, epoch, done_steps, r)
                                   for r in lost_ranks])
@@ -321,12 +326,44 @@ class Membership:
         t.stop.abandon()
         rebuild(t, world, comm, node_comm, (epoch, unread_pass(old_shards, epoch, done_steps)))
         self.announce("lost", lost, world, time.perf_counter() - self.step_started)
+        if repeated is not None:
+            earlier, learner, samples = repeated
+            log.error("training samples both were about to train: %s", samples)
+            shown = ", ".join(map(str, samples[:5])) + (", ..." if len(samples) > 5 else "")
+            raise UserError(f"the same failure repeated: {self.named([learner])} was lost "
+                            f"about to train {len(samples)} training sample(s) that "
+                            f"{self.named([earlier])} was also about to train when it was "
+                            f"lost (indices {shown}); the job ends rather than lose every "
+                            "learner to them",
+                            f"look at those samples (all of them in logs/rank*.log) and in "
+                            f"logs/rank{earlier}.log and logs/rank{learner}.log (memory, a "
+                            "corrupt file, a crash in native code); fix or leave them out, "
+                            "then continue with resume=auto")
         if len(self.learners) < self.min_learners:
             raise UserError(f"only {len(self.learners)} learner(s) remain after losing "
                             f"{self.named(lost)} (launcher.min_learners={self.min_learners})",
                             "look for the cause in the lost learners' logs; lower "
                             "launcher.min_learners to go on with fewer, or continue with "
                             "resume=auto")
+
+    def same_failure(self, epoch: int, in_flight: dict[int, np.ndarray]
+                     ) -> tuple[int, int, list[int]] | None:
+        """Record what each learner just lost was about to train in pass ``epoch``
+        (``in_flight``: learner -> its batch of the step undone); returns (an earlier lost
+        learner, a learner lost now, the samples both were about to train) when a loss
+        repeats an earlier one of the same pass: a sample that kills whichever learner it
+        is dealt to (a crash in native code, an out-of-memory kill), which would otherwise
+        take every learner one by one. The rest of a pass is dealt again after a loss, and
+        each sample of it is trained once, so a loss unrelated to those samples is taken
+        for a repeat only if it comes in the very step that trains one of them again."""
+        found = None
+        for learner, samples in in_flight.items():
+            for earlier, (pass_, before) in self.in_flight.items():
+                shared = np.intersect1d(samples, before) if pass_ == epoch else []
+                if len(shared) and found is None:
+                    found = (earlier, learner, shared.tolist())
+        self.in_flight.update({n: (epoch, samples.tolist()) for n, samples in in_flight.items()})
+        return found
 
     def named(self, learners: list[int]) -> str:
         return ", ".join(f"learner {n} ({self.hosts[n]})" for n in learners)

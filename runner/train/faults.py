@@ -1,5 +1,5 @@
 """Faults injected on purpose (``faults.*``): a straggler, random per-step delays, a NaN loss,
-a rank that kills itself at a step.
+a rank that kills itself at a step or before a given sample.
 Tests and benchmarks use them to show what an algorithm does when a rank is slow or diverges;
 the slow checkpoint write (``faults.checkpoint_write_delay_s``) lives with the writes
 (runner/checkpoint/files.py)."""
@@ -12,6 +12,7 @@ import signal
 import time
 from typing import Any
 
+import numpy as np
 import torch
 
 
@@ -24,6 +25,7 @@ class FaultInjector:
         nan = cfg.nonfinite_loss
         self.poisoned_steps = set(nan.steps) if rank in nan.ranks else set()
         self.sigkill_step = cfg.sigkill.step if rank in cfg.sigkill.ranks else None
+        self.sigkill_sample = cfg.sigkill.get("sample")  # configs saved before it: none
         self.eval_delay_s = cfg.eval_delay_s
 
     def poison(self, loss: torch.Tensor, step: int) -> torch.Tensor:
@@ -34,6 +36,12 @@ class FaultInjector:
         """kill -9 of this rank as it starts ``faults.sigkill.step``: a crash that leaves no
         word, the same at every attempt (a resumed run reaches that step again)."""
         if step == self.sigkill_step:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def crash_on(self, samples: np.ndarray) -> None:
+        """kill -9 of this rank before it trains ``faults.sigkill.sample``: a sample that kills
+        whichever learner it is dealt to."""
+        if self.sigkill_sample is not None and (samples == self.sigkill_sample).any():
             os.kill(os.getpid(), signal.SIGKILL)
 
     def straggle(self, started: float) -> None:

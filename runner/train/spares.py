@@ -183,7 +183,7 @@ def job_state(m: Any) -> dict[str, Any]:
             "milestones": t.milestones, "lr": t.schedule.lr_at(t.state.samples),
             "ledger": None if ledger is None else {"closed": ledger.closed,
                                                    "carried": ledger.carried},
-            "events": m.events, "lost_samples": m.lost_samples,
+            "events": m.events, "lost_samples": m.lost_samples, "in_flight": m.in_flight,
             "partial": (epoch, unread_pass(t.shards, epoch, done_steps))}
 
 
@@ -200,6 +200,7 @@ def take_job_state(m: Any, job: dict[str, Any], donated: dict[str, Any],
         t.ledger.carried = job["ledger"]["carried"]
         t.ledger.counts = np.zeros_like(t.ledger.counts)
     m.events, m.lost_samples = list(job["events"]), job["lost_samples"]
+    m.in_flight = dict(job["in_flight"])
     t.model.load_state_dict(donated["model"])
     t.optimizer.load_state_dict(donated["optimizer"])
     t.start_time = time.perf_counter() - state.elapsed_before
