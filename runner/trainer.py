@@ -178,6 +178,8 @@ class Trainer:
         self.train_step(batch, len(indices), global_count)
         state.lockstep_samples += global_count
         seen = self.algo.global_samples(state.local_samples, state.lockstep_samples)
+        if self.algo.asynchronous:  # the learners' own counts: lost ones' samples apart
+            seen += lost_samples(self.membership)
         state.samples = max(state.samples, int(seen))
         state.position = (epoch, k + 1) if k + 1 < steps else (epoch + 1, 0)
         if self.ledger is not None:

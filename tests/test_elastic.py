@@ -23,6 +23,7 @@ from runner.commands.run import check_command_line
 from runner.launch.ulfm_mpi import ULFM_PREFIX
 from runner.train.data import ShardedBatches
 from runner.train.elastic import EpochLedger, Membership, StepSnapshot
+from runner.train.streams import Streams
 
 from conftest import BIN, read_run, run_cli
 
@@ -32,8 +33,12 @@ TRAIN_SIZE = 1438  # the digits' training set (recipe.heldout_fraction=0.2)
 
 
 @pytest.mark.parametrize("args,cause,fix", [
-    (["algo=adpsgd", "launcher.elastic=true"], "adpsgd cannot go on without a learner yet",
-     "launcher.elastic=false, or algo= one of dasgd, dpsgd, local_sgd, ssgd"),
+    (["algo=hadpsgd", "launcher.elastic=true"], "hadpsgd cannot go on without a learner yet",
+     "launcher.elastic=false, or algo= one of adpsgd, dasgd, dpsgd, local_sgd, ssgd"),
+    (["algo=adpsgd", "launcher.elastic=true", "launcher.spares=1"], "launcher.spares: adpsgd's "
+     "learners do not take in spares yet", "launcher.spares=0"),
+    (["algo=adpsgd", "launcher.elastic=true", "algo.delay_by_one=true"], "adpsgd's "
+     "delay-by-one scheme (algo.delay_by_one=true) cannot go on", "algo.delay_by_one=false"),
     (["algo=ssgd", "launcher.elastic=true", "comm.backend=gloo"], "comm.backend: an elastic "
      "run moves tensors over MPI", "comm.backend=auto"),
     (["algo=ssgd", "launcher.elastic=true", "launcher.nprocs=1"],
@@ -161,11 +166,34 @@ def test_a_loss_repeats_an_earlier_one_only_on_the_same_samples_of_the_same_pass
     membership = Membership.__new__(Membership)  # same_failure() reads only what it records
     membership.in_flight = {}
     # Two learners lost together: their batches are their own, not a repeat.
-    assert membership.same_failure(1, {2: np.array([5, 9]), 3: np.array([6, 10])}) is None
-    assert membership.same_failure(2, {1: np.array([9, 11])}) is None  # another pass
-    assert membership.same_failure(2, {0: np.array([12])}) is None
-    assert membership.same_failure(2, {4: np.array([11, 3, 12])}) == (1, 4, [11])
+    assert membership.same_failure({2: (1, np.array([5, 9])), 3: (1, np.array([6, 10]))}) is None
+    assert membership.same_failure({1: (2, np.array([9, 11]))}) is None  # another pass
+    assert membership.same_failure({0: (2, np.array([12]))}) is None
+    assert membership.same_failure({4: (2, np.array([11, 3, 12]))}) == (1, 4, [11])
     assert membership.in_flight[4] == (2, [11, 3, 12])
+
+
+def test_a_lost_asynchronous_learners_rest_of_its_pass_is_dealt_to_the_survivors():
+    """Learners at different places of different passes: what each survivor has still to
+    train of its pass, and what the lost one had (from its count as last heard), make up the
+    survivors' new passes, each sample once."""
+    shards = ShardedBatches(101, 0, 4, batch_size=8, seed=3)
+    streams = Streams(shards, [0, 1, 2, 3])
+    shard = [len(streams.position(n, 0)[1]) for n in range(4)]  # 26, 25, 25, 25
+    trained = {0: 16, 1: shard[1] + 8, 3: 3 * 8}  # learner 1 is in its second pass
+    lost = {2: 5 * 8}
+    before = {n: streams.position(n, c) for n, c in {**trained, **lost}.items()}
+    new = streams.deal(trained, lost)
+    assert [new[n].rank for n in (0, 1, 3)] == [0, 1, 2] and new[1].epoch == 1
+    dealt = np.concatenate([new[n].current for n in (0, 1, 3)])
+    owed = np.concatenate([rest for _, rest in before.values()])
+    assert sorted(dealt.tolist()) == sorted(owed.tolist())
+    for n in (0, 1, 3):  # each survivor's own rest first, then its share
+        assert new[n].current[:len(before[n][1])].tolist() == before[n][1].tolist()
+        assert streams.position(n, trained[n])[1].tolist() == new[n].current.tolist()
+    # After the new pass, a survivor trains whole shards of the survivors' sharding.
+    after = streams.position(0, trained[0] + len(new[0].current))
+    assert after[0] == new[0].epoch + 1 and len(after[1]) == len(range(0, 101, 3))
 
 
 def start(run_dir: Path, *args: str) -> subprocess.Popen:
@@ -309,6 +337,33 @@ def test_a_sample_that_kills_every_learner_it_reaches_ends_the_job_at_its_second
              for line in log.read_text(errors="replace").splitlines()
              if "training samples both were about to train" in line]
     assert lists and all(700 in json.loads(listed) for listed in lists), lists
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+@pytest.mark.parametrize("killed", [0, 1], ids=["active-and-first", "passive"])
+def test_asynchronous_learners_go_on_without_one_killed_from_outside(tmp_path, killed):
+    """AD-PSGD: a learner killed with kill -9 while the others train and gossip (learner 0
+    starts averagings and writes the run's records; learner 1 answers them). Its partners'
+    exchanges fail, they revoke, every survivor sees it within a step, and the 3 go on with
+    what the lost one had still to train dealt among them."""
+    run_dir = tmp_path / "run"
+    proc = start(run_dir, "algo=adpsgd", "faults.delay_s=0.2")
+    wait_for_text(proc, run_dir / "metrics.jsonl", '"epoch"')  # the first evaluation
+    killed_at = time.time()
+    kill_rank(run_dir, killed)
+    out, err = proc.communicate(timeout=240)
+    assert proc.returncode == 0, err[-3000:]
+    lines = [line for line in err.splitlines() if " lost at " in line]
+    assert len(lines) == 1 and lines[0].startswith(f"adpsgd-run: learner {killed} ("), err
+    assert "3 learner(s) go on" in lines[0] and "\nadpsgd x3: " in err, err
+    print(f"kill -9 to training again: {losses(run_dir)[0]['time'] - killed_at:.2f} s")
+    history, summary = read_run(run_dir)
+    assert summary["status"] == "completed" and summary["learners_at_end"] == 3
+    assert [(m["learner"], m["learners"]) for m in summary["membership"]] == [(killed, 3)]
+    assert summary["samples"] >= 2 * TRAIN_SIZE
+    assert [count for _, count in learners_alive(run_dir)] == [4, 3]
+    assert summary["top1"] > 80, history
 
 
 def assert_ends_with_one_error_line(proc: subprocess.CompletedProcess, cause: str, fix: str

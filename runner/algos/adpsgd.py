@@ -92,6 +92,7 @@ class ADPSGD(Algorithm):
     Config = ADPSGDConfig
     asynchronous = True
     uses_topology = True  # its graph of active-passive pairs
+    elastic = True  # learners of one rank; hadpsgd's super learners are not (yet)
 
     @classmethod
     def build(cls, cfg, ctx):
@@ -116,7 +117,16 @@ class ADPSGD(Algorithm):
     @classmethod
     def check_world(cls, run_cfg):
         count = cls.participants(run_cfg)
-        if count > 1 and count % 2:
+        if run_cfg.launcher.get("elastic") and run_cfg.algo.delay_by_one:
+            raise ConfigError("launcher.elastic", "adpsgd's delay-by-one scheme "
+                              "(algo.delay_by_one=true) cannot go on without a learner yet",
+                              "launcher.elastic=false, or algo.delay_by_one=false")
+        if run_cfg.launcher.get("elastic") and run_cfg.launcher.get("spares"):
+            raise ConfigError("launcher.spares", f"{cls.registered_name}'s learners do not "
+                              "take in spares yet (a spare joins lockstep learners between "
+                              "two steps)", "launcher.spares=0")
+        # An elastic job pairs odd numbers too (after a loss): one active more than passives.
+        if count > 1 and count % 2 and not run_cfg.launcher.get("elastic"):
             raise ConfigError("launcher.nprocs", f"{cls.registered_name} pairs active and "
                               f"passive learners, so it needs an even number of them, got "
                               f"{count}", cls.even_fix(run_cfg))
@@ -183,6 +193,8 @@ class ADPSGD(Algorithm):
                 next_peer=peer_schedule(self.cfg.pattern, peers, self.ctx.cfg.seed, index),
                 timeout_s=self.cfg.timeout_s, traffic=self.comm.traffic, wire=self.wire)
             self.signal = MilestoneSignal(leaders, self.cfg.timeout_s)
+            # Elastic: a lost peer is raised before a step (check_peers), never within one.
+            self.averager.defer_errors = bool(self.ctx.cfg.launcher.get("elastic"))
             if self.cfg.record_trace:
                 self.trace = self.averager.trace = []
                 self.trace_index = index
@@ -252,7 +264,7 @@ class ADPSGD(Algorithm):
             self.averager.tick(local_samples * self.group.size)
             estimate = max(self.averager.global_samples(), self.signal.latest())
         elif self.is_leader:
-            estimate = lockstep_samples  # one learner: nothing to estimate
+            estimate = local_samples  # one learner: nothing to estimate
         if self.group.size > 1:  # every member follows its leader's clock
             estimate = self.group.bcast_object(estimate, root=0)
         return estimate
@@ -294,6 +306,35 @@ class ADPSGD(Algorithm):
         else:
             self.comm.barrier()
         self._refresh_replica()
+
+    def heard_samples(self) -> list[float]:
+        """Every participant's samples trained, as this one last heard (its progress table)."""
+        with self.lock:
+            return self.averager.progress.counts.astype(float).tolist()
+
+    def check_peers(self):
+        if self.averager:
+            self.averager.raise_if_failed()
+
+    def close(self):
+        if self.averager:  # after a loss: its communicators are revoked
+            self.averager.abandon()
+            self.signal.abandon()
+
+    def continue_after_loss(self, previous):
+        # The survivors' samples carry over (exact: each says its own); x, its optimizer
+        # state and the staleness record are the same objects' (the trainer's model).
+        old = previous.averager.progress if previous.averager else None
+        mine = int(old.counts[old.rank]) if old is not None else 0
+        counts = self.comm.allgather_objects(mine)
+        with self.lock:
+            for mine_x, old_x in zip(self.x, previous.x):
+                mine_x.copy_(old_x)
+            self.optimizer_x.load_state_dict(previous.optimizer_x.state_dict())
+            if self.averager:
+                self.averager.progress.set_exact(counts)
+        self.staleness = previous.staleness
+        self._refresh_replica(force=True)
 
     def shared_update_group(self):
         return self.group if self.group.size > 1 else None  # a super learner's members

@@ -235,6 +235,10 @@ class Algorithm:
         """Remove what :meth:`setup` installed on the model (gradient hooks): the object is
         being replaced (launcher.elastic, after a learner was lost)."""
 
+    def check_peers(self) -> None:
+        """Raise what went wrong in communication running beside training (an asynchronous
+        algorithm's gossip), before a step starts (launcher.elastic). Nothing by default."""
+
     def continue_after_loss(self, previous: Algorithm) -> None:
         """Take over from ``previous``, the object of the same algorithm before a learner was
         lost (launcher.elastic; runner/train/elastic.py): this one is built for the survivors,

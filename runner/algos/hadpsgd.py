@@ -40,6 +40,7 @@ class HADPSGDConfig(ADPSGDConfig):
 @ALGORITHMS.register("hadpsgd")
 class HADPSGD(ADPSGD):
     Config = HADPSGDConfig
+    elastic = False  # a super learner that loses a member would have to regroup its node
 
     @classmethod
     def build(cls, cfg, ctx):

@@ -21,6 +21,7 @@ import time
 import numpy as np
 
 from .pairwise import ExchangeTimeout
+from .ulfm import free_quietly, track
 from .world import mpi
 
 TAG = 31
@@ -30,7 +31,7 @@ class MilestoneSignal:
     def __init__(self, mpi_comm, timeout_s: float = 300.0):
         """``mpi_comm``: the participants (a duplicate is used; only the calling thread)."""
         self.MPI = mpi()
-        self.comm = mpi_comm.Dup()
+        self.comm = track(mpi_comm.Dup())  # revoked with the others when a peer is lost
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
         self.timeout_s = timeout_s
         self.floor = 0  # the largest milestone anyone announced
@@ -61,6 +62,12 @@ class MilestoneSignal:
             self.received += 1
             self.floor = max(self.floor, int(self._inbox[0]))
         return self.floor
+
+    def abandon(self) -> None:
+        """After a peer was lost (elastic jobs): free without waiting for anyone."""
+        if not self.closed:
+            self.closed = True
+            free_quietly(self.comm)
 
     def close(self) -> None:
         """Receive every announcement still on its way, complete the sends, free."""

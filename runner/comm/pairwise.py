@@ -35,6 +35,7 @@ import torch
 
 from .progress import ProgressTable
 from .traffic import Traffic
+from .ulfm import free_quietly, track
 from .world import mpi
 
 REQUEST, REPLY, MODEL_REQUEST, MODEL_REPLY = 21, 22, 23, 24
@@ -87,9 +88,14 @@ class PairwiseAverager:
         ``traffic``: where the bytes sent are counted (``world/gossip``); ``wire``: the dtype
         the snapshots travel in (None: x's own)."""
         self.MPI = mpi()
-        self.comm = mpi_comm.Dup()
+        # Tracked: in an elastic job a failure revokes it, which ends every gossip thread's
+        # wait on it (runner/comm/ulfm.py).
+        self.comm = track(mpi_comm.Dup())
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
         self.buffers, self.lock = buffers, lock
+        # Elastic jobs: a failed exchange is raised at the next step's start
+        # (:meth:`raise_if_failed`), not in the middle of one (:meth:`tick`).
+        self.defer_errors = False
         self.is_active, self.next_peer = is_active, next_peer
         self.timeout_s, self.rate_limited = timeout_s, rate_limited
         self.traffic = Traffic() if traffic is None else traffic
@@ -136,7 +142,8 @@ class PairwiseAverager:
             self.progress.tick(local_samples)
         if self.rate_limited:
             self._ticks.release()
-        self.raise_if_failed()
+        if not self.defer_errors:
+            self.raise_if_failed()
 
     def global_samples(self) -> int:
         with self.lock:
@@ -173,6 +180,16 @@ class PairwiseAverager:
         self._ticks.release()
         self._thread.join()
         self.comm.Free()
+
+    def abandon(self) -> None:
+        """After a peer was lost (elastic jobs): end the gossip thread without waiting for
+        anyone (its communicator is revoked: any wait on it returns) and free what is left."""
+        with self._state:
+            self._running = False
+            self._state.notify_all()
+        self._ticks.release()
+        self._thread.join(timeout=self.timeout_s)
+        free_quietly(self.comm)
 
     def raise_if_failed(self) -> None:
         if self.error is not None:

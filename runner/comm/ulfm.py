@@ -32,8 +32,9 @@ _TRACKED: list = []
 
 def track(mpi_comm):
     """Remember ``mpi_comm`` for :func:`revoke_all`; returns it."""
-    if mpi_comm is not None:
-        MPI = mpi()
+    MPI = mpi()
+    # A communicator of this process alone never waits on another; revoked, it would stay so.
+    if mpi_comm is not None and mpi_comm != MPI.COMM_SELF:
         _TRACKED[:] = [c for c in _TRACKED if c != MPI.COMM_NULL]
         _TRACKED.append(mpi_comm)
     return mpi_comm

@@ -41,6 +41,9 @@ class ShardedBatches:
         self.steps_per_epoch = math.ceil(dataset_size / (size * batch_size))
         # (epoch, the dataset indices of that epoch's pass, in dealing order): a partial pass
         self.partial: tuple[int, np.ndarray] | None = None
+        # (epoch, this rank's own samples of that pass, in order): an asynchronous learner's
+        # pass after a loss in an elastic job (runner/train/streams.py)
+        self.own: tuple[int, np.ndarray] | None = None
 
     def pass_order(self, epoch: int) -> np.ndarray:
         """The dataset indices that epoch ``epoch`` deals, in order."""
@@ -76,6 +79,9 @@ class ShardedBatches:
                    max(0, self._pass_size(epoch) - step * self.size * self.batch_size))
 
     def epoch_batches(self, epoch: int, rank: int | None = None) -> list[np.ndarray]:
+        if rank is None and self.own is not None and self.own[0] == epoch:
+            b, own = self.batch_size, self.own[1]
+            return [own[k:k + b] for k in range(0, len(own), b)]
         shard = self.pass_order(epoch)[self.rank if rank is None else rank::self.size]
         b = self.batch_size
         return [shard[k * b:(k + 1) * b] for k in range(self.steps_in(epoch))]
@@ -85,14 +91,20 @@ class ShardedBatches:
         return self.pass_order(epoch)[rank::self.size][step * self.batch_size:]
 
     def state_dict(self) -> dict[str, Any]:
-        if self.partial is None:
-            return {}
-        return {"partial_epoch": self.partial[0],
-                "partial_order": torch.from_numpy(self.partial[1].astype(np.int64))}
+        state = {}
+        if self.partial is not None:
+            state.update(partial_epoch=self.partial[0],
+                         partial_order=torch.from_numpy(self.partial[1].astype(np.int64)))
+        if self.own is not None:
+            state.update(own_epoch=self.own[0],
+                         own_order=torch.from_numpy(self.own[1].astype(np.int64)))
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.partial = ((state["partial_epoch"], state["partial_order"].numpy())
                         if "partial_epoch" in state else None)
+        self.own = ((state["own_epoch"], state["own_order"].numpy())
+                    if "own_epoch" in state else None)
 
 
 class EpochBatchSampler:

@@ -43,6 +43,7 @@ from ..errors import UserError
 from ..runlog.events import record_event
 from .data import ShardedBatches
 from .regroup import learner_comms, rebuild, unread_pass
+from .streams import Streams
 
 log = logging.getLogger("adpsgd")
 
@@ -196,6 +197,9 @@ class Membership:
         self.hosts = self.everyone.allgather(MPI.Get_processor_name())
         self.events: list[dict[str, Any]] = []
         self.lost_samples = 0  # what the lost learners had trained on (summary's samples)
+        # Asynchronous learners: where each is in its stream of samples (streams.py).
+        self.streams = (Streams(trainer.shards, self.learners) if trainer.algo.asynchronous
+                        else None)
         # Lost learner -> (its pass, the samples it was about to train) when it was lost
         # (the same on every learner; a joining spare receives them): see same_failure().
         self.in_flight: dict[int, tuple[int, list[int]]] = {}
@@ -238,6 +242,8 @@ class Membership:
         succeeded on every rank; False when a learner was lost, after undoing the step and
         rebuilding the job for the survivors."""
         t = self.trainer
+        if t.algo.asynchronous:
+            return self.attempt_async(step)
         state = t.state
         self.step_started = time.perf_counter()
         self.snapshot.take({"state": dataclasses.replace(state), "passed": t.milestones.passed,
@@ -267,6 +273,29 @@ class Membership:
             t.ledger.rollback()
         if error is None:  # another rank failed: ours completed, on communicators now revoked
             revoke_all()
+        self.recover(error)
+        return False
+
+    def attempt_async(self, step: Callable[[], None]) -> bool:
+        """One step of an asynchronous learner: nobody agrees per step (the learners never
+        wait for each other). A lost peer shows up as an MPI error: in the gossip running
+        beside training, raised before the step starts (check_peers), or in the collective
+        of a milestone; the rank revokes its communicators, so every other learner sees one
+        too within a step. The step's own update is local and stays; only the exchange in
+        flight and a milestone under way are dropped (the milestone is met again after)."""
+        t = self.trainer
+        self.step_started = time.perf_counter()
+        passed, stop_status = t.milestones.passed, t.stop_status
+        try:
+            t.algo.check_peers()
+            step()
+            return True
+        except Exception as ex:  # noqa: BLE001 - an MPI error is a lost peer until shown otherwise
+            if not is_mpi_error(ex):
+                raise
+            error = ex
+            revoke_all()
+        t.milestones.passed, t.stop_status = passed, stop_status
         self.recover(error)
         return False
 
@@ -313,18 +342,43 @@ class Membership:
         lost = [self.learners[r] for r in lost_ranks]
         state = t.state
         epoch, done_steps = state.position
-        repeated = self.same_failure(epoch, {n: old_shards.epoch_batches(epoch, r)[done_steps]
-                                             for r, n in zip(lost_ranks, lost)})
-        self.learners = [n for n in self.learners if n not in gone]
+        if self.streams is None:
+            in_flight = {n: (epoch, old_shards.epoch_batches(epoch, r)[done_steps])
+                         for r, n in zip(lost_ranks, lost)}
+        else:  # what the survivors last heard each lost learner had trained
+            heard = t.algo.heard_samples()
+        survivors = [n for n in self.learners if n not in gone]
+        self.learners = survivors
         world, comm, node_comm = learner_comms(self.split_learners(), old_comm.timeout_s,
                                                old_comm.traffic)
-        if t.ledger is not None:  # with what the lost learners had used of this pass
-            t.ledger.carry(comm, [t.ledger.lost_part(old_shards, epoch, done_steps, r)
-                                  for r in lost_ranks])
-        survivors_samples = comm.allreduce_numbers([state.local_samples])[0]
-        self.lost_samples = int(state.lockstep_samples - survivors_samples)
         t.stop.abandon()
-        rebuild(t, world, comm, node_comm, (epoch, unread_pass(old_shards, epoch, done_steps)))
+        if self.streams is None:
+            repeated = self.same_failure(in_flight)
+            if t.ledger is not None:  # with what the lost learners had used of this pass
+                t.ledger.carry(comm, [t.ledger.lost_part(old_shards, epoch, done_steps, r)
+                                      for r in lost_ranks])
+            survivors_samples = comm.allreduce_numbers([state.local_samples])[0]
+            self.lost_samples = int(state.lockstep_samples - survivors_samples)
+            rebuild(t, world, comm, node_comm,
+                    (epoch, unread_pass(old_shards, epoch, done_steps)))
+        else:
+            known = comm.allreduce_numbers(heard, op="max").astype(np.int64)
+            lost_counts = {n: int(known[r]) for r, n in zip(lost_ranks, lost)}
+            trained = comm.allgather_objects(state.local_samples)
+            self.lost_samples += sum(lost_counts.values())
+            # The exact global count, the same on every survivor (each had its estimate).
+            state.samples = sum(trained) + self.lost_samples
+            # Where in the milestones the survivors go on: the first learner's (which writes
+            # the records). Each met them at its own time, and a revoke can fail a collective
+            # on one rank that completed on another, so they may disagree by one.
+            t.milestones.passed, t.stop_status = comm.bcast_object(
+                (t.milestones.passed, t.stop_status), root=0)
+            # The survivors know what a lost learner had trained when they last heard from
+            # it, not what it was training when it died: no repeated-failure rule here.
+            repeated = None
+            mine = self.streams.deal(dict(zip(survivors, trained)), lost_counts)[
+                survivors[world.rank]]
+            rebuild(t, world, comm, node_comm, None, own=(mine.epoch, mine.current))
         self.announce("lost", lost, world, time.perf_counter() - self.step_started)
         if repeated is not None:
             earlier, learner, samples = repeated
@@ -346,23 +400,24 @@ class Membership:
                             "launcher.min_learners to go on with fewer, or continue with "
                             "resume=auto")
 
-    def same_failure(self, epoch: int, in_flight: dict[int, np.ndarray]
+    def same_failure(self, in_flight: dict[int, tuple[int, np.ndarray]]
                      ) -> tuple[int, int, list[int]] | None:
-        """Record what each learner just lost was about to train in pass ``epoch``
-        (``in_flight``: learner -> its batch of the step undone); returns (an earlier lost
-        learner, a learner lost now, the samples both were about to train) when a loss
-        repeats an earlier one of the same pass: a sample that kills whichever learner it
-        is dealt to (a crash in native code, an out-of-memory kill), which would otherwise
-        take every learner one by one. The rest of a pass is dealt again after a loss, and
-        each sample of it is trained once, so a loss unrelated to those samples is taken
-        for a repeat only if it comes in the very step that trains one of them again."""
+        """Record what each learner just lost was about to train (``in_flight``: learner ->
+        (its pass, its next batch)); returns (an earlier lost learner, a learner lost now,
+        the samples both were about to train) when a loss repeats an earlier one of the same
+        pass: a sample that kills whichever learner it is dealt to (a crash in native code,
+        an out-of-memory kill), which would otherwise take every learner one by one. The
+        rest of a pass is dealt again after a loss, and each sample of it is trained once,
+        so a loss unrelated to those samples is taken for a repeat only if it comes in the
+        very step that trains one of them again."""
         found = None
-        for learner, samples in in_flight.items():
+        for learner, (epoch, samples) in in_flight.items():
             for earlier, (pass_, before) in self.in_flight.items():
                 shared = np.intersect1d(samples, before) if pass_ == epoch else []
                 if len(shared) and found is None:
                     found = (earlier, learner, shared.tolist())
-        self.in_flight.update({n: (epoch, samples.tolist()) for n, samples in in_flight.items()})
+        self.in_flight.update({n: (epoch, samples.tolist())
+                               for n, (epoch, samples) in in_flight.items()})
         return found
 
     def named(self, learners: list[int]) -> str:

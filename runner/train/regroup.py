@@ -45,12 +45,13 @@ def learner_comms(learner_mpi: Any, timeout_s: float, traffic: Traffic
 
 
 def rebuild(t: Any, world: World, comm: Communicator, node_comm: Communicator,
-            partial: tuple[int, np.ndarray], algo_state: dict[str, Any] | None = None,
-            rate: float | None = None) -> None:
+            partial: tuple[int, np.ndarray] | None, algo_state: dict[str, Any] | None = None,
+            rate: float | None = None, own: tuple[int, np.ndarray] | None = None) -> None:
     """Point trainer ``t`` at the learners of ``world``: communicators (the old ones are
     freed), data, evaluation, checkpoints, stop agreement, a new algorithm object and the
     learning-rate schedule for the new global batch; training goes on at the start of the
-    ``partial`` pass. The new algorithm takes over from the old one after a loss, or loads
+    ``partial`` pass, or (an asynchronous learner) of its ``own`` pass (epoch, samples).
+    The new algorithm takes over from the old one after a loss, or loads
     ``algo_state`` (a joining spare: its donor's; the others: their own); the schedule
     climbs from ``rate`` (default: the old one's rate now)."""
     from ..algos import ALGORITHMS
@@ -66,6 +67,7 @@ def rebuild(t: Any, world: World, comm: Communicator, node_comm: Communicator,
         free_quietly(closing.mpi_comm)
     t.world, t.comm = world, comm
     t.shards = dealt_again(t.shards, world, partial)
+    t.shards.own = own
     t.ctx.world, t.ctx.comm, t.ctx.node_comm = world, comm, node_comm
     t.ctx.steps_per_epoch = t.shards.steps_per_epoch
     t.checkpointer.world, t.checkpointer.comm = world, comm
@@ -94,7 +96,7 @@ def rebuild(t: Any, world: World, comm: Communicator, node_comm: Communicator,
                             len(t.train_set), t.cfg.trainer.epochs)
     t.schedule.start_ramp(t.state.samples, rate)
     t.progress.relabel(f"{t.cfg.algo.name} x{world.size}")
-    t.state.position = (partial[0], 0)
+    t.state.position = ((partial or own)[0], 0)
     if became_main:  # the first rank was lost: this one writes the run's records now
         t.state.history = read_metrics(t.run_dir)
         t.runlog = RunLog(t.run_dir, t.cfg, t.recipe.primary_metric,

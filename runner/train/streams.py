@@ -1,0 +1,78 @@
+"""Where each learner of an asynchronous elastic job is in its stream of training samples.
+
+Asynchronous learners (AD-PSGD) each go through their own shard at their own pace, so when
+one is lost the survivors are at different places of different passes, and nobody waited for
+anyone. What the survivors know of a lost learner is how many samples it had trained when one
+of them last heard from it (the progress table that rides on every averaging; its gradients up
+to then live on in the models it averaged with). :class:`Streams` turns that count into the
+samples it had still to train in its pass, which the survivors then share out:
+
+* every learner's stream is one *current pass* (a list of samples, started at a known count
+  of samples trained) followed by whole passes of its shard under a sharding (rank, size);
+* at a loss, each survivor's new current pass is the rest of its own pass, then its share
+  (dealt in turn by new rank) of what the lost learners had still to train of theirs; later
+  passes are shards of the survivors' sharding.
+
+Every survivor holds the streams of every learner and updates them from the same numbers (the
+survivors' exact counts, gathered, and the lost learners' counts as last heard, the largest
+over the survivors), so they agree on every stream without sending one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .data import ShardedBatches
+
+
+@dataclass
+class Stream:
+    epoch: int  # the pass ``current`` belongs to
+    current: np.ndarray  # its samples, in training order
+    start: int  # samples the learner had trained when ``current`` began
+    rank: int  # later passes: shard ``rank`` of ``size``
+    size: int
+
+
+class Streams:
+    def __init__(self, shards: ShardedBatches, learners: list[int]):
+        """At launch: learner ``learners[r]`` trains shard r of ``shards``' sharding."""
+        self.shards = shards
+        self.streams = {n: Stream(0, self._shard(0, r, shards.size), 0, r, shards.size)
+                        for r, n in enumerate(learners)}
+
+    def _shard(self, epoch: int, rank: int, size: int) -> np.ndarray:
+        s = self.shards
+        return ShardedBatches(s.n_items, rank, size, s.batch_size, s.seed,
+                              s.shuffle).pass_order(epoch)[rank::size]
+
+    def position(self, learner: int, trained: int) -> tuple[int, np.ndarray]:
+        """(the pass, its samples not yet trained) of ``learner`` after ``trained`` samples."""
+        stream = self.streams[learner]
+        epoch, samples, left = stream.epoch, stream.current, trained - stream.start
+        while left >= len(samples) and len(samples):
+            left -= len(samples)
+            epoch += 1
+            samples = self._shard(epoch, stream.rank, stream.size)
+        return epoch, samples[left:]
+
+    def deal(self, survivors: dict[int, int], lost: dict[int, int]) -> dict[int, Stream]:
+        """After a loss: ``survivors`` (learner -> samples trained, in their new rank order)
+        go on with their own rest and a share of the ``lost`` learners' (learner -> samples
+        trained as last heard). Returns the survivors' new streams (also kept)."""
+        left = np.concatenate([self.position(n, trained)[1] for n, trained in lost.items()]
+                              or [np.empty(0, dtype=np.int64)])
+        size = len(survivors)
+        new = {}
+        for rank, (learner, trained) in enumerate(survivors.items()):
+            epoch, rest = self.position(learner, trained)
+            new[learner] = Stream(epoch, np.concatenate([rest, left[rank::size]]), trained,
+                                  rank, size)
+        self.streams = new
+        return new
+
+    def lost_rest(self, lost: dict[int, int]) -> int:
+        """How many samples the lost learners had still to train of their passes."""
+        return sum(len(self.position(n, trained)[1]) for n, trained in lost.items())
