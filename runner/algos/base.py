@@ -123,7 +123,8 @@ class Algorithm:
     asynchronous: ClassVar[bool] = False  # ranks progress at their own pace
     uses_topology: ClassVar[bool] = False
     # Survives a lost learner under launcher.elastic (runner/train/elastic.py): lockstep
-    # steps that can be undone, and continue_after_loss() for what must go on.
+    # steps that can be undone, or asynchronous ones whose exchange in flight is dropped
+    # (check_peers()), and continue_after_loss() for what must go on.
     elastic: ClassVar[bool] = False
     # Why launcher=sim cannot run this algorithm, when it has no driver in runner/sim/ (the
     # simulator's error line says it; tests/test_sim_coverage.py asks every algorithm for one

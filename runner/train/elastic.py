@@ -360,7 +360,8 @@ class Membership:
             survivors_samples = comm.allreduce_numbers([state.local_samples])[0]
             self.lost_samples = int(state.lockstep_samples - survivors_samples)
             rebuild(t, world, comm, node_comm,
-                    (epoch, unread_pass(old_shards, epoch, done_steps)))
+                    (epoch, self.dealing_order(epoch, unread_pass(old_shards, epoch,
+                                                                  done_steps))))
         else:
             known = comm.allreduce_numbers(heard, op="max").astype(np.int64)
             lost_counts = {n: int(known[r]) for r, n in zip(lost_ranks, lost)}
@@ -407,9 +408,10 @@ class Membership:
         the samples both were about to train) when a loss repeats an earlier one of the same
         pass: a sample that kills whichever learner it is dealt to (a crash in native code,
         an out-of-memory kill), which would otherwise take every learner one by one. The
-        rest of a pass is dealt again after a loss, and each sample of it is trained once,
-        so a loss unrelated to those samples is taken for a repeat only if it comes in the
-        very step that trains one of them again."""
+        rest of a pass is dealt again after a loss with those samples last
+        (:meth:`dealing_order`), and each sample of it is trained once, so a loss unrelated
+        to them is taken for a repeat only if it comes in the very step, near the pass's
+        end, that trains one of them again."""
         found = None
         for learner, (epoch, samples) in in_flight.items():
             for earlier, (pass_, before) in self.in_flight.items():
@@ -419,6 +421,17 @@ class Membership:
         self.in_flight.update({n: (epoch, samples.tolist())
                                for n, (epoch, samples) in in_flight.items()})
         return found
+
+    def dealing_order(self, epoch: int, unread: np.ndarray) -> np.ndarray:
+        """The rest of pass ``epoch`` in the order it is dealt again: the samples that lost
+        learners were about to train go last, so that a sample that kills whoever trains it
+        does so at the end of the pass, and a learner lost soon after a loss or a join (for
+        another reason) is not taken for a repeat (same_failure)."""
+        flagged = [samples for pass_, samples in self.in_flight.values() if pass_ == epoch]
+        if not flagged:
+            return unread
+        last = np.isin(unread, np.concatenate(flagged))
+        return np.concatenate([unread[~last], unread[last]])
 
     def named(self, learners: list[int]) -> str:
         return ", ".join(f"learner {n} ({self.hosts[n]})" for n in learners)

@@ -184,7 +184,7 @@ def job_state(m: Any) -> dict[str, Any]:
             "ledger": None if ledger is None else {"closed": ledger.closed,
                                                    "carried": ledger.carried},
             "events": m.events, "lost_samples": m.lost_samples, "in_flight": m.in_flight,
-            "partial": (epoch, unread_pass(t.shards, epoch, done_steps))}
+            "partial": (epoch, m.dealing_order(epoch, unread_pass(t.shards, epoch, done_steps)))}
 
 
 def take_job_state(m: Any, job: dict[str, Any], donated: dict[str, Any],
