@@ -12,7 +12,8 @@ For each algorithm, three jobs of the digit images on 4 ranks, started the same 
   the evaluations' rows), the held-out metric, and that every epoch used each sample once;
 * ``rejoined``: the same kill with ``launcher.spares=1``: seconds from the kill to training
   on 4 learners again (the join's event record), what the join itself took, samples/s after
-  it, the held-out metric against the spread of uninterrupted elastic runs (``--seeds``)::
+  it, the held-out metric against the spread of uninterrupted elastic runs (``--seeds``).
+  Not for adpsgd, whose learners take in no spares yet (nor count samples per epoch)::
 
     python benchmarks/bench_elastic.py --json docs/results/elastic.json
     python benchmarks/bench_elastic.py --algos ssgd dpsgd --epochs 12
@@ -42,7 +43,8 @@ from benchmarks import harness as bench  # noqa: E402
 NAME = "elastic"
 BIN = Path(sys.executable).parent
 NPROCS, VICTIM = 4, 2
-FULL = {"algos": ["ssgd", "dpsgd", "local_sgd", "dasgd"], "epochs": 12, "seeds": [1, 2, 3, 4]}
+FULL = {"algos": ["ssgd", "dpsgd", "local_sgd", "dasgd", "adpsgd"], "epochs": 12,
+        "seeds": [1, 2, 3, 4]}
 QUICK = {"algos": ["ssgd"], "epochs": 2, "seeds": []}
 MD_HEADER = ("| date | algorithm | ranks | plain samples/s (MPICH / Open MPI) | elastic "
              "samples/s | kill to training | samples/s before / after | top-1 plain / killed "
@@ -117,7 +119,10 @@ def killed_run(run_dir: Path, algo: str, epochs: int, timeout_s: float, *extra: 
     return measured
 
 
-def every_sample_once(summary: dict) -> bool:
+def every_sample_once(summary: dict) -> bool | None:
+    """None: not counted (asynchronous learners each go through their own passes)."""
+    if summary.get("epoch_samples") is None:
+        return None
     return all(e["distinct"] == e["used"] == 1438 for e in summary["epoch_samples"])
 
 
@@ -140,24 +145,25 @@ def measure(args: argparse.Namespace) -> dict:
                                        root / f"elastic-seed{seed}", args.timeout)["top1"]
         killed = killed_run(root / "killed", algo, args.epochs, args.timeout)
         summary = killed.pop("summary")
-        rejoined = killed_run(root / "rejoined", algo, args.epochs, args.timeout,
-                              "launcher.spares=1")
-        rejoined_summary = rejoined.pop("summary")
+        rejoined = (killed_run(root / "rejoined", algo, args.epochs, args.timeout,
+                               "launcher.spares=1") if algo != "adpsgd" else None)
+        rejoined_summary = rejoined.pop("summary") if rejoined else None
+        once = [every_sample_once(s) for s in (summary, rejoined_summary) if s]
         case = {"algo": algo, "nprocs": NPROCS, "epochs": args.epochs,
                 "plain_samples_per_s": plain["samples_per_s"],
                 "plain_openmpi_samples_per_s": open_mpi["samples_per_s"],
                 "elastic_samples_per_s": elastic["samples_per_s"],
                 "plain_top1": plain["top1"], "elastic_top1": elastic["top1"],
                 "killed_top1": summary["top1"], "killed_learner": VICTIM,
-                "every_sample_once": every_sample_once(summary)
-                and every_sample_once(rejoined_summary), **killed,
-                "rejoined": {**rejoined, "top1": rejoined_summary["top1"],
-                             "learners_at_end": rejoined_summary["learners_at_end"]},
+                "every_sample_once": None if None in once else all(once), **killed,
+                "rejoined": rejoined and {**rejoined, "top1": rejoined_summary["top1"],
+                                          "learners_at_end": rejoined_summary["learners_at_end"]},
                 "uninterrupted_top1": uninterrupted}
         cases.append(case)
-        print(f"{algo}: kill to training {case['kill_to_training_s']:.2f} s, to 4 learners "
-              f"{rejoined['kill_to_joined_s']:.2f} s; top-1 {case['plain_top1']:.2f} -> "
-              f"{case['killed_top1']:.2f}, rejoined {rejoined_summary['top1']:.2f}",
+        joined = (f", to 4 learners {rejoined['kill_to_joined_s']:.2f} s, rejoined top-1 "
+                  f"{rejoined_summary['top1']:.2f}" if rejoined else "")
+        print(f"{algo}: kill to training {case['kill_to_training_s']:.2f} s; top-1 "
+              f"{case['plain_top1']:.2f} -> {case['killed_top1']:.2f}{joined}",
               file=sys.stderr, flush=True)
     return record.finish({"cases": cases, "run_dirs": str(args.runs)})
 
@@ -166,17 +172,23 @@ def markdown_rows(r: dict) -> list[str]:
     def number(value: float | None, fmt: str = ".0f") -> str:
         return "-" if value is None else format(value, fmt)
 
+    def rejoined(c: dict) -> str:
+        j = c["rejoined"]
+        if not j:
+            return "- | - | -"
+        return (f"{j['kill_to_joined_s']:.2f} s ({j['joined_s']:.2f} s) | "
+                f"{number(j['samples_per_s_after'])} | {j['top1']:.2f}")
+
+    once = {True: "yes", False: "NO", None: "not counted"}
     return [f"| {r['date'][:10]} | {c['algo']} | {c['nprocs']} | "
             f"{number(c['plain_samples_per_s'])} / {number(c['plain_openmpi_samples_per_s'])} | "
             f"{number(c['elastic_samples_per_s'])} | "
             f"{c['kill_to_training_s']:.2f} s | {number(c['samples_per_s_before'])} / "
             f"{number(c['samples_per_s_after'])} | {c['plain_top1']:.2f} / "
-            f"{c['killed_top1']:.2f} | {c['rejoined']['kill_to_joined_s']:.2f} s "
-            f"({c['rejoined']['joined_s']:.2f} s) | "
-            f"{number(c['rejoined']['samples_per_s_after'])} | {c['rejoined']['top1']:.2f} | "
+            f"{c['killed_top1']:.2f} | {rejoined(c)} | "
             f"{min(c['uninterrupted_top1'].values()):.2f}-"
             f"{max(c['uninterrupted_top1'].values()):.2f} ({len(c['uninterrupted_top1'])}) | "
-            f"{'yes' if c['every_sample_once'] else 'NO'} |"
+            f"{once[c['every_sample_once']]} |"
             for c in r["cases"]]
 
 

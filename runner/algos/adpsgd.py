@@ -263,8 +263,10 @@ class ADPSGD(Algorithm):
             # A learner's samples are its members' (equal batches inside a node).
             self.averager.tick(local_samples * self.group.size)
             estimate = max(self.averager.global_samples(), self.signal.latest())
-        elif self.is_leader:
-            estimate = local_samples  # one learner: nothing to estimate
+        elif self.is_leader:  # one learner: nothing to estimate
+            # A super learner counts its node's samples; a lone learner (an elastic job's
+            # last) its own, which the lost learners' are added to (runner/trainer.py).
+            estimate = lockstep_samples if self.group.size > 1 else local_samples
         if self.group.size > 1:  # every member follows its leader's clock
             estimate = self.group.bcast_object(estimate, root=0)
         return estimate
