@@ -218,6 +218,26 @@ def test_elastic_job_on_the_gpu_loses_a_learner_and_a_spare_takes_its_place(algo
 
 @pytest.mark.mpi
 @pytest.mark.slow
+def test_elastic_adpsgd_on_the_gpu_goes_on_without_a_killed_learner(tmp_path):
+    """AD-PSGD's learners on the GPU gossip through pinned host memory; learner 2 dies at
+    step 10, its partners' exchanges fail, every survivor's gossip is revoked, and the 3 go
+    on with new pairs."""
+    run_dir = tmp_path / "run"
+    proc = run_cli([*ELASTIC_DIGITS, "algo=adpsgd", "trainer.device=cuda",
+                    "faults.sigkill.ranks=[2]", "faults.sigkill.step=10",
+                    f"hydra.run.dir={run_dir}"], cwd=tmp_path, timeout=400)
+    metrics, summary = read_run(run_dir)
+    print(json.dumps({"case": "elastic-adpsgd", "top1": summary["top1"],
+                      "membership": summary["membership"],
+                      "events": [line for line in proc.stderr.splitlines() if " at " in line]}))
+    assert summary["status"] == "completed" and summary["learners_at_end"] == 3
+    assert [(m["event"], m["learner"]) for m in summary["membership"]] == [("lost", 2)]
+    assert summary["samples"] >= 2 * 1438
+    assert all(d.startswith("cuda:0 (") for d in summary["devices"])
+    assert summary["top1"] > 60, [m["top1"] for m in metrics]
+
+@pytest.mark.mpi
+@pytest.mark.slow
 @pytest.mark.parametrize("algo", ["ssgd", "dpsgd", "adpsgd", "choco", "sgp"])
 def test_bfloat16_exchange_from_gpu_models_trains_on_fewer_bytes(algo, tmp_path):
     """comm.exchange_dtype=bfloat16 with float32 models on the GPU: what travels is rounded
