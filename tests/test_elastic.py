@@ -23,7 +23,7 @@ from runner.commands.run import check_command_line
 from runner.launch.ulfm_mpi import ULFM_PREFIX
 from runner.train.data import ShardedBatches
 from runner.train.elastic import EpochLedger, Membership, StepSnapshot
-from runner.train.streams import Streams
+from runner.train.streams import Streams, stream_of
 
 from conftest import BIN, read_run, run_cli
 
@@ -178,7 +178,8 @@ def test_a_lost_asynchronous_learners_rest_of_its_pass_is_dealt_to_the_survivors
     train of its pass, and what the lost one had (from its count as last heard), make up the
     survivors' new passes, each sample once."""
     shards = ShardedBatches(101, 0, 4, batch_size=8, seed=3)
-    streams = Streams(shards, [0, 1, 2, 3])
+    streams = Streams(shards, {n: stream_of(ShardedBatches(101, n, 4, 8, seed=3), (0, 0), 0)
+                               for n in range(4)})
     shard = [len(streams.position(n, 0)[1]) for n in range(4)]  # 26, 25, 25, 25
     trained = {0: 16, 1: shard[1] + 8, 3: 3 * 8}  # learner 1 is in its second pass
     lost = {2: 5 * 8}
@@ -337,6 +338,20 @@ def test_a_sample_that_kills_every_learner_it_reaches_ends_the_job_at_its_second
              for line in log.read_text(errors="replace").splitlines()
              if "training samples both were about to train" in line]
     assert lists and all(700 in json.loads(listed) for listed in lists), lists
+
+
+def test_a_learners_stream_starts_in_the_pass_it_is_in_whatever_dealt_it():
+    """A resumed learner (or one after a loss) in an own pass: the stream begins where that
+    pass began, so its count of samples trained maps to its place in it."""
+    shards = ShardedBatches(101, 1, 3, batch_size=8, seed=3)
+    shards.own = (2, np.arange(50, 70))  # 20 samples: batches of 8, 8, 4
+    stream = stream_of(shards, (2, 2), trained=500)
+    assert (stream.epoch, stream.start, stream.rank, stream.size) == (2, 484, 1, 3)
+    streams = Streams(shards, {7: stream})
+    assert streams.position(7, 500)[1].tolist() == list(range(66, 70))
+    epoch, rest = streams.position(7, 504)  # the own pass done: shard 1 of 3 of pass 3
+    assert epoch == 3 and rest.tolist() == shards.epoch_batches(3)[0].tolist() + [
+        i for b in shards.epoch_batches(3)[1:] for i in b.tolist()]
 
 
 @pytest.mark.mpi

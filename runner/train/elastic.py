@@ -43,7 +43,7 @@ from ..errors import UserError
 from ..runlog.events import record_event
 from .data import ShardedBatches
 from .regroup import learner_comms, rebuild, unread_pass
-from .streams import Streams
+from .streams import Streams, stream_of
 
 log = logging.getLogger("adpsgd")
 
@@ -197,9 +197,14 @@ class Membership:
         self.hosts = self.everyone.allgather(MPI.Get_processor_name())
         self.events: list[dict[str, Any]] = []
         self.lost_samples = 0  # what the lost learners had trained on (summary's samples)
-        # Asynchronous learners: where each is in its stream of samples (streams.py).
-        self.streams = (Streams(trainer.shards, self.learners) if trainer.algo.asynchronous
-                        else None)
+        # Asynchronous learners: where each is in its stream of samples (streams.py), told
+        # by each (a resumed run's passes are whatever its checkpoint dealt).
+        self.streams = None
+        if trainer.algo.asynchronous:
+            state = trainer.state
+            mine = stream_of(trainer.shards, state.position, state.local_samples)
+            self.streams = Streams(trainer.shards, dict(zip(
+                self.learners, trainer.comm.allgather_objects(mine))))
         # Lost learner -> (its pass, the samples it was about to train) when it was lost
         # (the same on every learner; a joining spare receives them): see same_failure().
         self.in_flight: dict[int, tuple[int, list[int]]] = {}

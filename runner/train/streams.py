@@ -36,12 +36,22 @@ class Stream:
     size: int
 
 
+def stream_of(shards: ShardedBatches, position: tuple[int, int], trained: int) -> Stream:
+    """A learner's own stream: the pass it is in (whatever dealt it: the launch's sharding,
+    a resized resume's partial pass, a loss's own pass), begun ``trained`` samples ago minus
+    what it has trained of it, then its shards."""
+    epoch, done = position
+    batches = shards.epoch_batches(epoch)
+    current = np.concatenate(batches) if batches else np.empty(0, dtype=np.int64)
+    begun = sum(len(b) for b in batches[:done])
+    return Stream(epoch, current, trained - begun, shards.rank, shards.size)
+
+
 class Streams:
-    def __init__(self, shards: ShardedBatches, learners: list[int]):
-        """At launch: learner ``learners[r]`` trains shard r of ``shards``' sharding."""
+    def __init__(self, shards: ShardedBatches, streams: dict[int, Stream]):
+        """``streams``: every learner's, by learner (see :func:`stream_of`)."""
         self.shards = shards
-        self.streams = {n: Stream(0, self._shard(0, r, shards.size), 0, r, shards.size)
-                        for r, n in enumerate(learners)}
+        self.streams = streams
 
     def _shard(self, epoch: int, rank: int, size: int) -> np.ndarray:
         s = self.shards
