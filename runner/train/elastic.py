@@ -19,6 +19,13 @@ samples, which do not change when a learner leaves. The schedule's linear scalin
 the global batch of the learners alive: a smaller batch takes the lower rate at once (as a
 resized resume does, runner/train/lr_schedule.py).
 
+Asynchronous learners (AD-PSGD) never agree per step, which would make them wait for each
+other: a lost peer shows up as an MPI error in the gossip (or a milestone's collective), the
+learner that sees it revokes its communicators so that every other one sees an error within a
+step, and the survivors go on without undoing anything but the averaging in flight
+(:meth:`Membership.attempt_async`); what the lost learner had still to train of its pass is
+dealt to them (runner/train/streams.py).
+
 Learners keep the number they were launched with (their logs, heartbeats and injected faults
 go by it); their rank in the communicator is renumbered among the survivors.
 """
@@ -345,46 +352,20 @@ class Membership:
             raise error if error is not None else RuntimeError("a step failed on another "
                                                                "rank with every rank alive")
         lost = [self.learners[r] for r in lost_ranks]
-        state = t.state
-        epoch, done_steps = state.position
-        if self.streams is None:
-            in_flight = {n: (epoch, old_shards.epoch_batches(epoch, r)[done_steps])
-                         for r, n in zip(lost_ranks, lost)}
-        else:  # what the survivors last heard each lost learner had trained
-            heard = t.algo.heard_samples()
-        survivors = [n for n in self.learners if n not in gone]
-        self.learners = survivors
+        # What the survivors last heard each lost asynchronous learner had trained (asked of
+        # the old algorithm object, before it goes).
+        heard = t.algo.heard_samples() if self.streams is not None else None
+        self.learners = [n for n in self.learners if n not in gone]
         world, comm, node_comm = learner_comms(self.split_learners(), old_comm.timeout_s,
                                                old_comm.traffic)
         t.stop.abandon()
         if self.streams is None:
-            repeated = self.same_failure(in_flight)
-            if t.ledger is not None:  # with what the lost learners had used of this pass
-                t.ledger.carry(comm, [t.ledger.lost_part(old_shards, epoch, done_steps, r)
-                                      for r in lost_ranks])
-            survivors_samples = comm.allreduce_numbers([state.local_samples])[0]
-            self.lost_samples = int(state.lockstep_samples - survivors_samples)
-            rebuild(t, world, comm, node_comm,
-                    (epoch, self.dealing_order(epoch, unread_pass(old_shards, epoch,
-                                                                  done_steps))))
+            repeated = self.deal_lockstep(old_shards, lost_ranks, lost, world, comm, node_comm)
         else:
-            known = comm.allreduce_numbers(heard, op="max").astype(np.int64)
-            lost_counts = {n: int(known[r]) for r, n in zip(lost_ranks, lost)}
-            trained = comm.allgather_objects(state.local_samples)
-            self.lost_samples += sum(lost_counts.values())
-            # The exact global count, the same on every survivor (each had its estimate).
-            state.samples = sum(trained) + self.lost_samples
-            # Where in the milestones the survivors go on: the first learner's (which writes
-            # the records). Each met them at its own time, and a revoke can fail a collective
-            # on one rank that completed on another, so they may disagree by one.
-            t.milestones.passed, t.stop_status = comm.bcast_object(
-                (t.milestones.passed, t.stop_status), root=0)
             # The survivors know what a lost learner had trained when they last heard from
             # it, not what it was training when it died: no repeated-failure rule here.
             repeated = None
-            mine = self.streams.deal(dict(zip(survivors, trained)), lost_counts)[
-                survivors[world.rank]]
-            rebuild(t, world, comm, node_comm, None, own=(mine.epoch, mine.current))
+            self.deal_async(heard, lost_ranks, lost, world, comm, node_comm)
         self.announce("lost", lost, world, time.perf_counter() - self.step_started)
         if repeated is not None:
             earlier, learner, samples = repeated
@@ -405,6 +386,46 @@ class Membership:
                             "look for the cause in the lost learners' logs; lower "
                             "launcher.min_learners to go on with fewer, or continue with "
                             "resume=auto")
+
+    def deal_lockstep(self, old_shards: ShardedBatches, lost_ranks: list[int], lost: list[int],
+                      world: World, comm: Communicator, node_comm: Communicator
+                      ) -> tuple[int, int, list[int]] | None:
+        """Lockstep learners, all at the same step of the pass (the step in flight undone):
+        the rest of the pass, the lost learners' part too, dealt again to the survivors.
+        Returns a repeated failure (same_failure), if this loss is one."""
+        t = self.trainer
+        epoch, done_steps = t.state.position
+        repeated = self.same_failure({n: (epoch, old_shards.epoch_batches(epoch, r)[done_steps])
+                                      for r, n in zip(lost_ranks, lost)})
+        if t.ledger is not None:  # with what the lost learners had used of this pass
+            t.ledger.carry(comm, [t.ledger.lost_part(old_shards, epoch, done_steps, r)
+                                  for r in lost_ranks])
+        survivors_samples = comm.allreduce_numbers([t.state.local_samples])[0]
+        self.lost_samples = int(t.state.lockstep_samples - survivors_samples)
+        unread = unread_pass(old_shards, epoch, done_steps)
+        rebuild(t, world, comm, node_comm, (epoch, self.dealing_order(epoch, unread)))
+        return repeated
+
+    def deal_async(self, heard: list[float], lost_ranks: list[int], lost: list[int],
+                   world: World, comm: Communicator, node_comm: Communicator) -> None:
+        """Asynchronous learners, each at its own place of its own pass: what the lost ones
+        had still to train of theirs (from the largest count any survivor had heard) is
+        shared among the survivors after the rest of their own passes (streams.py)."""
+        t, state = self.trainer, self.trainer.state
+        known = comm.allreduce_numbers(heard, op="max").astype(np.int64)
+        lost_counts = {n: int(known[r]) for r, n in zip(lost_ranks, lost)}
+        trained = comm.allgather_objects(state.local_samples)
+        self.lost_samples += sum(lost_counts.values())
+        # The exact global count, the same on every survivor (each had its estimate).
+        state.samples = sum(trained) + self.lost_samples
+        # Where in the milestones the survivors go on: the first learner's (which writes the
+        # records). Each met them at its own time, and a revoke can fail a collective on one
+        # rank that completed on another, so they may disagree by one.
+        t.milestones.passed, t.stop_status = comm.bcast_object(
+            (t.milestones.passed, t.stop_status), root=0)
+        mine = self.streams.deal(dict(zip(self.learners, trained)), lost_counts)[
+            self.learners[world.rank]]
+        rebuild(t, world, comm, node_comm, None, own=(mine.epoch, mine.current))
 
     def same_failure(self, in_flight: dict[int, tuple[int, np.ndarray]]
                      ) -> tuple[int, int, list[int]] | None:
