@@ -246,6 +246,28 @@ def test_an_elastic_job_goes_on_without_a_learner_killed_on_another_host(lab_ove
     assert all(e["distinct"] == e["used"] == 1438 for e in summary["epoch_samples"])
 
 
+def test_asynchronous_learners_go_on_without_one_killed_on_another_host(lab_overrides,
+                                                                        tmp_path):
+    """AD-PSGD's learners 0-1 on lab1, 2-3 on lab2: learner 3 (passive, averaging with
+    learners 0 and 2 across the link) is killed on lab2; its partners' exchanges fail, the
+    revoke reaches lab1, and the 3 go on with new pairs."""
+    run_dir = tmp_path / "run"
+    proc = start(["recipe=digit_images", "algo=adpsgd", "launcher.nprocs=4",
+                  "launcher.elastic=true", "trainer.epochs=3", "trainer.progress=false",
+                  "faults.delay_s=0.05", *lab_overrides, f"hydra.run.dir={run_dir}"], tmp_path)
+    wait_for_an_evaluation(run_dir, proc)
+    pid, host = (run_dir / "logs" / "rank3.pid").read_text().split()[:2]
+    assert host == "lab2"
+    lab("ssh", "lab2", f"kill -9 {pid}")
+    _, err = proc.communicate(timeout=240)
+    assert proc.returncode == 0, err[-3000:]
+    assert re.search(r"adpsgd-run: learner 3 \(lab2\) lost at [\d,]+ samples: 3 learner", err)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert [(m["event"], m["learner"], m["host"]) for m in summary["membership"]] == [
+        ("lost", 3, "lab2")]
+    assert summary["learners_at_end"] == 3 and summary["samples"] >= 3 * 1438
+
+
 def test_ctrl_c_across_hosts_checkpoints_and_the_run_resumes(lab_overrides, tmp_path):
     run_dir = tmp_path / "run"
     common = ["recipe=digit_images", "algo=ssgd", "launcher.nprocs=2",
