@@ -338,6 +338,11 @@ def test_a_sample_that_kills_every_learner_it_reaches_ends_the_job_at_its_second
              for line in log.read_text(errors="replace").splitlines()
              if "training samples both were about to train" in line]
     assert lists and all(700 in json.loads(listed) for listed in lists), lists
+    # The failed job's summary lists both losses.
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "failed"
+    assert [(m["event"], str(m["learner"])) for m in summary["membership"]] == [
+        ("lost", first), ("lost", second)]
 
 
 def test_a_learners_stream_starts_in_the_pass_it_is_in_whatever_dealt_it():

@@ -203,7 +203,10 @@ def write_failure_summary(run_dir: str | Path, cfg: Any, exit_status: int,
         "recipe": cfg.recipe.name, "nprocs": nprocs,
         "checkpoint": str(checkpoints[-1].path) if checkpoints else None,
         "last_eval": evals[-1] if evals else None, "logs": str(Path(run_dir) / "logs"),
-        "restarts": read_restarts(run_dir), "events": events})
+        "restarts": read_restarts(run_dir), "events": events,
+        # An elastic job's losses and joins before it failed, as its summary lists them.
+        "membership": [{k: v for k, v in e.items() if k not in ("time", "cause", "operation")}
+                       for e in events if e.get("event") in ("lost", "joined")]})
     last = {k: v for k, v in (evals[-1] if evals else {}).items()
             if k not in ("epoch", "step", "samples", "train_s", "split")}
     writer = FileWriter(str(Path(run_dir) / "tb"))

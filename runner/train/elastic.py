@@ -371,21 +371,26 @@ class Membership:
             earlier, learner, samples = repeated
             log.error("training samples both were about to train: %s", samples)
             shown = ", ".join(map(str, samples[:5])) + (", ..." if len(samples) > 5 else "")
-            raise UserError(f"the same failure repeated: {self.named([learner])} was lost "
-                            f"about to train {len(samples)} training sample(s) that "
-                            f"{self.named([earlier])} was also about to train when it was "
-                            f"lost (indices {shown}); the job ends rather than lose every "
-                            "learner to them",
-                            f"look at those samples (all of them in logs/rank*.log) and in "
-                            f"logs/rank{earlier}.log and logs/rank{learner}.log (memory, a "
-                            "corrupt file, a crash in native code); fix or leave them out, "
-                            "then continue with resume=auto")
+            raise self.agreed(UserError(
+                f"the same failure repeated: {self.named([learner])} was lost about to train "
+                f"{len(samples)} training sample(s) that {self.named([earlier])} was also "
+                f"about to train when it was lost (indices {shown}); the job ends rather than "
+                "lose every learner to them",
+                f"look at those samples (all of them in logs/rank*.log) and in "
+                f"logs/rank{earlier}.log and logs/rank{learner}.log (memory, a corrupt file, a "
+                "crash in native code); fix or leave them out, then continue with resume=auto"))
         if len(self.learners) < self.min_learners:
-            raise UserError(f"only {len(self.learners)} learner(s) remain after losing "
-                            f"{self.named(lost)} (launcher.min_learners={self.min_learners})",
-                            "look for the cause in the lost learners' logs; lower "
-                            "launcher.min_learners to go on with fewer, or continue with "
-                            "resume=auto")
+            raise self.agreed(UserError(
+                f"only {len(self.learners)} learner(s) remain after losing {self.named(lost)} "
+                f"(launcher.min_learners={self.min_learners})", "look for the cause in the "
+                "lost learners' logs; lower launcher.min_learners to go on with fewer, or "
+                "continue with resume=auto"))
+
+    def agreed(self, error: UserError) -> UserError:
+        """An error every survivor raises alike: the first learner says it and ends the job
+        (the others wait quietly), after it has recorded the loss (announce)."""
+        error.quiet = not self.trainer.world.is_main
+        return error
 
     def deal_lockstep(self, old_shards: ShardedBatches, lost_ranks: list[int], lost: list[int],
                       world: World, comm: Communicator, node_comm: Communicator
