@@ -221,6 +221,19 @@ def test_a_host_whose_link_is_cut_is_named(lab_overrides, tmp_path, job, cut_ran
                      r"heartbeat for \d+ s .*its network link is down", err), err
 
 
+def kill_learner_3_on_lab2(run_dir: Path, proc: subprocess.Popen) -> str:
+    """kill -9 of learner 3 on lab2 after the first evaluation; the job must go on without
+    it to the end: returns its stderr."""
+    wait_for_an_evaluation(run_dir, proc)
+    pid, host = (run_dir / "logs" / "rank3.pid").read_text().split()[:2]
+    assert host == "lab2"
+    lab("ssh", "lab2", f"kill -9 {pid}")
+    _, err = proc.communicate(timeout=240)
+    assert proc.returncode == 0, err[-3000:]
+    assert re.search(r"adpsgd-run: learner 3 \(lab2\) lost at [\d,]+ samples: 3 learner", err)
+    return err
+
+
 def test_an_elastic_job_goes_on_without_a_learner_killed_on_another_host(lab_overrides,
                                                                          tmp_path):
     """Learners 0-1 on lab1, 2-3 on lab2, the spare on lab3 (Open MPI 5 with ULFM through
@@ -231,13 +244,7 @@ def test_an_elastic_job_goes_on_without_a_learner_killed_on_another_host(lab_ove
                   "launcher.elastic=true", "launcher.spares=1", "trainer.epochs=3",
                   "trainer.progress=false", "faults.delay_s=0.05", *lab_overrides,
                   f"hydra.run.dir={run_dir}"], tmp_path)
-    wait_for_an_evaluation(run_dir, proc)
-    pid, host = (run_dir / "logs" / "rank3.pid").read_text().split()[:2]
-    assert host == "lab2"
-    lab("ssh", "lab2", f"kill -9 {pid}")
-    _, err = proc.communicate(timeout=240)
-    assert proc.returncode == 0, err[-3000:]
-    assert re.search(r"adpsgd-run: learner 3 \(lab2\) lost at [\d,]+ samples: 3 learner", err)
+    err = kill_learner_3_on_lab2(run_dir, proc)
     assert re.search(r"adpsgd-run: learner 4 \(lab3\) joined at [\d,]+ samples: 4 learner", err)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert [(m["event"], m["learner"], m["host"]) for m in summary["membership"]] == [
@@ -255,13 +262,7 @@ def test_asynchronous_learners_go_on_without_one_killed_on_another_host(lab_over
     proc = start(["recipe=digit_images", "algo=adpsgd", "launcher.nprocs=4",
                   "launcher.elastic=true", "trainer.epochs=3", "trainer.progress=false",
                   "faults.delay_s=0.05", *lab_overrides, f"hydra.run.dir={run_dir}"], tmp_path)
-    wait_for_an_evaluation(run_dir, proc)
-    pid, host = (run_dir / "logs" / "rank3.pid").read_text().split()[:2]
-    assert host == "lab2"
-    lab("ssh", "lab2", f"kill -9 {pid}")
-    _, err = proc.communicate(timeout=240)
-    assert proc.returncode == 0, err[-3000:]
-    assert re.search(r"adpsgd-run: learner 3 \(lab2\) lost at [\d,]+ samples: 3 learner", err)
+    kill_learner_3_on_lab2(run_dir, proc)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert [(m["event"], m["learner"], m["host"]) for m in summary["membership"]] == [
         ("lost", 3, "lab2")]
