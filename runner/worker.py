@@ -229,10 +229,13 @@ def _run_rank(run_dir: Path, in_process: bool) -> int:
         backend = ("mpi" if cfg.launcher.get("elastic") else
                    tensor_backend(cfg.comm.backend, device.type, world.host_size, gpus))
         if device.type == "cuda" and backend == "mpi" and world.rank == 0:
-            why = ("an elastic run's communicators must shrink, which NCCL's cannot"
-                   if cfg.launcher.get("elastic") else
-                   f"{world.host_size} ranks share {gpus} GPU(s) on a machine and NCCL needs "
-                   "one GPU per rank" if cfg.comm.backend == "auto" else "comm.backend=mpi")
+            if cfg.launcher.get("elastic"):
+                why = "an elastic run's communicators must shrink, which NCCL's cannot"
+            elif cfg.comm.backend == "auto":
+                why = (f"{world.host_size} ranks share {gpus} GPU(s) on a machine and NCCL "
+                       "needs one GPU per rank")
+            else:
+                why = "comm.backend=mpi"
             log.info("%s: tensors go over MPI through pinned host memory", why)
         node_group, started_torch_group = None, False
         if backend != "mpi":

@@ -117,16 +117,17 @@ class ADPSGD(Algorithm):
     @classmethod
     def check_world(cls, run_cfg):
         count = cls.participants(run_cfg)
-        if run_cfg.launcher.get("elastic") and run_cfg.algo.delay_by_one:
+        elastic = bool(run_cfg.launcher.get("elastic"))
+        if elastic and run_cfg.algo.delay_by_one:
             raise ConfigError("launcher.elastic", "adpsgd's delay-by-one scheme "
                               "(algo.delay_by_one=true) cannot go on without a learner yet",
                               "launcher.elastic=false, or algo.delay_by_one=false")
-        if run_cfg.launcher.get("elastic") and run_cfg.launcher.get("spares"):
+        if elastic and run_cfg.launcher.get("spares"):
             raise ConfigError("launcher.spares", f"{cls.registered_name}'s learners do not "
                               "take in spares yet (a spare joins lockstep learners between "
                               "two steps)", "launcher.spares=0")
         # An elastic job pairs odd numbers too (after a loss): one active more than passives.
-        if count > 1 and count % 2 and not run_cfg.launcher.get("elastic"):
+        if count > 1 and count % 2 and not elastic:
             raise ConfigError("launcher.nprocs", f"{cls.registered_name} pairs active and "
                               f"passive learners, so it needs an even number of them, got "
                               f"{count}", cls.even_fix(run_cfg))

@@ -166,8 +166,8 @@ class Simulation:
         simulated."""
         self.node_nbytes = model_nbytes
         self.wire = wire_dtype(self.cfg)
-        element = torch.empty(0, dtype=self.dtype).element_size()
-        self.nbytes = model_nbytes * (self.wire.itemsize / element if self.wire else 1.0)
+        self.nbytes = model_nbytes * (self.wire.itemsize / self.dtype.itemsize
+                                      if self.wire else 1.0)
 
     def build_schedule(self, train_size: int) -> None:
         """What the drivers' clocks read (shared with the timing-only simulation): the

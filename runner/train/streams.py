@@ -82,7 +82,3 @@ class Streams:
                                   rank, size)
         self.streams = new
         return new
-
-    def lost_rest(self, lost: dict[int, int]) -> int:
-        """How many samples the lost learners had still to train of their passes."""
-        return sum(len(self.position(n, trained)[1]) for n, trained in lost.items())
