@@ -48,7 +48,8 @@ def interrupt(tmp_path: Path, when: Callable[[Path, str], bool], overrides: list
         os.killpg(proc.pid, signal.SIGINT)  # what the terminal does on Ctrl-C
         pressed = time.monotonic()
         if twice_when is not None:
-            while not twice_when(run_dir) and proc.poll() is None:
+            while not twice_when(run_dir):
+                assert proc.poll() is None, f"ended before the second Ctrl-C:\n{err.read_text()}"
                 time.sleep(0.01)
             os.killpg(proc.pid, signal.SIGINT)
         status = proc.wait(timeout=120)
@@ -152,10 +153,13 @@ def test_ctrl_c_during_an_evaluation_stops_right_after_it(tmp_path):
 
 
 def test_a_second_ctrl_c_stops_at_once_and_removes_the_half_written_checkpoint(tmp_path):
-    """Ctrl-C while training, and again while the stop's own checkpoint is being written (a
-    slow write): the job ends at once; the half-written checkpoint goes, the last complete
-    one stays."""
-    result = interrupt(tmp_path, lambda run_dir, out: bool(complete_checkpoints(run_dir)),
+    """Ctrl-C while a checkpoint is being written (a slow write, which the stop waits for),
+    and again during that write: the job ends at once; the half-written checkpoint goes, the
+    last complete one stays. (Pressed first while training, the first Ctrl-C can come right
+    after a scheduled checkpoint, so that the stop writes none: the second then had nothing
+    to interrupt, which a loaded machine made happen.)"""
+    result = interrupt(tmp_path, lambda run_dir, out: bool(complete_checkpoints(run_dir))
+                       and writing_a_checkpoint(run_dir),
                        ["faults.checkpoint_write_delay_s=3.0"], twice_when=writing_a_checkpoint)
     assert "adpsgd-run: second Ctrl-C: stopping every rank at once" in result["stderr"]
     summary = assert_user_stop(result, "at once")

@@ -278,6 +278,8 @@ class StopForwarding:
         self.received: list[int] = []  # signals to forward, in the order they came
         self.delivered: dict[int, set[int]] = {}
         self.forced = False
+        self.arrived: list[int] = []  # every signal, as it came (the handler may nest)
+        self.announced: set[int] = set()  # the signals whose line was printed
         # A job across hosts: mpiexec (this pid) forwards each signal to every rank, since
         # ranks on other hosts cannot be signalled by pid from here.
         self.via_mpiexec: int | None = None
@@ -292,20 +294,33 @@ class StopForwarding:
             signal.signal(sig, handler)
 
     def _received(self, signum: int, frame) -> None:
+        # Two quick Ctrl-Cs run this handler again inside itself, at any point of it. Each
+        # press is counted first, by one list append (which a nested run cannot split), so
+        # that whichever run sees two presses stops at once, whatever the other had done.
+        self.arrived.append(signum)
         if self.forced:
             return
-        if signum == signal.SIGINT and signum in self.received:
+        if self.arrived.count(signal.SIGINT) >= 2:
             self.forced = True
+            self.announce(signal.SIGINT)
             raise ForcedStop
-        if signum == signal.SIGINT:
-            print("\nadpsgd-run: Ctrl-C: every rank checkpoints and stops (Ctrl-C again stops "
-                  "at once)", file=sys.stderr, flush=True)
-        elif not self.received:
-            print(f"\nadpsgd-run: got {signal.Signals(signum).name}: every rank checkpoints "
-                  "and stops", file=sys.stderr, flush=True)
         if signum not in self.received:
             self.received.append(signum)
+        self.announce(signum)
         self.deliver()
+
+    def announce(self, signum: int) -> None:
+        """A Ctrl-C's line, once; another stop signal's, if it came first. A nested run of the
+        handler may print a line twice, never drop it: it is marked after being written."""
+        if signum == signal.SIGINT and signal.SIGINT not in self.announced:
+            line = "Ctrl-C: every rank checkpoints and stops (Ctrl-C again stops at once)"
+        elif signum != signal.SIGINT and not self.announced:
+            line = f"got {signal.Signals(signum).name}: every rank checkpoints and stops"
+        else:
+            return
+        sys.stderr.write(f"\nadpsgd-run: {line}\n")  # one call: a nested run cannot split it
+        sys.stderr.flush()
+        self.announced.add(signum)
 
     def deliver(self) -> None:
         if not self.received:
