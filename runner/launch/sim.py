@@ -41,9 +41,10 @@ class SimConfig(LauncherConfig):
 
     def check(self, prefix, cfg):
         super().check(prefix, cfg)
-        require(not self.elastic, f"{prefix}.elastic", "the simulator does not model "
-                "learners that die yet", f"{prefix}.elastic=false (elastic runs: "
-                "launcher=local)")
+        require(not self.elastic, f"{prefix}.elastic", "the simulator restarts a job whose "
+                "node failed (cluster.failures) from its newest checkpoint; it does not model "
+                "learners going on without it yet", f"{prefix}.elastic=false (elastic runs: "
+                "launcher=local; the goodput of both: benchmarks/study_scale.py failures)")
         require(self.nprocs <= 4096, f"{prefix}.nprocs", f"the simulator runs at most 4096 "
                 f"learners, got {self.nprocs}", f"{prefix}.nprocs=1024")
         require(self.model_bytes is None or self.model_bytes > 0, f"{prefix}.model_bytes",
@@ -58,6 +59,11 @@ class SimConfig(LauncherConfig):
         require(not cfg.resume_averaged, "resume_averaged", "a simulated run resumes with "
                 "every learner's own state (the simulator keeps them all)",
                 "resume_averaged=false")
+        failures = cfg.cluster.failures
+        require(not (self.replay and (failures.node_mtbf_hours or failures.at_s)),
+                "cluster.failures", "a replayed trace is one run's exchanges, without "
+                "restarts", "cluster.failures.node_mtbf_hours=null cluster.failures.at_s=[] "
+                f"(or {prefix}.replay=null)")
         if self.replay is not None:
             require(Path(self.replay).is_dir(), f"{prefix}.replay",
                     f"{self.replay} is not a directory", f"{prefix}.replay=RUN_DIR/trace")

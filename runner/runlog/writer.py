@@ -39,6 +39,14 @@ class RunLog:
             self.text("config", config_markdown(cfg), 0)
             write_session_start(self.writer._get_file_writer(), hparams_of(cfg))
 
+    def restart_at(self, step: int) -> None:
+        """A restart in the same process (a simulated job going back to a checkpoint at
+        ``step``): TensorBoard hides the events written after it, as for a resumed run."""
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer.close()
+        self.writer = SummaryWriter(log_dir=str(self.run_dir / "tb"), purge_step=step + 1)
+
     def scalars(self, values: dict[str, float], step: int) -> None:
         for tag, value in values.items():
             self.writer.add_scalar(tag, value, step)

@@ -116,6 +116,10 @@ class GossipDriver:
         sim.clocks.wait_until(self.queue.now, "idle")
         self.executor.run(self.ops)
 
+    def resume_at(self, now: float) -> None:
+        """A restarted job trains again at ``now`` (virtual seconds)."""
+        self.queue.now = max(self.queue.now, now)
+
     def _met(self) -> bool:
         return (self.meeting and bool(self.stopped.all()) and self.in_flight == 0
                 and not any(self.waiting_requests))

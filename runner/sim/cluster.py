@@ -92,6 +92,31 @@ class ComputeConfig(Section):
 
 
 @dataclass
+class FailuresConfig(Section):
+    # Each node fails at random, a Poisson process of this mean (hours); null: never.
+    node_mtbf_hours: Optional[float] = None
+    # A node also fails at these virtual seconds of the run (explicit kills).
+    at_s: list[float] = field(default_factory=list)
+    # assumption: from a failure to training again from the newest checkpoint (noticed,
+    # requeued, started, the checkpoint read); the failed node's place taken by another.
+    restart_s: float = 300.0
+
+    def check(self, prefix: str, cfg: Any) -> None:
+        require(self.node_mtbf_hours is None or self.node_mtbf_hours > 0,
+                f"{prefix}.node_mtbf_hours", f"must be > 0 (or null: nodes do not fail), got "
+                f"{self.node_mtbf_hours}", f"{prefix}.node_mtbf_hours=1000")
+        for at in self.at_s:
+            require(at >= 0, f"{prefix}.at_s", f"virtual seconds must be >= 0, got {at}",
+                    f"{prefix}.at_s=[3600]")
+        require(self.restart_s >= 0, f"{prefix}.restart_s",
+                f"must be >= 0, got {self.restart_s}", f"{prefix}.restart_s=300")
+
+    @property
+    def any(self) -> bool:
+        return self.node_mtbf_hours is not None or bool(self.at_s)
+
+
+@dataclass
 class ClusterConfig(Section):
     name: str = "custom"
     description: str = ""
@@ -113,6 +138,10 @@ class ClusterConfig(Section):
     # at this rate (tc's syntax, e.g. 1gbit) instead of a link fitted to the run's allreduce.
     from_network: Optional[str] = None
     network_rate: Optional[str] = None
+    # Writing a checkpoint (every learner's model and optimizer state, at once) at this
+    # bandwidth of the job's storage, in Gb/s; null: checkpoints take no virtual time.
+    storage_gbps: Optional[float] = None
+    failures: FailuresConfig = field(default_factory=FailuresConfig)
 
     def check(self, prefix: str, cfg: Any) -> None:
         require(self.gpus_per_node >= 1, f"{prefix}.gpus_per_node",
@@ -132,6 +161,10 @@ class ClusterConfig(Section):
         require(not self.from_network or bool(self.network_rate), f"{prefix}.network_rate",
                 "cluster.from_network needs the rate whose links to use",
                 f"{prefix}.network_rate=1gbit")
+        require(self.storage_gbps is None or self.storage_gbps > 0, f"{prefix}.storage_gbps",
+                f"must be > 0 (or null: checkpoints take no time), got {self.storage_gbps}",
+                f"{prefix}.storage_gbps=80")
+        self.failures.check(f"{prefix}.failures", cfg)
         self.compute.check(f"{prefix}.compute", cfg)
         self.intra_node.check(f"{prefix}.intra_node", cfg)
         self.inter_node.check(f"{prefix}.inter_node", cfg)

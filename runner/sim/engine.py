@@ -13,6 +13,7 @@ simulation took here.
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
 from collections import OrderedDict
@@ -45,6 +46,7 @@ from ..train.timers import Timers
 from . import asynchronous, choco, diloco, lockstep, sgp  # noqa: F401 - they register their drivers
 from .clocks import Clocks
 from .cluster import ClusterModel, ComputeModel, resolved
+from .failures import NodeFailures
 from .learners import StackedLearners, StackedSGD
 from .registry import SIM_DRIVERS
 
@@ -99,6 +101,10 @@ def build_driver(sim: Any):
 def plain(section: Any) -> Any:
     """A typed config section as its dataclass (attribute reads at Python speed)."""
     return OmegaConf.to_object(section) if isinstance(section, DictConfig) else section
+
+
+def virtual_time(seconds: float) -> str:
+    return f"{seconds:.3g} s" if seconds < 3600 else f"{seconds / 3600:.3g} h"
 
 
 class Simulation:
@@ -176,7 +182,7 @@ class Simulation:
         cfg, tcfg = self.cfg, self.cfg.trainer
         self.steps_per_epoch = self.data.shards.steps_per_epoch
         # Plain dataclasses, not DictConfig: the schedule reads them at every step.
-        cluster_cfg = resolved(plain(cfg.cluster))
+        self.cluster_cfg = cluster_cfg = resolved(plain(cfg.cluster))
         self.cluster = ClusterModel(cluster_cfg, self.n, self.procs_per_node)
         self.compute_model = ComputeModel(cluster_cfg.compute, cfg.recipe.name, self.n,
                                           cfg.seed, list(cfg.faults.straggler.ranks),
@@ -253,9 +259,12 @@ class Simulation:
                                     f"{self.cfg.algo.name} x{self.n} (sim)",
                                     self.cfg.trainer.progress_every_s)
         final_scored = False
+        self.setup_failures()
         while not self.milestones.done:
             target = self.milestones.points[self.milestones.passed].samples
             self.driver.advance_to(target)
+            if self.failed_since_checkpoint():
+                continue
             self.progress.update(self.samples)
             self.log_training()
             while (milestone := self.milestones.due(self.samples)) is not None:
@@ -266,12 +275,114 @@ class Simulation:
                                                                           self.samples):
                         self.evaluate()
                         final_scored = final_scored or milestone.final
-                elif milestone.kind == CHECKPOINT:
-                    self.save_checkpoint("scheduled")
+                elif milestone.kind == CHECKPOINT and not self.checkpoint_milestone():
+                    break  # a node failed during the write: the run went back
         if not final_scored:
             self.driver.finish()
         self.progress.close()
         return self.finalize()
+
+    # ---- node failures and restarts (cluster.failures, cluster.storage_gbps) ----------------
+    def setup_failures(self) -> None:
+        """The failures to come, a checkpoint's write time and the state a restart goes back
+        to (the run's start until a checkpoint is complete). Called by run(): the model's
+        size is known then."""
+        cluster, o = self.cluster_cfg, plain(self.cfg.optim)
+        failures = cluster.failures
+        nodes = -(-self.n // self.procs_per_node)
+        self.failures = NodeFailures(
+            failures.node_mtbf_hours * 3600 if failures.node_mtbf_hours else None, nodes,
+            list(failures.at_s), self.cfg.seed)
+        # Every learner writes its model, and its momentum if it has one, at once.
+        written = self.n * self.node_nbytes * (2 if o.momentum else 1)
+        self.checkpoint_s = (written * 8 / (cluster.storage_gbps * 1e9)
+                             if cluster.storage_gbps else 0.0)
+        self.checkpoints_written_s = 0.0
+        self.restarts: list[dict[str, Any]] = []
+        self.standing = self.snapshot() if failures.any else None
+
+    def snapshot(self) -> dict[str, Any]:
+        """Everything a restart from the newest checkpoint goes back to, copied."""
+        return copy.deepcopy(self._state())
+
+    def checkpoint_milestone(self) -> bool:
+        """A checkpoint: its write in virtual time (every learner paused), then its files and
+        the state restarts go back to. False when a node failed before it was complete: the
+        run went back to the one before."""
+        if self.checkpoint_s:
+            self.clocks.wait_until(self.clocks.now(), "idle")
+            self.clocks.advance(self.checkpoint_s, "idle")
+            self.checkpoints_written_s += self.checkpoint_s
+        if self.failed_since_checkpoint():
+            return False
+        self.write_checkpoint()
+        if self.standing is not None:
+            self.standing = self.snapshot()
+        return True
+
+    def write_checkpoint(self) -> None:
+        self.save_checkpoint("scheduled")
+
+    def failed_since_checkpoint(self) -> bool:
+        """Whether a node failed before the clocks' present; if so, the job went back to the
+        newest checkpoint as a restarted job does: everything since is lost, and training
+        starts again restart_s after the failure. What the run computed past the failure
+        is discarded, so checking at milestones rather than steps changes nothing."""
+        at = self.failures.next_at()
+        if self.clocks.now() < at:
+            return False
+        down_s = self.cluster_cfg.failures.restart_s
+        _, node = self.failures.take(resumes_at=at + down_s)
+        state = self.standing["simulator"]
+        since = float(state["clocks"]["t"].max())
+        # Samples at the failure, between the checkpoint's and now's at a steady rate.
+        reached = state["samples"] + (self.samples - state["samples"]) * min(1.0, max(
+            0.0, (at - since) / max(self.clocks.now() - since, 1e-12)))
+        cause = (f"node {node} failed at random (cluster.failures.node_mtbf_hours)"
+                 if node is not None else "a node was killed (cluster.failures.at_s)")
+        if len(self.restarts) >= self.cfg.launcher.max_restarts:
+            raise UserError(
+                f"{cause} at virtual {virtual_time(at)}, {int(reached)} samples in, and the "
+                f"job may restart only launcher.max_restarts={self.cfg.launcher.max_restarts} "
+                "time(s)", "allow more restarts (launcher.max_restarts=N), as a job on that "
+                "cluster would need")
+        self.rebuild_driver()
+        host_before = self.host_before  # this process's time goes on
+        self.load_state(copy.deepcopy(self.standing))
+        self.host_before = host_before
+        self.clocks.wait_until(at + down_s, "idle")
+        self.driver.resume_at(at + down_s)
+        self.restarts.append({
+            "cause": cause, "at_samples": int(reached),
+            "resumed_from_samples": int(state["samples"]), "failed_at_virtual_s": at,
+            "seconds_down": down_s, "lost_s": at - since})
+        log.info("restart %d: %s at virtual %.6g s; back to %d samples (%.6g s of training "
+                 "lost, %.6g s down)", len(self.restarts), cause, at, state["samples"],
+                 at - since, down_s)
+        self.went_back()
+        return True
+
+    def rebuild_driver(self) -> None:
+        """A fresh driver (nothing in flight), as a restarted job starts."""
+        self.driver = build_driver(self)
+        self.driver.setup()
+
+    def went_back(self) -> None:
+        """After a restart: the run log forgets what came after the checkpoint."""
+        self.runlog.restart_at(self.step)
+        self.runlog.rewrite_metrics(self.history)
+        self._last_log = (self.clocks.now(), self.samples)
+
+    def failures_summary(self) -> dict[str, Any]:
+        """What failures cost the run (summary.json ``failures``); {} without any."""
+        if self.standing is None and not self.checkpoint_s:
+            return {}
+        return {"nodes_fail": self.standing is not None, "restarts": len(self.restarts),
+                "lost_s": sum(r["lost_s"] for r in self.restarts),
+                "down_s": sum(r["seconds_down"] for r in self.restarts),
+                "checkpoint_s": self.checkpoint_s,
+                "checkpoints_written_s": self.checkpoints_written_s,
+                "goodput_samples_per_s": self.samples / max(self.clocks.now(), 1e-12)}
 
     def save_checkpoint(self, reason: str) -> None:
         """Every learner's state at a milestone (asynchronous ones have nothing in flight)."""
@@ -292,6 +403,11 @@ class Simulation:
             raise UserError(f"checkpoint {self.resumed_from.path} was written by real ranks, "
                             "not by the simulator", "resume it with the launcher that wrote "
                             "it, or start a new run dir (hydra.run.dir=NEW_DIR)")
+        self.load_state(saved)
+        log.info("resumed from %s: step %d, %d samples", self.resumed_from.path, self.step,
+                 self.samples)
+
+    def load_state(self, saved: dict[str, Any]) -> None:
         state = saved["simulator"]
         self.x.copy_(state["x"])
         for name, value in state["buffers"].items():
@@ -304,8 +420,6 @@ class Simulation:
         self.milestones.resume_after(tuple(last) if last is not None else None)
         self.history = list(saved.get("history", []))
         self.host_before = float(state["host_s"])
-        log.info("resumed from %s: step %d, %d samples", self.resumed_from.path, self.step,
-                 self.samples)
 
     def log_training(self) -> None:
         if not self.losses:
@@ -376,13 +490,14 @@ class Simulation:
         run = {"steps": self.step, "samples": int(self.samples), "train_s": self.clocks.now(),
                "wall_s": self.clocks.now(), "checkpoint": str(last) if last else None,
                "resumed_from": str(self.resumed_from.path) if self.resumed_from else None,
-               "restarts": []}  # one process in virtual time: nothing to restart
+               "restarts": self.restarts}  # of the modelled job (cluster.failures)
         summary = build_summary("completed", self.cfg, self.world, run, self.history,
                                 self.rank_reports(), digests, self.recipe,
                                 [self.recipe.rank_report()])
         summary.update({"launcher": "sim", "cluster": self.cfg.cluster.name,
                         "virtual_s": self.clocks.now(), "host_s": host_s,
                         "exchange_bytes": self.nbytes,
+                        **({"failures": f} if (f := self.failures_summary()) else {}),
                         "host_eval_s": self.host_eval_s,
                         "learner_steps_per_host_s": float(
                             sum(self.driver.steps_per_learner())) / max(host_s, 1e-9)})

@@ -23,6 +23,10 @@ a Poisson process of rate 1/``node_mtbf_s``; a failure takes the node's learners
 
 Goodput: useful samples per second of wall time, as a fraction of the failure-free rate
 (``work_s / wall_s``); :func:`mean_goodput` averages Monte Carlo draws (a seeded generator).
+
+:class:`NodeFailures` draws the same failures inside a simulation's event loop
+(``cluster.failures``, runner/sim/engine.py), where the run itself goes back to its newest
+checkpoint: there the lost work, the checkpoints' cost and the restarts are the run's own.
 """
 
 from __future__ import annotations
@@ -111,3 +115,37 @@ def mean_goodput(work_s: float, model: FailureModel, interval_s: float | None, d
                            restart_wall_s(work_s, interval_s, model, rng))
                  for _ in range(draws)]
     return float(np.mean(fractions)), float(np.std(fractions))
+
+
+class NodeFailures:
+    """When a simulated job's nodes fail, in virtual seconds: at ``at_s`` (explicit kills) and
+    at random, each of ``nodes`` failing as a Poisson process of mean ``node_mtbf_s`` (None:
+    never). The job's next random failure is drawn afresh whenever the job starts training
+    again (memoryless, so nothing is lost by redrawing); explicit moments that fall while the
+    job is down are dropped (the node died while nothing ran on it)."""
+
+    def __init__(self, node_mtbf_s: float | None, nodes: int, at_s: list[float], seed: int):
+        self.rng = np.random.default_rng([seed, 0xFA11])  # its own stream: timing unchanged
+        self.nodes = nodes
+        self.job_mtbf_s = node_mtbf_s / nodes if node_mtbf_s else None
+        self.planned = sorted(float(t) for t in at_s)
+        self.random_at = self._draw_after(0.0)
+
+    def _draw_after(self, t: float) -> float:
+        return t + float(self.rng.exponential(self.job_mtbf_s)) if self.job_mtbf_s else math.inf
+
+    def next_at(self) -> float:
+        return min(self.planned[0] if self.planned else math.inf, self.random_at)
+
+    def take(self, resumes_at: float) -> tuple[float, int | None]:
+        """The next failure (its time, and its node when drawn at random; None for an
+        explicit one); the job is down until ``resumes_at``."""
+        at = self.next_at()
+        node = None
+        if self.planned and self.planned[0] == at:
+            self.planned.pop(0)
+        else:
+            node = int(self.rng.integers(self.nodes))
+        self.planned = [t for t in self.planned if t >= resumes_at]
+        self.random_at = self._draw_after(resumes_at)
+        return at, node

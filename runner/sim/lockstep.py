@@ -62,6 +62,9 @@ class LockstepDriver:
             sim.samples += global_count
             self.position = (epoch, k + 1) if k + 1 < steps else (epoch + 1, 0)
 
+    def resume_at(self, now: float) -> None:
+        """A restarted job trains again at ``now``: the clocks say it already."""
+
     def steps_per_learner(self) -> list[int]:
         return [self.sim.step] * self.n
 

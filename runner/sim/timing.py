@@ -36,7 +36,7 @@ from ..runlog.progress import ProgressBar
 from ..runlog.records import write_json_atomic
 from ..runlog.summary import bytes_sent_entry
 from ..train.data import ShardedBatches
-from ..train.milestones import EVALUATE
+from ..train.milestones import CHECKPOINT, EVALUATE
 from .clocks import KINDS
 from .engine import Simulation, build_driver
 
@@ -154,9 +154,17 @@ class TimingSimulation(Simulation):
         self.models = self.driver.model_count
         self.x = torch.zeros(self.models, 1, dtype=self.dtype)
         self.driver.setup()
+        self.count_operations()
+        self.host_before = 0.0
+
+    def count_operations(self) -> None:
         self.executor = None
         if hasattr(self.driver, "executor"):  # the gossip schedule: no operations run
             self.executor = self.driver.executor = CountingExecutor()
+
+    def rebuild_driver(self) -> None:
+        super().rebuild_driver()
+        self.count_operations()
 
     # ---- what drivers call: no tensor work -------------------------------------------------
     def gradients(self, models: torch.Tensor, learners, batches: list, counts: list[int]
@@ -172,6 +180,27 @@ class TimingSimulation(Simulation):
     def replicate_row(self, source: int) -> None:
         pass
 
+    # ---- restarts (cluster.failures): the schedule's state, no files ------------------------
+    def _state(self) -> dict[str, Any]:
+        return {"simulator": {
+            "clocks": self.clocks.state_dict(), "driver": self.driver.state_dict(),
+            "samples": self.samples, "step": self.step, "lr": self.lr,
+            "last_milestone": self.milestones.last_passed(), "host_s": 0.0}}
+
+    def load_state(self, saved: dict[str, Any]) -> None:
+        state = saved["simulator"]
+        self.clocks.load_state_dict(state["clocks"])
+        self.driver.load_state_dict(state["driver"])
+        self.samples, self.step, self.lr = state["samples"], state["step"], state["lr"]
+        last = state["last_milestone"]
+        self.milestones.resume_after(tuple(last) if last is not None else None)
+
+    def write_checkpoint(self) -> None:
+        """Timed (cluster.storage_gbps), not written."""
+
+    def went_back(self) -> None:
+        """No run log to rewind."""
+
     # ---- the run -------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
         """The run's milestones as Simulation.run meets them, without evaluating."""
@@ -181,13 +210,19 @@ class TimingSimulation(Simulation):
                                f"{self.cfg.algo.name} x{self.n} (timing)",
                                self.cfg.trainer.progress_every_s)
         finished = False
+        self.setup_failures()
         while not milestones.done:
             self.driver.advance_to(milestones.points[milestones.passed].samples)
+            if self.failed_since_checkpoint():
+                finished = False
+                continue
             progress.update(self.samples)
             while (milestone := milestones.due(self.samples)) is not None:
                 if milestone.kind == EVALUATE and milestone.final:
                     self.driver.finish()
                     finished = True
+                elif milestone.kind == CHECKPOINT and not self.checkpoint_milestone():
+                    break  # a node failed during the write: the run went back
         if not finished:
             self.driver.finish()
         progress.close()
@@ -230,6 +265,9 @@ class TimingSimulation(Simulation):
         }
         if self.executor is not None:
             summary["schedule_operations"] = self.executor.operations
+        if failures := self.failures_summary():
+            summary["failures"] = failures
+            summary["restarts"] = self.restarts
         self.run_dir.mkdir(parents=True, exist_ok=True)
         write_json_atomic(self.run_dir / "summary.json", summary)
         print(one_line(summary), flush=True)  # (not logged too: the CLI echoes logs)
@@ -244,4 +282,14 @@ def one_line(s: dict[str, Any]) -> str:
             f"({s['epoch_s'] / 3600:.2f} h; {s['virtual_s']:.3g} s for {s['epochs']} epoch(s)), "
             f"{s['samples_per_s']:.0f} samples/s, {1000 * s['step_s']:.1f} ms per step; "
             f"compute {100 * split['compute']:.0f}% comm {100 * split['comm']:.0f}% "
-            f"idle {100 * split['idle']:.0f}%; host {s['host_s']:.1f} s")
+            f"idle {100 * split['idle']:.0f}%{failures_phrase(s)}; host {s['host_s']:.1f} s")
+
+
+def failures_phrase(s: dict[str, Any]) -> str:
+    """What failures and checkpoints cost, for the one line; empty without them."""
+    f = s.get("failures")
+    if not f:
+        return ""
+    restarts = (f"; {f['restarts']} restart(s): {f['lost_s']:.3g} s of training lost, "
+                f"{f['down_s']:.3g} s down" if f["nodes_fail"] else "")
+    return f"{restarts}; checkpoints {f['checkpoints_written_s']:.3g} s"
