@@ -27,14 +27,15 @@ sys.path.insert(0, str(MPI_SCRIPTS))
 from harness import compose_config  # noqa: E402
 
 # A timing-only SSGD job without jitter: 8 learners on 2 nodes, 10 steps of 256 samples.
-TIMING = ["recipe=swb2000", "algo=ssgd", "launcher=sim", "launcher.timing_only=true",
+TIMING = ["recipe=swb2000", "launcher=sim", "launcher.timing_only=true",
           "launcher.nprocs=8", "launcher.procs_per_node=4", "cluster=v100_16x4_ethernet",
           "cluster.compute.jitter=0", "launcher.model_bytes=1e8",
           "launcher.samples_per_epoch=2560", "trainer.epochs=1", "trainer.progress=false"]
 
 
-def timing(tmp_path, *overrides: str) -> dict:
-    return TimingSimulation(compose_config([*TIMING, *overrides]), tmp_path).run()
+def timing(tmp_path, *overrides: str, algo: str = "ssgd") -> dict:
+    return TimingSimulation(compose_config([*TIMING, f"algo={algo}", *overrides]),
+                            tmp_path).run()
 
 
 def test_a_restart_costs_the_training_since_the_checkpoint_and_the_downtime(tmp_path):
@@ -62,14 +63,18 @@ def test_a_restart_costs_the_training_since_the_checkpoint_and_the_downtime(tmp_
         2560 / failed["virtual_s"])
 
 
-def test_without_a_complete_checkpoint_the_job_starts_over(tmp_path):
-    free = timing(tmp_path / "free")
+@pytest.mark.parametrize("algo", ["ssgd", "adpsgd", "hadpsgd"])
+def test_without_a_complete_checkpoint_the_job_starts_over(algo, tmp_path):
+    """The job starts again from nothing, restart_s after the failure, and (without jitter)
+    takes the uninterrupted run's time again, asynchronous learners' schedule included."""
+    free = timing(tmp_path / "free", algo=algo)
     at = free["virtual_s"] / 2
     failed = timing(tmp_path / "failed", f"cluster.failures.at_s=[{at!r}]",
-                    "cluster.failures.restart_s=10", "launcher.max_restarts=1")
+                    "cluster.failures.restart_s=10", "launcher.max_restarts=1", algo=algo)
     [restart] = failed["restarts"]
     assert restart["resumed_from_samples"] == 0 and restart["lost_s"] == pytest.approx(at)
     assert failed["virtual_s"] == pytest.approx(free["virtual_s"] + at + 10)
+    assert failed["steps_per_rank"] == free["steps_per_rank"]
 
 
 def test_more_failures_than_max_restarts_end_the_run_with_one_line(tmp_path):

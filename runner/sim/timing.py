@@ -76,8 +76,10 @@ class CountingExecutor:
     """In place of the gossip driver's trace executor (runner/sim/trace.py): the schedule's
     operations on the models are counted and dropped."""
 
-    def __init__(self) -> None:
-        self.operations = 0
+    def __init__(self, operations: int = 0) -> None:
+        self.operations = operations
+        # What the gossip driver's checkpoint state holds of its executor: nothing to keep.
+        self.replica, self.rank_steps, self.samples = torch.zeros(1), [], 0
 
     def run(self, ops: list[list[list]]) -> None:
         for sequence in ops:
@@ -158,9 +160,13 @@ class TimingSimulation(Simulation):
         self.host_before = 0.0
 
     def count_operations(self) -> None:
+        """The gossip schedule's operations are counted, not run (a restart's driver goes on
+        counting: the lost work's operations were scheduled too)."""
+        counted = getattr(self, "executor", None)
         self.executor = None
-        if hasattr(self.driver, "executor"):  # the gossip schedule: no operations run
-            self.executor = self.driver.executor = CountingExecutor()
+        if hasattr(self.driver, "executor"):
+            self.executor = self.driver.executor = CountingExecutor(
+                counted.operations if counted else 0)
 
     def rebuild_driver(self) -> None:
         super().rebuild_driver()
