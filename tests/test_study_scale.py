@@ -170,3 +170,10 @@ def test_failures_quick(tmp_path):
         assert cell["failure_free_h"] > 0 and cell["checkpoint_s"] > 0
         assert cell["job_mtbf_h"] == cell["node_mtbf_h"] / (cell["nprocs"] // 4)
         assert (cell["interval_min"] is None) is cell["policy"].startswith("elastic")
+    # The restart policy simulated whole, beside the model at the same interval.
+    loop = r["event_loop"]
+    assert {(c["nprocs"], c["node_mtbf_h"]) for c in loop} == {(8, 1.0), (8, 10.0), (16, 1.0),
+                                                               (16, 10.0)}
+    for cell in loop:
+        assert cell["runs"] == 2 and 0 < cell["goodput"] <= 1 and 0 < cell["model_goodput"] <= 1
+        assert cell["per_epoch"] in (1, 2, 4) and cell["restarts_mean"] >= 0

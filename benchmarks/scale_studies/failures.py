@@ -14,6 +14,12 @@ per second against the failure-free rate, of:
 * elastic continuation with --spare-nodes nodes of spares (launcher.spares): a spare node
   takes a failed one's place after --join-s, while any is left.
 
+With --event-loop-draws K, the restart policy is also simulated whole: K timing-only runs of
+the --epochs epochs per cell, whose nodes fail inside the simulator's event loop
+(cluster.failures; each run goes back to its newest checkpoint, runner/sim/engine.py), with a
+checkpoint at every epoch's end (as every run has) and 1, 2 or 4 per epoch; beside each, the
+Monte Carlo model's goodput at the same interval.
+
 --restart-s, --recovery-s, --join-s and --storage-gbps are assumptions (defaults: 300 s for
 requeue, start and reading a checkpoint; 1 s, where 4 ranks here took 0.06-0.08 s, and 5 s,
 where a join took 0.06 s, docs/RESULTS.md; 10 GB/s to the parallel file system).
@@ -25,14 +31,19 @@ import argparse
 import dataclasses
 from typing import Any
 
+import numpy as np
+
 from runner.sim.failures import FailureModel, daly_interval, mean_goodput, young_interval
 
 from .common import bench, simulate
 
 FULL = {"nprocs": [64, 1024], "epochs": 16, "node_mtbf_hours": [100.0, 1000.0],
-        "intervals_min": [5.0, 15.0, 60.0], "draws": 2000, "samples_per_epoch": 0}
+        "intervals_min": [5.0, 15.0, 60.0], "draws": 2000, "samples_per_epoch": 0,
+        "event_loop_draws": 0}
 QUICK = {"nprocs": [8, 16], "epochs": 1, "node_mtbf_hours": [1.0, 10.0],
-         "intervals_min": [5.0], "draws": 50, "samples_per_epoch": 8 * 32 * 40}
+         "intervals_min": [5.0], "draws": 50, "samples_per_epoch": 8 * 32 * 40,
+         "event_loop_draws": 2}
+PER_EPOCH = (1, 2, 4)  # checkpoints per epoch in the event loop's runs
 GPUS_PER_NODE = 4  # the P9 cluster's
 HEADER = ("| date | n | node MTBF (h) | job MTBF (h) | failure-free (h) | policy | "
           "checkpoint every (min) | goodput | samples/s |\n" + "|---" * 9 + "|\n")
@@ -58,15 +69,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="elastic with spares: a spare node's join (default 5)")
     p.add_argument("--storage-gbps", type=float, default=80.0,
                    help="checkpoint write bandwidth of the whole job, Gb/s (default 80)")
+    p.add_argument("--event-loop-draws", type=int,
+                   help="simulated runs per cell of restarts inside the simulator (default 0)")
 
 
 def cases(args: argparse.Namespace) -> dict[str, list[str]]:
+    return {f"n{n}": [*job(n, args), "trainer.epochs=1"] for n in args.nprocs}
+
+
+def job(n: int, args: argparse.Namespace) -> list[str]:
+    """The timing-only SSGD job of ``n`` learners every run of this study is."""
     samples = ([f"launcher.samples_per_epoch={args.samples_per_epoch}"]
                if args.samples_per_epoch else [])
-    return {f"n{n}": ["recipe=swb2000", "algo=ssgd", "launcher=sim", "launcher.timing_only=true",
-                      f"launcher.nprocs={n}", f"launcher.procs_per_node={GPUS_PER_NODE}",
-                      "cluster=p9_v100_infiniband", "trainer.epochs=1", "trainer.progress=false",
-                      *samples] for n in args.nprocs}
+    return ["recipe=swb2000", "algo=ssgd", "launcher=sim", "launcher.timing_only=true",
+            f"launcher.nprocs={n}", f"launcher.procs_per_node={GPUS_PER_NODE}",
+            "cluster=p9_v100_infiniband", "trainer.progress=false", *samples]
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
@@ -101,12 +118,54 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                               "goodput": mean, "goodput_std": std,
                               "samples_per_s": mean * s["samples_per_s"],
                               "checkpoint_s": checkpoint_s, "run_dir": run["run_dir"]})
+    loop = event_loop(args, runs) if args.event_loop_draws else []
     return record.finish({"study": "failures", "recipe": "swb2000", "algo": "ssgd",
                           "cluster": "p9_v100_infiniband", "epochs": args.epochs,
                           "restart_s": args.restart_s, "recovery_s": args.recovery_s,
                           "spare_nodes": args.spare_nodes, "join_s": args.join_s,
                           "storage_gbps": args.storage_gbps, "draws": args.draws,
-                          "cells": cells, "run_dirs": str(args.runs)})
+                          "cells": cells, "event_loop": loop, "run_dirs": str(args.runs)})
+
+
+def event_loop(args: argparse.Namespace, runs: dict[str, Any]) -> list[dict[str, Any]]:
+    """The restart policy simulated whole (see the module's docstring): per size, node MTBF
+    and checkpoints per epoch, the mean goodput of --event-loop-draws seeds, beside the Monte
+    Carlo model's at the same interval."""
+    cells = []
+    for name, run in runs.items():
+        s = run["summary"]
+        n, steps = s["nprocs"], s["steps"]
+        work_s = args.epochs * s["virtual_s"]
+        for mtbf_h in args.node_mtbf_hours:
+            for per_epoch in PER_EPOCH:
+                if steps % per_epoch:
+                    continue  # checkpoints would not fall evenly between the epoch's ends
+                every = [f"trainer.checkpoint_every={steps // per_epoch}"] if per_epoch > 1 else []
+                cases = {f"{name}_h{mtbf_h:g}_c{per_epoch}_s{seed}": [
+                    *job(n, args), *every, f"trainer.epochs={args.epochs}",
+                    f"seed={seed}", f"cluster.storage_gbps={args.storage_gbps}",
+                    f"cluster.failures.node_mtbf_hours={mtbf_h}",
+                    f"cluster.failures.restart_s={args.restart_s}", "launcher.max_restarts=100000"]
+                    for seed in range(args.event_loop_draws)}
+                done = simulate(args.runs / "event_loop", cases)
+                walls = [r["summary"]["virtual_s"] for r in done.values()]
+                goodputs = [work_s / w for w in walls]
+                restarts = [len(r["summary"]["restarts"]) for r in done.values()]
+                checkpoint_s = next(iter(done.values()))["summary"]["failures"]["checkpoint_s"]
+                model = FailureModel(mtbf_h * 3600, n // GPUS_PER_NODE, checkpoint_s,
+                                     args.restart_s, args.recovery_s)
+                interval_s = s["virtual_s"] / per_epoch
+                mean, std = mean_goodput(work_s, model, interval_s, args.draws, seed=len(cells))
+                cells.append({"nprocs": n, "node_mtbf_h": mtbf_h, "per_epoch": per_epoch,
+                              "job_mtbf_h": model.job_mtbf_s / 3600,
+                              "failure_free_h": work_s / 3600,
+                              "samples_per_s": float(np.mean(goodputs)) * s["samples_per_s"],
+                              "interval_min": interval_s / 60, "checkpoint_s": checkpoint_s,
+                              "goodput": float(np.mean(goodputs)),
+                              "goodput_se": float(np.std(goodputs) / np.sqrt(len(goodputs))),
+                              "restarts_mean": float(np.mean(restarts)), "runs": len(walls),
+                              "model_goodput": mean, "model_goodput_std": std})
+    return cells
 
 
 def rows(r: dict[str, Any]) -> list[str]:
@@ -114,4 +173,9 @@ def rows(r: dict[str, Any]) -> list[str]:
             f"{c['failure_free_h']:.2f} | {c['policy']} | "
             f"{'-' if c['interval_min'] is None else format(c['interval_min'], '.1f')} | "
             f"{c['goodput']:.3f} +- {c['goodput_std']:.3f} | {c['samples_per_s']:.0f} |"
-            for c in r["cells"]]
+            for c in r["cells"]] + [
+        f"| {r['date'][:10]} | {c['nprocs']} | {c['node_mtbf_h']:g} | {c['job_mtbf_h']:.2f} | "
+        f"{c['failure_free_h']:.2f} | restart, simulated ({c['runs']} runs, "
+        f"{c['restarts_mean']:.1f} restarts each; the model: {c['model_goodput']:.3f}) | "
+        f"{c['interval_min']:.1f} | {c['goodput']:.3f} +- {c['goodput_se']:.3f} (se) | "
+        f"{c['samples_per_s']:.0f} |" for c in r.get("event_loop", [])]
