@@ -1,6 +1,7 @@
 """Node failures inside a simulation's event loop (cluster.failures, runner/sim/engine.py): the
 modelled job goes back to its newest checkpoint as a restarted job does, so its lost work,
-its downtime and its checkpoints' cost are the run's own."""
+its downtime and its checkpoints' cost are the run's own; or, launcher.elastic in a timing-only
+run (runner/sim/timing.py), the others go on without the failed node."""
 
 from __future__ import annotations
 
@@ -28,14 +29,14 @@ from harness import compose_config  # noqa: E402
 
 # A timing-only SSGD job without jitter: 8 learners on 2 nodes, 10 steps of 256 samples.
 TIMING = ["recipe=swb2000", "launcher=sim", "launcher.timing_only=true",
-          "launcher.nprocs=8", "launcher.procs_per_node=4", "cluster=v100_16x4_ethernet",
+          "launcher.procs_per_node=4", "cluster=v100_16x4_ethernet",
           "cluster.compute.jitter=0", "launcher.model_bytes=1e8",
           "launcher.samples_per_epoch=2560", "trainer.epochs=1", "trainer.progress=false"]
 
 
-def timing(tmp_path, *overrides: str, algo: str = "ssgd") -> dict:
-    return TimingSimulation(compose_config([*TIMING, f"algo={algo}", *overrides]),
-                            tmp_path).run()
+def timing(tmp_path, *overrides: str, algo: str = "ssgd", n: int = 8) -> dict:
+    return TimingSimulation(compose_config([*TIMING, f"algo={algo}", f"launcher.nprocs={n}",
+                                            *overrides]), tmp_path).run()
 
 
 def test_a_restart_costs_the_training_since_the_checkpoint_and_the_downtime(tmp_path):
@@ -180,3 +181,39 @@ def test_the_documented_command_restarts_its_job(tmp_path):
     assert summary["failures"]["restarts"] == len(restarts)
     assert f"{len(restarts)} restart(s)" in proc.stdout, proc.stdout
     assert all(r["cause"].startswith("node ") and r["seconds_down"] == 300 for r in restarts)
+
+
+def test_an_elastic_job_goes_on_without_the_failed_node(tmp_path):
+    """8 learners on 2 nodes; a node is killed during step 4: that step is dropped, and the 4
+    others go on recovery_s later as a job of 4 (one node's collectives, 128-sample steps)
+    from the 3 steps' samples, to the epoch's end."""
+    step8 = timing(tmp_path / "8")["virtual_s"] / 10
+    step4 = timing(tmp_path / "4", n=4)["virtual_s"] / 20
+    elastic = timing(tmp_path / "elastic", "launcher.elastic=true",
+                     f"cluster.failures.at_s=[{3.5 * step8!r}]", "cluster.failures.recovery_s=2")
+    assert elastic["membership"] == [{"event": "lost", "node": 1, "learners": [4, 5, 6, 7],
+                                      "at_samples": 3 * 256, "virtual_s": 3.5 * step8,
+                                      "remain": 4}]
+    assert elastic["learners_at_end"] == 4 and elastic["nprocs"] == 8
+    assert elastic["samples"] == 2560 and elastic["restarts"] == []
+    assert elastic["virtual_s"] == pytest.approx(4 * step8 + 2 + 14 * step4)
+    assert elastic["failures"]["nodes_lost"] == 1
+
+
+def test_an_elastic_job_left_with_too_few_learners_ends_with_one_line(tmp_path):
+    with pytest.raises(UserError) as caught:
+        timing(tmp_path, "launcher.elastic=true", "launcher.min_learners=5",
+               "cluster.failures.at_s=[1.0]")
+    line = str(caught.value)
+    assert line.startswith("node 1 failed at virtual 1 s") and "\n" not in line, line
+    assert "4 learner(s) would remain, fewer than launcher.min_learners=5" in line, line
+
+
+def test_asynchronous_learners_go_on_without_a_failed_node(tmp_path):
+    free = timing(tmp_path / "free", algo="adpsgd", n=16)
+    elastic = timing(tmp_path / "elastic", "launcher.elastic=true", "cluster.failures.at_s=[2.0]",
+                     algo="adpsgd", n=16)
+    [lost] = elastic["membership"]
+    assert lost["remain"] == 12 == elastic["learners_at_end"] == len(elastic["steps_per_rank"])
+    assert 2560 <= elastic["samples"] < 2560 + 16 * 32
+    assert elastic["virtual_s"] > free["virtual_s"]  # 12 learners do the rest, after 1 s

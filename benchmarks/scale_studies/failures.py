@@ -14,11 +14,12 @@ per second against the failure-free rate, of:
 * elastic continuation with --spare-nodes nodes of spares (launcher.spares): a spare node
   takes a failed one's place after --join-s, while any is left.
 
-With --event-loop-draws K, the restart policy is also simulated whole: K timing-only runs of
-the --epochs epochs per cell, whose nodes fail inside the simulator's event loop
-(cluster.failures; each run goes back to its newest checkpoint, runner/sim/engine.py), with a
-checkpoint at every epoch's end (as every run has) and 1, 2 or 4 per epoch; beside each, the
-Monte Carlo model's goodput at the same interval.
+With --event-loop-draws K, both policies are also simulated whole: K timing-only runs of the
+--epochs epochs per cell, whose nodes fail inside the simulator's event loop
+(cluster.failures, runner/sim/engine.py): restarting from the newest checkpoint, with one at
+every epoch's end (as every run has) and 1, 2 or 4 per epoch where the epoch's steps divide
+evenly; and going on without the failed nodes (launcher.elastic, checkpoints not timed).
+Beside each, the Monte Carlo model's goodput for the same policy.
 
 --restart-s, --recovery-s, --join-s and --storage-gbps are assumptions (defaults: 300 s for
 requeue, start and reading a checkpoint; 1 s, where 4 ranks here took 0.06-0.08 s, and 5 s,
@@ -128,43 +129,50 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def event_loop(args: argparse.Namespace, runs: dict[str, Any]) -> list[dict[str, Any]]:
-    """The restart policy simulated whole (see the module's docstring): per size, node MTBF
-    and checkpoints per epoch, the mean goodput of --event-loop-draws seeds, beside the Monte
-    Carlo model's at the same interval."""
+    """Both policies simulated whole (see the module's docstring): per size and node MTBF,
+    the mean goodput of --event-loop-draws seeds restarting from checkpoints (1, 2 or 4 per
+    epoch, where the epoch's steps divide evenly) and going on without failed nodes (elastic,
+    checkpoints not timed), each beside the Monte Carlo model's for the same policy."""
     cells = []
     for name, run in runs.items():
         s = run["summary"]
         n, steps = s["nprocs"], s["steps"]
         work_s = args.epochs * s["virtual_s"]
         for mtbf_h in args.node_mtbf_hours:
-            for per_epoch in PER_EPOCH:
-                if steps % per_epoch:
-                    continue  # checkpoints would not fall evenly between the epoch's ends
-                every = [f"trainer.checkpoint_every={steps // per_epoch}"] if per_epoch > 1 else []
-                cases = {f"{name}_h{mtbf_h:g}_c{per_epoch}_s{seed}": [
-                    *job(n, args), *every, f"trainer.epochs={args.epochs}",
-                    f"seed={seed}", f"cluster.storage_gbps={args.storage_gbps}",
-                    f"cluster.failures.node_mtbf_hours={mtbf_h}",
-                    f"cluster.failures.restart_s={args.restart_s}", "launcher.max_restarts=100000"]
+            failing = [f"trainer.epochs={args.epochs}",
+                       f"cluster.failures.node_mtbf_hours={mtbf_h}"]
+            policies = {f"c{k}": ["launcher.max_restarts=100000",
+                                  f"cluster.storage_gbps={args.storage_gbps}",
+                                  f"cluster.failures.restart_s={args.restart_s}",
+                                  *([f"trainer.checkpoint_every={steps // k}"] if k > 1 else [])]
+                        for k in PER_EPOCH if steps % k == 0}
+            policies["elastic"] = ["launcher.elastic=true",
+                                   f"cluster.failures.recovery_s={args.recovery_s}"]
+            for policy, overrides in policies.items():
+                cases = {f"{name}_h{mtbf_h:g}_{policy}_s{seed}": [
+                    *job(n, args), *failing, *overrides, f"seed={seed}"]
                     for seed in range(args.event_loop_draws)}
-                done = simulate(args.runs / "event_loop", cases)
-                walls = [r["summary"]["virtual_s"] for r in done.values()]
-                goodputs = [work_s / w for w in walls]
-                restarts = [len(r["summary"]["restarts"]) for r in done.values()]
-                checkpoint_s = next(iter(done.values()))["summary"]["failures"]["checkpoint_s"]
+                done = [r["summary"] for r in simulate(args.runs / "event_loop", cases).values()]
+                goodputs = [work_s / r["virtual_s"] for r in done]
+                elastic = policy == "elastic"
+                checkpoint_s = done[0]["failures"]["checkpoint_s"]
                 model = FailureModel(mtbf_h * 3600, n // GPUS_PER_NODE, checkpoint_s,
                                      args.restart_s, args.recovery_s)
-                interval_s = s["virtual_s"] / per_epoch
+                per_epoch = None if elastic else int(policy[1:])
+                interval_s = None if elastic else s["virtual_s"] / per_epoch
                 mean, std = mean_goodput(work_s, model, interval_s, args.draws, seed=len(cells))
-                cells.append({"nprocs": n, "node_mtbf_h": mtbf_h, "per_epoch": per_epoch,
-                              "job_mtbf_h": model.job_mtbf_s / 3600,
-                              "failure_free_h": work_s / 3600,
-                              "samples_per_s": float(np.mean(goodputs)) * s["samples_per_s"],
-                              "interval_min": interval_s / 60, "checkpoint_s": checkpoint_s,
-                              "goodput": float(np.mean(goodputs)),
-                              "goodput_se": float(np.std(goodputs) / np.sqrt(len(goodputs))),
-                              "restarts_mean": float(np.mean(restarts)), "runs": len(walls),
-                              "model_goodput": mean, "model_goodput_std": std})
+                cells.append({
+                    "nprocs": n, "node_mtbf_h": mtbf_h,
+                    "policy": "elastic" if elastic else "restart", "per_epoch": per_epoch,
+                    "interval_min": None if elastic else interval_s / 60,
+                    "job_mtbf_h": model.job_mtbf_s / 3600, "failure_free_h": work_s / 3600,
+                    "checkpoint_s": checkpoint_s, "runs": len(done),
+                    "goodput": float(np.mean(goodputs)),
+                    "goodput_se": float(np.std(goodputs) / np.sqrt(len(goodputs))),
+                    "samples_per_s": float(np.mean(goodputs)) * s["samples_per_s"],
+                    "failures_mean": float(np.mean([len(r["restarts"]) + len(r["membership"])
+                                                    for r in done])),
+                    "model_goodput": mean, "model_goodput_std": std})
     return cells
 
 
@@ -175,7 +183,8 @@ def rows(r: dict[str, Any]) -> list[str]:
             f"{c['goodput']:.3f} +- {c['goodput_std']:.3f} | {c['samples_per_s']:.0f} |"
             for c in r["cells"]] + [
         f"| {r['date'][:10]} | {c['nprocs']} | {c['node_mtbf_h']:g} | {c['job_mtbf_h']:.2f} | "
-        f"{c['failure_free_h']:.2f} | restart, simulated ({c['runs']} runs, "
-        f"{c['restarts_mean']:.1f} restarts each; the model: {c['model_goodput']:.3f}) | "
-        f"{c['interval_min']:.1f} | {c['goodput']:.3f} +- {c['goodput_se']:.3f} (se) | "
+        f"{c['failure_free_h']:.2f} | {c['policy']}, simulated ({c['runs']} runs, "
+        f"{c['failures_mean']:.1f} failures each; the model: {c['model_goodput']:.3f}) | "
+        f"{'-' if c['interval_min'] is None else format(c['interval_min'], '.1f')} | "
+        f"{c['goodput']:.3f} +- {c['goodput_se']:.3f} (se) | "
         f"{c['samples_per_s']:.0f} |" for c in r.get("event_loop", [])]

@@ -41,10 +41,13 @@ class SimConfig(LauncherConfig):
 
     def check(self, prefix, cfg):
         super().check(prefix, cfg)
-        require(not self.elastic, f"{prefix}.elastic", "the simulator restarts a job whose "
-                "node failed (cluster.failures) from its newest checkpoint; it does not model "
-                "learners going on without it yet", f"{prefix}.elastic=false (elastic runs: "
-                "launcher=local; the goodput of both: benchmarks/study_scale.py failures)")
+        require(not self.elastic or self.timing_only, f"{prefix}.elastic", "the simulator "
+                "models learners going on without a failed node in timing-only runs; a learning "
+                "simulation restarts from its newest checkpoint instead",
+                f"{prefix}.timing_only=true (or {prefix}.elastic=false)")
+        require(not self.spares, f"{prefix}.spares", "the simulator does not model spares; "
+                "benchmarks/study_scale.py failures models their goodput",
+                f"{prefix}.spares=0")
         require(self.nprocs <= 4096, f"{prefix}.nprocs", f"the simulator runs at most 4096 "
                 f"learners, got {self.nprocs}", f"{prefix}.nprocs=1024")
         require(self.model_bytes is None or self.model_bytes > 0, f"{prefix}.model_bytes",

@@ -110,11 +110,18 @@ class GossipDriver:
         for s in range(self.model_count):
             if not self.computing[s]:
                 self._start_step(s)
-        self.queue.run_while(lambda: not self._met())
+        # (An elastic job stops at a node's failure: runner/sim/timing.py goes on without it.)
+        self.queue.run_while(lambda: not self._met() and self.queue.now < sim.stop_at)
         # At the milestone everyone waits for the last to finish its step (idle), as real
         # ranks do, and restarts together.
         sim.clocks.wait_until(self.queue.now, "idle")
         self.executor.run(self.ops)
+
+    def continue_from(self, samples: int, steps: list[int]) -> None:
+        """An elastic timing run that lost learners goes on with the survivors' step counts
+        (their data positions)."""
+        self.steps = np.asarray(steps, dtype=int)[:self.model_count].copy()
+        self.sim.step = int(self.steps[0])
 
     def resume_at(self, now: float) -> None:
         """A restarted job trains again at ``now`` (virtual seconds)."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import math
 import time
 from collections import OrderedDict
 from pathlib import Path
@@ -263,7 +264,7 @@ class Simulation:
         while not self.milestones.done:
             target = self.milestones.points[self.milestones.passed].samples
             self.driver.advance_to(target)
-            if self.failed_since_checkpoint():
+            if self.handled_failure():
                 continue
             self.progress.update(self.samples)
             self.log_training()
@@ -299,7 +300,11 @@ class Simulation:
                              if cluster.storage_gbps else 0.0)
         self.checkpoints_written_s = 0.0
         self.restarts: list[dict[str, Any]] = []
-        self.standing = self.snapshot() if failures.any else None
+        self.membership: list[dict[str, Any]] = []  # launcher.elastic: the nodes lost
+        elastic = self.cfg.launcher.elastic
+        self.standing = self.snapshot() if failures.any and not elastic else None
+        # An elastic job's drivers stop at the failure (the others go on from there).
+        self.stop_at = self.failures.next_at() if elastic else math.inf
 
     def snapshot(self) -> dict[str, Any]:
         """Everything a restart from the newest checkpoint goes back to, copied."""
@@ -313,7 +318,7 @@ class Simulation:
             self.clocks.wait_until(self.clocks.now(), "idle")
             self.clocks.advance(self.checkpoint_s, "idle")
             self.checkpoints_written_s += self.checkpoint_s
-        if self.failed_since_checkpoint():
+        if self.handled_failure():
             return False
         self.write_checkpoint()
         if self.standing is not None:
@@ -323,11 +328,12 @@ class Simulation:
     def write_checkpoint(self) -> None:
         self.save_checkpoint("scheduled")
 
-    def failed_since_checkpoint(self) -> bool:
+    def handled_failure(self) -> bool:
         """Whether a node failed before the clocks' present; if so, the job went back to the
         newest checkpoint as a restarted job does: everything since is lost, and training
         starts again restart_s after the failure. What the run computed past the failure
-        is discarded, so checking at milestones rather than steps changes nothing."""
+        is discarded, so checking at milestones rather than steps changes nothing.
+        (launcher.elastic: runner/sim/timing.py goes on without the node instead.)"""
         at = self.failures.next_at()
         if self.clocks.now() < at:
             return False
@@ -375,9 +381,10 @@ class Simulation:
 
     def failures_summary(self) -> dict[str, Any]:
         """What failures cost the run (summary.json ``failures``); {} without any."""
-        if self.standing is None and not self.checkpoint_s:
+        if not self.cluster_cfg.failures.any and not self.checkpoint_s:
             return {}
-        return {"nodes_fail": self.standing is not None, "restarts": len(self.restarts),
+        return {"nodes_fail": self.cluster_cfg.failures.any, "restarts": len(self.restarts),
+                "nodes_lost": len(self.membership),
                 "lost_s": sum(r["lost_s"] for r in self.restarts),
                 "down_s": sum(r["seconds_down"] for r in self.restarts),
                 "checkpoint_s": self.checkpoint_s,

@@ -137,15 +137,20 @@ class NodeFailures:
     def next_at(self) -> float:
         return min(self.planned[0] if self.planned else math.inf, self.random_at)
 
-    def take(self, resumes_at: float) -> tuple[float, int | None]:
+    def take(self, resumes_at: float, node_leaves: bool = False) -> tuple[float, int | None]:
         """The next failure (its time, and its node when drawn at random; None for an
-        explicit one); the job is down until ``resumes_at``."""
+        explicit one); the job trains again at ``resumes_at``, without that node if
+        ``node_leaves`` (an elastic job: the others then fail less often together)."""
         at = self.next_at()
         node = None
         if self.planned and self.planned[0] == at:
             self.planned.pop(0)
         else:
             node = int(self.rng.integers(self.nodes))
+        if node_leaves:
+            self.nodes -= 1
+            self.job_mtbf_s = (self.job_mtbf_s * (self.nodes + 1) / self.nodes
+                               if self.job_mtbf_s and self.nodes else None)
         self.planned = [t for t in self.planned if t >= resumes_at]
         self.random_at = self._draw_after(resumes_at)
         return at, node

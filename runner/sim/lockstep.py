@@ -60,10 +60,23 @@ class LockstepDriver:
             sim.lr = sim.schedule.lr_at(sim.samples)
             self.step(sim.step, batches, counts, global_count)
             sim.samples += global_count
+            if sim.clocks.now() >= sim.stop_at:  # an elastic job lost a node in this step:
+                sim.samples -= global_count  # the step is dropped, its batch dealt again
+                sim.step -= 1
+                return
             self.position = (epoch, k + 1) if k + 1 < steps else (epoch + 1, 0)
 
     def resume_at(self, now: float) -> None:
         """A restarted job trains again at ``now``: the clocks say it already."""
+
+    def continue_from(self, samples: int, steps: list[int]) -> None:
+        """An elastic timing run that lost learners goes on after ``samples``: the next step
+        is the new shards' step that holds the epoch's next sample (the samples before it in
+        that step are counted again: less than a step's)."""
+        shards = self.sim.data.shards
+        epoch, within = divmod(int(samples), shards.n_items)
+        k = within // (shards.size * shards.batch_size)
+        self.position = (epoch, k) if k < shards.steps_per_epoch else (epoch + 1, 0)
 
     def steps_per_learner(self) -> list[int]:
         return [self.sim.step] * self.n

@@ -22,6 +22,7 @@ learner's time into compute, communication and idle, and prints one line with th
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 from typing import Any, TextIO
@@ -38,7 +39,9 @@ from ..runlog.summary import bytes_sent_entry
 from ..train.data import ShardedBatches
 from ..train.milestones import CHECKPOINT, EVALUATE
 from .clocks import KINDS
-from .engine import Simulation, build_driver
+from .engine import Simulation, build_driver, virtual_time
+
+log = logging.getLogger("adpsgd")
 
 # Training samples per epoch when launcher.samples_per_epoch is null, for recipes whose data
 # is too large to count here (or absent on this machine):
@@ -143,7 +146,7 @@ class TimingSimulation(Simulation):
         self.progress_stream = progress_stream
         self.host_start = time.perf_counter()
         tcfg, launcher = cfg.trainer, cfg.launcher
-        self.n = launcher.nprocs
+        self.n = launcher.nprocs  # fewer once an elastic job lost nodes
         self.procs_per_node = launcher.procs_per_node or cfg.cluster.gpus_per_node or 1
         self.dtype = getattr(torch, tcfg.dtype)
         given = launcher.get("model_bytes")
@@ -204,6 +207,61 @@ class TimingSimulation(Simulation):
     def write_checkpoint(self) -> None:
         """Timed (cluster.storage_gbps), not written."""
 
+    # ---- launcher.elastic: the others go on without a failed node -------------------------
+    def handled_failure(self) -> bool:
+        if not self.cfg.launcher.elastic:
+            return super().handled_failure()
+        if self.clocks.now() < self.failures.next_at():
+            return False
+        self.go_on_without_a_node()
+        return True
+
+    def go_on_without_a_node(self) -> None:
+        """The failed node's learners leave; the others train again recovery_s after the
+        failure as a job of fewer learners (its collectives, shards and global batch), from
+        the samples done before the step in flight, which was dropped (an asynchronous
+        learner's step and exchange in flight are lost). A job left with fewer than
+        launcher.min_learners ends with one line."""
+        cfg, recovery_s = self.cfg, self.cluster_cfg.failures.recovery_s
+        at, drawn = self.failures.take(self.clocks.now() + recovery_s, node_leaves=True)
+        nodes = -(-self.n // self.procs_per_node)
+        node = drawn if drawn is not None else nodes - 1  # an explicit kill: the last node
+        lost = list(range(node * self.procs_per_node,
+                          min(self.n, (node + 1) * self.procs_per_node)))
+        survivors = [i for i in range(self.n) if i not in lost]
+        if len(survivors) < cfg.launcher.min_learners:
+            raise UserError(
+                f"node {node} failed at virtual {virtual_time(at)}, {int(self.samples)} "
+                f"samples in, and {len(survivors)} learner(s) would remain, fewer than "
+                f"launcher.min_learners={cfg.launcher.min_learners}",
+                "a lower launcher.min_learners, or spare capacity the job can lose")
+        self.membership.append({"event": "lost", "node": node, "learners": lost,
+                                "at_samples": int(self.samples), "virtual_s": at,
+                                "remain": len(survivors)})
+        old_clocks, old_steps = self.clocks, self.driver.steps_per_learner()
+        done = (self.samples, self.step, self.lr, self.milestones.last_passed())
+        self.n = len(survivors)
+        self.data = SampleCounts(self.samples_per_epoch, self.n, cfg.trainer.batch_size,
+                                 cfg.seed)
+        self.build_schedule(self.samples_per_epoch)  # the new size's cluster, clocks, batch
+        self.samples, self.step, self.lr, last = done
+        self.milestones.resume_after(tuple(last) if last is not None else None)
+        # The survivors' clocks and counts go on; the lost learners' leave with them.
+        self.clocks.t = old_clocks.t[survivors]
+        self.clocks.seconds = {k: v[survivors] for k, v in old_clocks.seconds.items()}
+        self.clocks.sent = {k: v[survivors] for k, v in old_clocks.sent.items()}
+        self.clocks.wait_until(old_clocks.now() + recovery_s, "idle")
+        self.driver = build_driver(self)
+        self.models = self.driver.model_count
+        self.x = torch.zeros(self.models, 1, dtype=self.dtype)
+        self.driver.setup()
+        self.count_operations()
+        self.driver.continue_from(self.samples, [old_steps[i] for i in survivors])
+        self.driver.resume_at(self.clocks.now())
+        self.stop_at = self.failures.next_at()
+        log.info("node %d lost at virtual %.6g s (%d samples): %d learners go on", node, at,
+                 self.samples, self.n)
+
     def went_back(self) -> None:
         """No run log to rewind."""
 
@@ -219,7 +277,7 @@ class TimingSimulation(Simulation):
         self.setup_failures()
         while not milestones.done:
             self.driver.advance_to(milestones.points[milestones.passed].samples)
-            if self.failed_since_checkpoint():
+            if self.handled_failure():
                 finished = False
                 continue
             progress.update(self.samples)
@@ -247,7 +305,8 @@ class TimingSimulation(Simulation):
         summary = {
             "status": "completed", "timing_only": True, "launcher": "sim",
             "cluster": cfg.cluster.name, "algo": cfg.algo.name, "recipe": cfg.recipe.name,
-            "nprocs": self.n, "procs_per_node": self.procs_per_node,
+            "nprocs": cfg.launcher.nprocs, "learners_at_end": self.n,
+            "procs_per_node": self.procs_per_node,
             "batch_size": cfg.trainer.batch_size, "epochs": cfg.trainer.epochs,
             "samples_per_epoch": self.samples_per_epoch, "model_bytes": self.node_nbytes,
             "exchange_bytes": self.nbytes,
@@ -274,6 +333,7 @@ class TimingSimulation(Simulation):
         if failures := self.failures_summary():
             summary["failures"] = failures
             summary["restarts"] = self.restarts
+            summary["membership"] = self.membership
         self.run_dir.mkdir(parents=True, exist_ok=True)
         write_json_atomic(self.run_dir / "summary.json", summary)
         print(one_line(summary), flush=True)  # (not logged too: the CLI echoes logs)
@@ -296,6 +356,11 @@ def failures_phrase(s: dict[str, Any]) -> str:
     f = s.get("failures")
     if not f:
         return ""
-    restarts = (f"; {f['restarts']} restart(s): {f['lost_s']:.3g} s of training lost, "
-                f"{f['down_s']:.3g} s down" if f["nodes_fail"] else "")
+    if not f["nodes_fail"]:
+        restarts = ""
+    elif f["nodes_lost"]:
+        restarts = f"; {f['nodes_lost']} node(s) lost, {s['learners_at_end']} learners went on"
+    else:
+        restarts = (f"; {f['restarts']} restart(s): {f['lost_s']:.3g} s of training lost, "
+                    f"{f['down_s']:.3g} s down")
     return f"{restarts}; checkpoints {f['checkpoints_written_s']:.3g} s"
