@@ -155,12 +155,16 @@ class TimingSimulation(Simulation):
                                      or samples_per_epoch(cfg))
         self.data = SampleCounts(self.samples_per_epoch, self.n, tcfg.batch_size, cfg.seed)
         self.build_schedule(self.samples_per_epoch)
+        self.start_driver()
+        self.host_before = 0.0
+
+    def start_driver(self) -> None:
+        """The driver for the job's learners now, on models of one number each."""
         self.driver = build_driver(self)
         self.models = self.driver.model_count
         self.x = torch.zeros(self.models, 1, dtype=self.dtype)
         self.driver.setup()
         self.count_operations()
-        self.host_before = 0.0
 
     def count_operations(self) -> None:
         """The gossip schedule's operations are counted, not run (a restart's driver goes on
@@ -251,11 +255,7 @@ class TimingSimulation(Simulation):
         self.clocks.seconds = {k: v[survivors] for k, v in old_clocks.seconds.items()}
         self.clocks.sent = {k: v[survivors] for k, v in old_clocks.sent.items()}
         self.clocks.wait_until(old_clocks.now() + recovery_s, "idle")
-        self.driver = build_driver(self)
-        self.models = self.driver.model_count
-        self.x = torch.zeros(self.models, 1, dtype=self.dtype)
-        self.driver.setup()
-        self.count_operations()
+        self.start_driver()
         self.driver.continue_from(self.samples, [old_steps[i] for i in survivors])
         self.driver.resume_at(self.clocks.now())
         self.stop_at = self.failures.next_at()
