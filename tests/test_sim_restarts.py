@@ -191,9 +191,9 @@ def test_an_elastic_job_goes_on_without_the_failed_node(tmp_path):
     step4 = timing(tmp_path / "4", n=4)["virtual_s"] / 20
     elastic = timing(tmp_path / "elastic", "launcher.elastic=true",
                      f"cluster.failures.at_s=[{3.5 * step8!r}]", "cluster.failures.recovery_s=2")
-    assert elastic["membership"] == [{"event": "lost", "node": 1, "learners": [4, 5, 6, 7],
-                                      "at_samples": 3 * 256, "virtual_s": 3.5 * step8,
-                                      "remain": 4}]
+    assert elastic["membership"] == [
+        {"event": "lost", "learner": learner, "host": "node1", "at_samples": 3 * 256,
+         "virtual_s": 3.5 * step8, "remain": 4} for learner in (4, 5, 6, 7)]
     assert elastic["learners_at_end"] == 4 and elastic["nprocs"] == 8
     assert elastic["samples"] == 2560 and elastic["restarts"] == []
     assert elastic["virtual_s"] == pytest.approx(4 * step8 + 2 + 14 * step4)
@@ -213,7 +213,9 @@ def test_asynchronous_learners_go_on_without_a_failed_node(tmp_path):
     free = timing(tmp_path / "free", algo="adpsgd", n=16)
     elastic = timing(tmp_path / "elastic", "launcher.elastic=true", "cluster.failures.at_s=[2.0]",
                      algo="adpsgd", n=16)
-    [lost] = elastic["membership"]
-    assert lost["remain"] == 12 == elastic["learners_at_end"] == len(elastic["steps_per_rank"])
+    lost = elastic["membership"]
+    assert [e["host"] for e in lost] == ["node3"] * 4  # an explicit kill: the last node's
+    assert lost[0]["remain"] == 12 == elastic["learners_at_end"] == len(
+        elastic["steps_per_rank"])
     assert 2560 <= elastic["samples"] < 2560 + 16 * 32
     assert elastic["virtual_s"] > free["virtual_s"]  # 12 learners do the rest, after 1 s

@@ -170,7 +170,8 @@ def event_loop(args: argparse.Namespace, runs: dict[str, Any]) -> list[dict[str,
                     "goodput": float(np.mean(goodputs)),
                     "goodput_se": float(np.std(goodputs) / np.sqrt(len(goodputs))),
                     "samples_per_s": float(np.mean(goodputs)) * s["samples_per_s"],
-                    "failures_mean": float(np.mean([len(r["restarts"]) + len(r["membership"])
+                    "failures_mean": float(np.mean([r["failures"]["restarts"]
+                                                    + r["failures"]["nodes_lost"]
                                                     for r in done])),
                     "model_goodput": mean, "model_goodput_std": std})
     return cells

@@ -300,7 +300,8 @@ class Simulation:
                              if cluster.storage_gbps else 0.0)
         self.checkpoints_written_s = 0.0
         self.restarts: list[dict[str, Any]] = []
-        self.membership: list[dict[str, Any]] = []  # launcher.elastic: the nodes lost
+        self.membership: list[dict[str, Any]] = []  # launcher.elastic: the learners lost
+        self.nodes_lost = 0
         elastic = self.cfg.launcher.elastic
         self.standing = self.snapshot() if failures.any and not elastic else None
         # An elastic job's drivers stop at the failure (the others go on from there).
@@ -384,7 +385,7 @@ class Simulation:
         if not self.cluster_cfg.failures.any and not self.checkpoint_s:
             return {}
         return {"nodes_fail": self.cluster_cfg.failures.any, "restarts": len(self.restarts),
-                "nodes_lost": len(self.membership),
+                "nodes_lost": self.nodes_lost,
                 "lost_s": sum(r["lost_s"] for r in self.restarts),
                 "down_s": sum(r["seconds_down"] for r in self.restarts),
                 "checkpoint_s": self.checkpoint_s,

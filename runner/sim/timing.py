@@ -147,6 +147,7 @@ class TimingSimulation(Simulation):
         self.host_start = time.perf_counter()
         tcfg, launcher = cfg.trainer, cfg.launcher
         self.n = launcher.nprocs  # fewer once an elastic job lost nodes
+        self.launched_ids = list(range(self.n))  # each learner's number when launched
         self.procs_per_node = launcher.procs_per_node or cfg.cluster.gpus_per_node or 1
         self.dtype = getattr(torch, tcfg.dtype)
         given = launcher.get("model_bytes")
@@ -239,9 +240,15 @@ class TimingSimulation(Simulation):
                 f"samples in, and {len(survivors)} learner(s) would remain, fewer than "
                 f"launcher.min_learners={cfg.launcher.min_learners}",
                 "a lower launcher.min_learners, or spare capacity the job can lose")
-        self.membership.append({"event": "lost", "node": node, "learners": lost,
-                                "at_samples": int(self.samples), "virtual_s": at,
-                                "remain": len(survivors)})
+        # As real elastic runs list them: one event per learner, named as launched (the
+        # survivors are numbered afresh in the smaller job).
+        ids = self.launched_ids
+        self.membership += [{"event": "lost", "learner": ids[i],
+                             "host": f"node{ids[i] // self.procs_per_node}",
+                             "at_samples": int(self.samples), "virtual_s": at,
+                             "remain": len(survivors)} for i in lost]
+        self.launched_ids = [ids[i] for i in survivors]
+        self.nodes_lost += 1
         old_clocks, old_steps = self.clocks, self.driver.steps_per_learner()
         done = (self.samples, self.step, self.lr, self.milestones.last_passed())
         self.n = len(survivors)
