@@ -27,7 +27,8 @@ from conftest import BIN, MPI_SCRIPTS, REPO
 sys.path.insert(0, str(MPI_SCRIPTS))
 from harness import compose_config  # noqa: E402
 
-# A timing-only SSGD job without jitter: 8 learners on 2 nodes, 10 steps of 256 samples.
+# A timing-only job without jitter, 4 learners per node: by default SSGD on 8 (2 nodes), an
+# epoch of 10 steps of 256 samples.
 TIMING = ["recipe=swb2000", "launcher=sim", "launcher.timing_only=true",
           "launcher.procs_per_node=4", "cluster=v100_16x4_ethernet",
           "cluster.compute.jitter=0", "launcher.model_bytes=1e8",
