@@ -126,13 +126,14 @@ class NodeFailures:
 
     def __init__(self, node_mtbf_s: float | None, nodes: int, at_s: list[float], seed: int):
         self.rng = np.random.default_rng([seed, 0xFA11])  # its own stream: timing unchanged
-        self.nodes = nodes
-        self.job_mtbf_s = node_mtbf_s / nodes if node_mtbf_s else None
+        self.nodes, self.node_mtbf_s = nodes, node_mtbf_s
         self.planned = sorted(float(t) for t in at_s)
         self.random_at = self._draw_after(0.0)
 
     def _draw_after(self, t: float) -> float:
-        return t + float(self.rng.exponential(self.job_mtbf_s)) if self.job_mtbf_s else math.inf
+        if not self.node_mtbf_s or not self.nodes:
+            return math.inf
+        return t + float(self.rng.exponential(self.node_mtbf_s / self.nodes))  # the job's MTBF
 
     def next_at(self) -> float:
         return min(self.planned[0] if self.planned else math.inf, self.random_at)
@@ -149,8 +150,6 @@ class NodeFailures:
             node = int(self.rng.integers(self.nodes))
         if node_leaves:
             self.nodes -= 1
-            self.job_mtbf_s = (self.job_mtbf_s * (self.nodes + 1) / self.nodes
-                               if self.job_mtbf_s and self.nodes else None)
         self.planned = [t for t in self.planned if t >= resumes_at]
         self.random_at = self._draw_after(resumes_at)
         return at, node

@@ -11,6 +11,7 @@ allreduce) become a mean over the learner dimension.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -60,8 +61,10 @@ class LockstepDriver:
             sim.lr = sim.schedule.lr_at(sim.samples)
             self.step(sim.step, batches, counts, global_count)
             sim.samples += global_count
-            if sim.clocks.now() >= sim.stop_at:  # an elastic job lost a node in this step:
-                sim.samples -= global_count  # the step is dropped, its batch dealt again
+            # An elastic job lost a node in this step (stop_at is finite only then): the step
+            # is dropped, its batch dealt again.
+            if sim.stop_at < math.inf and sim.clocks.now() >= sim.stop_at:
+                sim.samples -= global_count
                 sim.step -= 1
                 return
             self.position = (epoch, k + 1) if k + 1 < steps else (epoch + 1, 0)

@@ -156,11 +156,12 @@ class TimingSimulation(Simulation):
                                      or samples_per_epoch(cfg))
         self.data = SampleCounts(self.samples_per_epoch, self.n, tcfg.batch_size, cfg.seed)
         self.build_schedule(self.samples_per_epoch)
-        self.start_driver()
+        self.rebuild_driver()
         self.host_before = 0.0
 
-    def start_driver(self) -> None:
-        """The driver for the job's learners now, on models of one number each."""
+    def rebuild_driver(self) -> None:
+        """A fresh driver for the job's learners now (the first, a restart's, an elastic
+        job's smaller one), on models of one number each."""
         self.driver = build_driver(self)
         self.models = self.driver.model_count
         self.x = torch.zeros(self.models, 1, dtype=self.dtype)
@@ -176,9 +177,6 @@ class TimingSimulation(Simulation):
             self.executor = self.driver.executor = CountingExecutor(
                 counted.operations if counted else 0)
 
-    def rebuild_driver(self) -> None:
-        super().rebuild_driver()
-        self.count_operations()
 
     # ---- what drivers call: no tensor work -------------------------------------------------
     def gradients(self, models: torch.Tensor, learners, batches: list, counts: list[int]
@@ -262,7 +260,7 @@ class TimingSimulation(Simulation):
         self.clocks.seconds = {k: v[survivors] for k, v in old_clocks.seconds.items()}
         self.clocks.sent = {k: v[survivors] for k, v in old_clocks.sent.items()}
         self.clocks.wait_until(old_clocks.now() + recovery_s, "idle")
-        self.start_driver()
+        self.rebuild_driver()
         self.driver.continue_from(self.samples, [old_steps[i] for i in survivors])
         self.driver.resume_at(self.clocks.now())
         self.stop_at = self.failures.next_at()
