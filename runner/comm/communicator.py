@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import pickle
 import socket
 import threading
 import time
@@ -39,7 +40,7 @@ import torch
 
 from .deadline import DEADLINES, CommTimeout
 from .traffic import Traffic
-from .ulfm import free_quietly, track
+from .ulfm import GarbledMessage, free_quietly, track
 from .world import mpi
 
 TENSOR_BACKENDS = ("mpi", "nccl", "gloo")
@@ -295,16 +296,30 @@ class Communicator:
             self.mpi_comm.Allreduce(data, out, op=mpi_op)
         return out
 
+    @contextlib.contextmanager
+    def _objects(self, operation: str):
+        """An object collective, watched; a result that does not unpickle is a
+        :class:`GarbledMessage` (what a peer dying in it may leave), not a pickle error."""
+        with self._watch(operation):
+            try:
+                yield
+            except self.MPI.Exception:
+                raise
+            except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError,
+                    ImportError, IndexError, KeyError, MemoryError, OverflowError) as ex:
+                raise GarbledMessage(f"{self._what(operation)}: a result did not unpickle "
+                                     f"({type(ex).__name__}: {ex})") from ex
+
     def gather_objects(self, obj: Any, root: int = 0) -> list[Any] | None:
-        with self._watch(f"gather to rank {root}"):
+        with self._objects(f"gather to rank {root}"):
             return self.mpi_comm.gather(obj, root=root)
 
     def bcast_object(self, obj: Any, root: int = 0) -> Any:
-        with self._watch(f"broadcast from rank {root}"):
+        with self._objects(f"broadcast from rank {root}"):
             return self.mpi_comm.bcast(obj, root=root)
 
     def allgather_objects(self, obj: Any) -> list[Any]:
-        with self._watch("allgather"):
+        with self._objects("allgather"):
             return self.mpi_comm.allgather(obj)
 
     def barrier(self) -> None:

@@ -40,10 +40,18 @@ def track(mpi_comm):
     return mpi_comm
 
 
+class GarbledMessage(RuntimeError):
+    """An object collective returned bytes that do not unpickle. ULFM leaves the buffers of a
+    collective undefined when a member dies in it, and it may report the death on some ranks
+    only: a survivor can get garbage and no error (seen: an allgather at a checkpoint, just
+    after a learner on another host was killed). Elastic training takes it for a lost peer;
+    :func:`shrink` then tells whether one is gone, and the error stands if none is."""
+
+
 def is_mpi_error(ex: BaseException) -> bool:
     """Whether ``ex`` is an error the MPI library returned (a dead or revoking peer, mostly;
-    :func:`shrink` tells which when nobody is gone)."""
-    return isinstance(ex, mpi().Exception)
+    :func:`shrink` tells which when nobody is gone), or a collective's garbled result."""
+    return isinstance(ex, (mpi().Exception, GarbledMessage))
 
 
 def revoke_all() -> None:

@@ -345,6 +345,8 @@ class Membership:
 
     def recover(self, error: BaseException | None) -> None:
         t = self.trainer
+        log.info("recovering from %s", f"{type(error).__name__}: {error}" if error is not None
+                 else "a step that failed on another rank")
         old_comm, old_shards = t.comm, t.shards
         gone = self.shrink_everyone()
         lost_ranks = [r for r, n in enumerate(self.learners) if n in gone]

@@ -12,12 +12,21 @@ from runner.comm.communicator import (
     shutdown_torch_distributed,
     torch_subgroups,
 )
+from runner.comm.ulfm import GarbledMessage, is_mpi_error
 from runner.comm.world import detect_world
 from runner.train.data import ShardedBatches
 
 from harness import run_on_ranks
 
 backend = sys.argv[1]
+
+
+class Undecodable:
+    """Pickles; unpickling it raises ValueError, as garbled bytes do."""
+
+    def __reduce__(self):
+        return int, ("not a number",)
+
 
 def checks(world_mpi):
     rank, size = world_mpi.Get_rank(), world_mpi.Get_size()
@@ -100,6 +109,19 @@ def checks(world_mpi):
     for p, view in zip(model.parameters(), unflatten(packed, list(model.parameters()))):
         assert torch.equal(p, view)
     assert comm.busy_s > 0
+
+    # A result that does not unpickle (what a peer dying inside a collective may leave under
+    # ULFM): a GarbledMessage, which elastic training takes for an MPI error; the
+    # communicator goes on working.
+    assert comm.allgather_objects({"rank": rank}) == [{"rank": r} for r in range(size)]
+    for collective in (comm.allgather_objects, comm.bcast_object):
+        try:
+            collective(Undecodable() if rank == 0 else rank)
+        except GarbledMessage as ex:
+            assert is_mpi_error(ex) and "did not unpickle (ValueError" in str(ex), ex
+        else:
+            raise AssertionError(f"{collective.__name__}: no GarbledMessage")
+    assert comm.allgather_objects(rank) == list(range(size))
     comm.close()
     node.close()
     shutdown_torch_distributed()
