@@ -13,7 +13,8 @@ For each algorithm, three jobs of the digit images on 4 ranks, started the same 
 * ``rejoined``: the same kill with ``launcher.spares=1``: seconds from the kill to training
   on 4 learners again (the join's event record), what the join itself took, samples/s after
   it, the held-out metric against the spread of uninterrupted elastic runs (``--seeds``).
-  Not for adpsgd, whose learners take in no spares yet (nor count samples per epoch)::
+  adpsgd's learners, which each go through passes of their own, count no samples per
+  epoch::
 
     python benchmarks/bench_elastic.py --json docs/results/elastic.json
     python benchmarks/bench_elastic.py --algos ssgd dpsgd --epochs 12
@@ -145,10 +146,10 @@ def measure(args: argparse.Namespace) -> dict:
                                        root / f"elastic-seed{seed}", args.timeout)["top1"]
         killed = killed_run(root / "killed", algo, args.epochs, args.timeout)
         summary = killed.pop("summary")
-        rejoined = (killed_run(root / "rejoined", algo, args.epochs, args.timeout,
-                               "launcher.spares=1") if algo != "adpsgd" else None)
-        rejoined_summary = rejoined.pop("summary") if rejoined else None
-        once = [every_sample_once(s) for s in (summary, rejoined_summary) if s]
+        rejoined = killed_run(root / "rejoined", algo, args.epochs, args.timeout,
+                              "launcher.spares=1")
+        rejoined_summary = rejoined.pop("summary")
+        once = [every_sample_once(s) for s in (summary, rejoined_summary)]
         case = {"algo": algo, "nprocs": NPROCS, "epochs": args.epochs,
                 "plain_samples_per_s": plain["samples_per_s"],
                 "plain_openmpi_samples_per_s": open_mpi["samples_per_s"],
@@ -156,12 +157,12 @@ def measure(args: argparse.Namespace) -> dict:
                 "plain_top1": plain["top1"], "elastic_top1": elastic["top1"],
                 "killed_top1": summary["top1"], "killed_learner": VICTIM,
                 "every_sample_once": None if None in once else all(once), **killed,
-                "rejoined": rejoined and {**rejoined, "top1": rejoined_summary["top1"],
-                                          "learners_at_end": rejoined_summary["learners_at_end"]},
+                "rejoined": {**rejoined, "top1": rejoined_summary["top1"],
+                             "learners_at_end": rejoined_summary["learners_at_end"]},
                 "uninterrupted_top1": uninterrupted}
         cases.append(case)
         joined = (f", to 4 learners {rejoined['kill_to_joined_s']:.2f} s, rejoined top-1 "
-                  f"{rejoined_summary['top1']:.2f}" if rejoined else "")
+                  f"{rejoined_summary['top1']:.2f}")
         print(f"{algo}: kill to training {case['kill_to_training_s']:.2f} s; top-1 "
               f"{case['plain_top1']:.2f} -> {case['killed_top1']:.2f}{joined}",
               file=sys.stderr, flush=True)
@@ -174,7 +175,7 @@ def markdown_rows(r: dict) -> list[str]:
 
     def rejoined(c: dict) -> str:
         j = c["rejoined"]
-        if not j:
+        if not j:  # a record from before adpsgd took in spares
             return "- | - | -"
         return (f"{j['kill_to_joined_s']:.2f} s ({j['joined_s']:.2f} s) | "
                 f"{number(j['samples_per_s_after'])} | {j['top1']:.2f}")

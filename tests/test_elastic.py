@@ -19,6 +19,7 @@ import pytest
 import torch
 from test_cli import assert_one_line_error
 
+from runner.checkpoint.files import complete_checkpoints
 from runner.commands.run import check_command_line
 from runner.launch.ulfm_mpi import ULFM_PREFIX
 from runner.train.data import ShardedBatches
@@ -35,8 +36,6 @@ TRAIN_SIZE = 1438  # the digits' training set (recipe.heldout_fraction=0.2)
 @pytest.mark.parametrize("args,cause,fix", [
     (["algo=hadpsgd", "launcher.elastic=true"], "hadpsgd cannot go on without a learner yet",
      "launcher.elastic=false, or algo= one of adpsgd, dasgd, dpsgd, local_sgd, ssgd"),
-    (["algo=adpsgd", "launcher.elastic=true", "launcher.spares=1"], "launcher.spares: adpsgd's "
-     "learners do not take in spares yet", "launcher.spares=0"),
     (["algo=adpsgd", "launcher.elastic=true", "algo.delay_by_one=true"], "adpsgd's "
      "delay-by-one scheme (algo.delay_by_one=true) cannot go on", "algo.delay_by_one=false"),
     (["algo=ssgd", "launcher.elastic=true", "comm.backend=gloo"], "comm.backend: an elastic "
@@ -195,6 +194,31 @@ def test_a_lost_asynchronous_learners_rest_of_its_pass_is_dealt_to_the_survivors
     # After the new pass, a survivor trains whole shards of the survivors' sharding.
     after = streams.position(0, trained[0] + len(new[0].current))
     assert after[0] == new[0].epoch + 1 and len(after[1]) == len(range(0, 101, 3))
+
+
+def test_spares_that_join_at_a_loss_take_the_lost_learners_rest_of_its_pass():
+    """Spares joining asynchronous learners at a loss: each survivor keeps just the rest of
+    its own pass, the joiners share what the lost learners had still to train (each of it
+    once); after that every learner trains shards of the sharding of all of them."""
+    shards = ShardedBatches(101, 0, 4, batch_size=8, seed=3)
+    streams = Streams(shards, {n: stream_of(ShardedBatches(101, n, 4, 8, seed=3), (0, 0), 0)
+                               for n in range(4)})
+    shard = [len(streams.position(n, 0)[1]) for n in range(4)]
+    trained = {0: 16, 1: shard[1] + 8}  # learner 1 is in its second pass
+    lost = {2: 5 * 8, 3: 8}
+    before = {n: streams.position(n, c) for n, c in {**trained, **lost}.items()}
+    new = streams.deal(trained, lost, joiners=[4, 5])
+    assert [(new[n].rank, new[n].size) for n in (0, 1, 4, 5)] == [(0, 4), (1, 4), (2, 4), (3, 4)]
+    for n in (0, 1):
+        assert new[n].current.tolist() == before[n][1].tolist()
+        assert new[n].epoch == before[n][0] and new[n].start == trained[n]
+    owed = np.concatenate([before[2][1], before[3][1]])
+    joined = np.concatenate([new[4].current, new[5].current])
+    assert sorted(joined.tolist()) == sorted(owed.tolist())
+    assert new[4].epoch == new[5].epoch == 0 and new[4].start == new[5].start == 0
+    # The joiner goes on into whole shards of the sharding of the 4.
+    after = streams.position(5, len(new[5].current))
+    assert after[0] == 1 and len(after[1]) == len(range(3, 101, 4))
 
 
 def start(run_dir: Path, *args: str) -> subprocess.Popen:
@@ -465,6 +489,49 @@ def test_a_spare_replaces_a_killed_learner_and_the_job_ends_on_4_within_the_spre
     assert_every_sample_once(summary)
     assert [count for _, count in learners_alive(run_dir)] == [4, 3, 4]
     assert exit_statuses(run_dir, [0, 1, 3, 4]) == [0] * 4  # the spare too; 2 was killed
+    low, high = min(uninterrupted), max(uninterrupted)
+    margin = max(2.0, high - low)
+    print(f"top-1 rejoined {summary['top1']:.2f}, uninterrupted {uninterrupted}")
+    assert low - margin <= summary["top1"] <= high + margin, (summary["top1"], uninterrupted)
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_a_spare_takes_a_lost_asynchronous_learners_place_and_the_job_ends_on_4(tmp_path):
+    """AD-PSGD: learner 2 dies at its step 5; the survivors call the spare in at once (they
+    meet nowhere else); it starts from learner 0's model and state, trains what learner 2
+    had still to train of its pass, and the job ends on 4 learners, its held-out top-1
+    within the spread of uninterrupted runs (seeds 1-2)."""
+    uninterrupted = []
+    for seed in (1, 2):
+        run_cli([*DIGITS, "algo=adpsgd", f"seed={seed}", f"hydra.run.dir={tmp_path / str(seed)}"],
+                cwd=tmp_path, timeout=240)
+        uninterrupted.append(read_run(tmp_path / str(seed))[1]["top1"])
+    run_dir = tmp_path / "rejoined"
+    proc = run_cli([*DIGITS, "algo=adpsgd", "seed=1", "launcher.spares=1",
+                    "faults.sigkill.ranks=[2]", "faults.sigkill.step=5",
+                    f"hydra.run.dir={run_dir}"], cwd=tmp_path, timeout=240)
+    host = os.uname().nodename
+    lines = [line for line in proc.stderr.splitlines() if " at " in line and "learner" in line]
+    assert len(lines) == 2, lines
+    assert lines[0].startswith(f"adpsgd-run: learner 2 ({host}) lost at "), lines
+    at = lines[0].split(" lost at ")[1].split(" samples")[0]
+    assert "3 learner(s) go on" in lines[0], lines
+    assert lines[1].startswith(f"adpsgd-run: learner 4 ({host}) joined at {at} samples: 4 "
+                               "learner(s) train"), lines
+    assert "4 ranks (1 lost, 1 joined, 4 at the end)" in proc.stdout
+    history, summary = read_run(run_dir)
+    assert summary["status"] == "completed" and summary["learners_at_end"] == 4
+    assert [(m["event"], m["learner"], m["learners"]) for m in summary["membership"]] == [
+        ("lost", 2, 3), ("joined", 4, 4)]
+    assert summary["samples"] >= 2 * TRAIN_SIZE
+    assert [count for _, count in learners_alive(run_dir)] == [4, 3, 4]
+    assert exit_statuses(run_dir, [0, 1, 3, 4]) == [0] * 4
+    # The spare trained (it is rank 3 of the 4 at the end): its own count in the last
+    # checkpoint.
+    newest = complete_checkpoints(run_dir)[-1]
+    joined = torch.load(newest.path / "rank3.pt", weights_only=False)["trainer"]
+    assert joined["local_samples"] > 0, joined
     low, high = min(uninterrupted), max(uninterrupted)
     margin = max(2.0, high - low)
     print(f"top-1 rejoined {summary['top1']:.2f}, uninterrupted {uninterrupted}")

@@ -122,10 +122,6 @@ class ADPSGD(Algorithm):
             raise ConfigError("launcher.elastic", "adpsgd's delay-by-one scheme "
                               "(algo.delay_by_one=true) cannot go on without a learner yet",
                               "launcher.elastic=false, or algo.delay_by_one=false")
-        if elastic and run_cfg.launcher.get("spares"):
-            raise ConfigError("launcher.spares", f"{cls.registered_name}'s learners do not "
-                              "take in spares yet (a spare joins lockstep learners between "
-                              "two steps)", "launcher.spares=0")
         # An elastic job pairs odd numbers too (after a loss): one active more than passives.
         if count > 1 and count % 2 and not elastic:
             raise ConfigError("launcher.nprocs", f"{cls.registered_name} pairs active and "
@@ -337,6 +333,36 @@ class ADPSGD(Algorithm):
             if self.averager:
                 self.averager.progress.set_exact(counts)
         self.staleness = previous.staleness
+        self._refresh_replica(force=True)
+
+    def start_joiners_at_the_mean(self, comm: Communicator, survivors: int,
+                                  joining: bool) -> None:
+        """Collective over ``comm``, the learners after spares joined at a loss (its first
+        ``survivors`` ranks survived it), before the algorithm is rebuilt for them: a
+        joiner's x and momentum become the survivors' mean. Averaging keeps the learners'
+        mean model; a joiner started there leaves it where it was, where a copy of one
+        learner would pull it towards that one (a fast learner far from the others, on a
+        busy machine)."""
+        with self.lock:
+            buffers = [state["momentum_buffer"] for group in self.optimizer_x.param_groups
+                       for p in group["params"]
+                       if (state := self.optimizer_x.state.get(p)) is not None
+                       and state.get("momentum_buffer") is not None]
+            most, fewest = comm.allreduce_numbers([len(buffers), -len(buffers)], op="max")
+            if most != -fewest:  # every learner sends the same tensors: momentum if all have it
+                buffers = []
+            tensors = list(self.x) + buffers
+            total = torch.cat([t.reshape(-1).double() for t in tensors])
+            if joining:
+                total.zero_()
+        comm.allreduce_(total, "sum")
+        if not joining:
+            return
+        with self.lock:
+            offset = 0
+            for t in tensors:
+                t.copy_(total[offset:offset + t.numel()].view_as(t) / survivors)
+                offset += t.numel()
         self._refresh_replica(force=True)
 
     def shared_update_group(self):

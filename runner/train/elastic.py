@@ -215,6 +215,9 @@ class Membership:
         # Lost learner -> (its pass, the samples it was about to train) when it was lost
         # (the same on every learner; a joining spare receives them): see same_failure().
         self.in_flight: dict[int, tuple[int, list[int]]] = {}
+        # Asynchronous learners that spares join at a loss: (survivors -> samples trained,
+        # lost learners -> samples as last heard), for grow() to deal.
+        self.pending_deal: tuple[dict[int, int], dict[int, int]] | None = None
         self.snapshot = StepSnapshot(trainer.model, trainer.optimizer)
         if not trainer.world.spare:
             self.chart(self.target)
@@ -368,7 +371,10 @@ class Membership:
             # it, not what it was training when it died: no repeated-failure rule here.
             repeated = None
             self.deal_async(heard, lost_ranks, lost, world, comm, node_comm)
-        self.announce("lost", lost, world, time.perf_counter() - self.step_started)
+        # (With spares joining, the chart's point comes after grow()'s rebuild: the first
+        # learner's run log may be the new one made there.)
+        self.announce("lost", lost, world, time.perf_counter() - self.step_started,
+                      chart=self.pending_deal is None)
         if repeated is not None:
             earlier, learner, samples = repeated
             log.error("training samples both were about to train: %s", samples)
@@ -387,6 +393,10 @@ class Membership:
                 f"(launcher.min_learners={self.min_learners})", "look for the cause in the "
                 "lost learners' logs; lower launcher.min_learners to go on with fewer, or "
                 "continue with resume=auto"))
+        if self.pending_deal is not None:
+            from .spares import grow
+
+            grow(self)
 
     def agreed(self, error: UserError) -> UserError:
         """An error every survivor raises alike: the first learner says it and ends the job
@@ -428,10 +438,18 @@ class Membership:
         # Where in the milestones the survivors go on: the first learner's (which writes the
         # records). Each met them at its own time, and a revoke can fail a collective on one
         # rank that completed on another, so they may disagree by one.
-        t.milestones.passed, t.stop_status = comm.bcast_object(
-            (t.milestones.passed, t.stop_status), root=0)
-        mine = self.streams.deal(dict(zip(self.learners, trained)), lost_counts)[
-            self.learners[world.rank]]
+        t.milestones.passed, t.stop_status, joining = comm.bcast_object(
+            (t.milestones.passed, t.stop_status, self.spares_wanted()), root=0)
+        survivors = dict(zip(self.learners, trained))
+        if joining:
+            # Spares take the lost learners' places here, where every learner has stopped
+            # (asynchronous learners meet nowhere else): grow() deals and rebuilds for all.
+            self.pending_deal = (survivors, lost_counts)
+            for unused in (comm, node_comm):
+                unused.close()
+                free_quietly(unused.mpi_comm)
+            return
+        mine = self.streams.deal(survivors, lost_counts)[self.learners[world.rank]]
         rebuild(t, world, comm, node_comm, None, own=(mine.epoch, mine.current))
 
     def same_failure(self, in_flight: dict[int, tuple[int, np.ndarray]]
@@ -469,8 +487,8 @@ class Membership:
     def named(self, learners: list[int]) -> str:
         return ", ".join(f"learner {n} ({self.hosts[n]})" for n in learners)
 
-    def announce(self, event: str, learners: list[int], world: World, seconds: float
-                 ) -> None:
+    def announce(self, event: str, learners: list[int], world: World, seconds: float,
+                 chart: bool = True) -> None:
         """One ``event`` (lost or joined) per learner in summary.json's membership and
         logs/events.jsonl; one line on the console (rank 0's): a loss from the start of the
         step that failed (the kill came during it) to training again, a join from the
@@ -494,7 +512,8 @@ class Membership:
                 record_event(self.trainer.run_dir, {
                     **record, "time": round(time.time(), 3),
                     "cause": f"{event}; {world.size} learner(s) {going}"})
-        self.chart(world.size)
+        if chart:
+            self.chart(world.size)
 
     def close(self) -> None:
         """At the end of a learner's run: the first learner releases the spares still

@@ -10,7 +10,8 @@ learners' steps, so waiting costs them nothing; it polls a receive every
 * a loss: the learners revoke ``everyone`` (runner/train/elastic.py), which fails the
   spare's receive; the spare takes part in the shrink and in the learners' new split, and
   waits again;
-* ``join``: after a loss, the learners call the spares in at the next step they agree on
+* ``join``: after a loss, lockstep learners call the spares in at the next step they agree
+  on; asynchronous learners (who agree on no step) at the loss itself, in its recovery
   (:func:`grow`);
 * ``release``: the job has ended; the spare exits as the learners do (status 0, or 75/130
   after a graceful stop).
@@ -24,7 +25,10 @@ Growing back, collective over every process alive, after a committed step:
    the current pass nobody has trained on yet); joining spare k receives the model,
    optimizer and algorithm state of learner k mod the old count, its *donor*;
 4. every learner rebuilds for the new size (elastic.rebuild): the rest of the pass is dealt
-   to all of them, so every sample of the epoch is still used once.
+   to all of them, so every sample of the epoch is still used once. Asynchronous learners
+   instead each keep the rest of their own pass, the joiners share what the lost learners
+   had still to train of theirs (streams.py), and a joiner's model and momentum are the
+   survivors' mean (ADPSGD.start_joiners_at_the_mean).
 
 A learner lost while spares join ends the job (one line; ``resume=auto`` continues it).
 """
@@ -126,7 +130,7 @@ def grow(m: Any) -> bool:
     started = time.perf_counter()
     me = mpi().COMM_WORLD.Get_rank()
     joining = me not in m.learners
-    if not joining and t.world.is_main:
+    if me == m.learners[0]:
         notify(m, JOIN)
     gone = m.shrink_everyone()  # spares that died while they waited
     if lost := [n for n in gone if n in m.learners]:
@@ -134,17 +138,24 @@ def grow(m: Any) -> bool:
                         "continue with resume=auto")
     before = list(m.learners)
     joiners = m.spares[:m.target - len(before)]
-    if not joiners:  # every spare died while it waited: only learners are left
+    # Asynchronous learners: at the loss that called the spares (elastic.deal_async), with
+    # what the lost learners had still to train to deal, to the joiners if any are left.
+    pending, m.pending_deal = m.pending_deal, None
+    if not joiners and pending is None:  # every spare died while it waited
         return not joining
     m.learners = before + joiners
     learner_mpi = m.split_learners()
     if me not in m.learners:
         return False
     world, comm, node_comm = learner_comms(learner_mpi, t.cfg.comm.timeout_s, t.comm.traffic)
+    own = None
+    if not joining and pending is not None:
+        survivors, lost_counts = pending
+        m.streams.deal(survivors, lost_counts, joiners)
     job = learner_mpi.bcast(job_state(m) if world.is_main else None, root=0)
+    donor = (world.rank - len(before)) % len(before)
     if joining:
-        donated = learner_mpi.recv(source=(world.rank - len(before)) % len(before),
-                                   tag=NOTICE_TAG)
+        donated = learner_mpi.recv(source=donor, tag=NOTICE_TAG)
         take_job_state(m, job, donated, me)
         algo_state = donated["algo"]
     else:
@@ -153,11 +164,26 @@ def grow(m: Any) -> bool:
             learner_mpi.send(on_cpu({"model": t.model.state_dict(), "algo": algo_state,
                                      "optimizer": t.optimizer.state_dict()}),
                              dest=len(before) + k, tag=NOTICE_TAG)
-    t.stop.close()
+    if job["streams"] is not None:
+        # Each learner goes on in its own stream; the algorithm continues from the
+        # survivor's own state (a joiner's: its donor's, loaded into its waiting one).
+        m.streams.streams = job["streams"]
+        mine = m.streams.streams[me]
+        own = (mine.epoch, mine.current)
+        if joining:
+            t.algo.load_state_dict(algo_state)
+        if joiners:
+            t.algo.start_joiners_at_the_mean(comm, len(before), joining)
+        algo_state = None
+    if pending is None:  # a loss has abandoned it already
+        t.stop.close()
     if t.ledger is not None:  # every count so far, carried by all: a learner lost later
         t.ledger.carry(comm, [])  # takes only its part of the rest of the pass with it
-    rebuild(t, world, comm, node_comm, job["partial"], algo_state, job["lr"])
-    m.announce("joined", joiners, world, time.perf_counter() - started)
+    rebuild(t, world, comm, node_comm, job["partial"], algo_state, job["lr"], own=own)
+    if pending is not None:  # the loss's point, after the first learner's run log is made
+        m.chart(len(before))
+    if joiners:
+        m.announce("joined", joiners, world, time.perf_counter() - started)
     return True
 
 
@@ -178,13 +204,16 @@ def job_state(m: Any) -> dict[str, Any]:
     t = m.trainer
     epoch, done_steps = t.state.position
     ledger = t.ledger
+    partial = None
+    if m.streams is None:  # lockstep: the rest of the pass, dealt again to all
+        partial = (epoch, m.dealing_order(epoch, unread_pass(t.shards, epoch, done_steps)))
     return {"state": {**t.state.state_dict(),
                       "elapsed_s": time.perf_counter() - t.start_time},
             "milestones": t.milestones, "lr": t.schedule.lr_at(t.state.samples),
             "ledger": None if ledger is None else {"closed": ledger.closed,
                                                    "carried": ledger.carried},
             "events": m.events, "lost_samples": m.lost_samples, "in_flight": m.in_flight,
-            "partial": (epoch, m.dealing_order(epoch, unread_pass(t.shards, epoch, done_steps)))}
+            "partial": partial, "streams": None if m.streams is None else m.streams.streams}
 
 
 def take_job_state(m: Any, job: dict[str, Any], donated: dict[str, Any],

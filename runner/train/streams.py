@@ -11,7 +11,10 @@ samples it had still to train in its pass, which the survivors then share out:
   of samples trained) followed by whole passes of its shard under a sharding (rank, size);
 * at a loss, each survivor's new current pass is the rest of its own pass, then its share
   (dealt in turn by new rank) of what the lost learners had still to train of theirs; later
-  passes are shards of the survivors' sharding.
+  passes are shards of the survivors' sharding;
+* when spares join at the loss (launcher.spares), the survivors keep only their own rest and
+  the spares share what the lost learners had still to train: each takes a lost learner's
+  place, samples and all; later passes are shards of the sharding of all of them.
 
 Every survivor holds the streams of every learner and updates them from the same numbers (the
 survivors' exact counts, gathered, and the lost learners' counts as last heard, the largest
@@ -68,17 +71,25 @@ class Streams:
             samples = self._shard(epoch, stream.rank, stream.size)
         return epoch, samples[left:]
 
-    def deal(self, survivors: dict[int, int], lost: dict[int, int]) -> dict[int, Stream]:
+    def deal(self, survivors: dict[int, int], lost: dict[int, int],
+             joiners: list[int] = ()) -> dict[int, Stream]:
         """After a loss: ``survivors`` (learner -> samples trained, in their new rank order)
         go on with their own rest and a share of the ``lost`` learners' (learner -> samples
-        trained as last heard). Returns the survivors' new streams (also kept)."""
-        left = np.concatenate([self.position(n, trained)[1] for n, trained in lost.items()]
-                              or [np.empty(0, dtype=np.int64)])
-        size = len(survivors)
+        trained as last heard). With ``joiners`` (spares that replace the lost learners,
+        ranked after the survivors), the survivors keep just their own rest and the joiners
+        share the lost learners' instead, in the pass the first of those was in. Returns
+        every learner's new stream (also kept)."""
+        held = [self.position(n, trained) for n, trained in lost.items()]
+        left = np.concatenate([rest for _, rest in held] or [np.empty(0, dtype=np.int64)])
+        size = len(survivors) + len(joiners)
+        takers = len(joiners) or size
         new = {}
         for rank, (learner, trained) in enumerate(survivors.items()):
             epoch, rest = self.position(learner, trained)
-            new[learner] = Stream(epoch, np.concatenate([rest, left[rank::size]]), trained,
-                                  rank, size)
+            share = left[rank::takers] if not joiners else left[:0]
+            new[learner] = Stream(epoch, np.concatenate([rest, share]), trained, rank, size)
+        epoch = min((e for e, _ in held), default=0)
+        for k, learner in enumerate(joiners):
+            new[learner] = Stream(epoch, left[k::takers], 0, len(survivors) + k, size)
         self.streams = new
         return new
