@@ -23,12 +23,20 @@ def report(compute: float, steps: int = 10, comm: float = 0.0, idle: float = 0.0
 def test_the_slowest_learner_is_named_with_its_host():
     learners = learners_of([report(1.0, idle=2.0), report(1.1, idle=1.9),
                             report(3.0, host="node7"), report(0.9, idle=2.1)])
-    assert learners[2] == {"rank": 2, "host": "node7", "steps": 10, "step_s": 0.3,
+    assert learners[2] == {"rank": 2, "learner": 2, "host": "node7", "steps": 10, "step_s": 0.3,
                            "compute_s": 0.3, "wait_s": 0.0}
     assert slowest_learner_line(learners) == (
         "slowest learner: rank 2 on host node7, 300.0 ms of its own work per step, 3.0x the "
         "other learners' median 100.0 ms (10 steps against their median 10; they waited "
         "200.0 ms per step)")
+
+
+def test_after_an_elastic_loss_the_slowest_is_also_named_by_its_launch_number():
+    """Learner 0 was lost: rank 0 is learner 1 now, which the line says (rank 0 alone would
+    name the learner that died)."""
+    reports = [{**report(c), "learner": n} for c, n in ((3.0, 1), (1.0, 2), (1.1, 3))]
+    line = slowest_learner_line(learners_of(reports))
+    assert line.startswith("slowest learner: rank 0 (learner 1 as launched) on host node1, "), line
 
 
 def test_learners_within_1_5x_are_not_named():

@@ -28,8 +28,10 @@ def learner_times(report: dict[str, Any]) -> dict[str, float]:
 
 
 def learners_of(per_rank: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """summary.json's ``learners``: per rank its host, steps and seconds per step."""
-    return [{"rank": rank, "host": (report.get("host") or {}).get("name"),
+    """summary.json's ``learners``: per rank the number it was launched with (``learner``;
+    another after an elastic run lost a learner), its host, steps and seconds per step."""
+    return [{"rank": rank, "learner": report.get("learner", rank),
+             "host": (report.get("host") or {}).get("name"),
              "steps": int(report["steps"]),
              **{name: round(value, 6) for name, value in learner_times(report).items()}}
             for rank, report in enumerate(per_rank)]
@@ -49,7 +51,10 @@ def slowest_learner_line(learners: list[dict[str, Any]]) -> str | None:
     where = f" on host {slowest['host']}" if slowest.get("host") else ""
     wait = statistics.mean(learner["wait_s"] for learner in others)
     steps = statistics.median(learner["steps"] for learner in others)
-    return (f"slowest learner: rank {slowest['rank']}{where}, "
+    launched = slowest.get("learner", slowest["rank"])
+    name = f"rank {slowest['rank']}" + (f" (learner {launched} as launched)"
+                                        if launched != slowest["rank"] else "")
+    return (f"slowest learner: {name}{where}, "
             f"{slowest['compute_s'] * 1e3:.1f} ms of its own work per step, "
             f"{slowest['compute_s'] / median:.1f}x the other learners' median "
             f"{median * 1e3:.1f} ms ({slowest['steps']} steps against their median {steps:g}; "

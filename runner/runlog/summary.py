@@ -41,7 +41,11 @@ def rank_report(trainer: Any) -> dict[str, Any]:
     from ..train.compute_path import device_record
 
     t = trainer
+    membership = getattr(t, "membership", None)
     return {"time": {**t.timers.snapshot(), "comm_busy": t.comm.busy_s},
+            # The number it was launched with (an elastic run renumbers the ranks).
+            "learner": (membership.learners[t.world.rank] if membership is not None
+                        else t.world.rank),
             "algo": t.algo.stats(), "steps": t.state.step,
             "skipped_batches": t.state.skipped_batches, "milestones": t.milestone_waits,
             "host": host_record(), "device": device_record(t.compute.device),
