@@ -92,7 +92,7 @@ class ADPSGD(Algorithm):
     Config = ADPSGDConfig
     asynchronous = True
     uses_topology = True  # its graph of active-passive pairs
-    elastic = True  # learners of one rank; hadpsgd's super learners are not (yet)
+    elastic = True
 
     @classmethod
     def build(cls, cfg, ctx):
@@ -158,6 +158,13 @@ class ADPSGD(Algorithm):
         super().setup(model, optimizer)
         self.group = self.learner_comm()
         self.group_ranks = self.group.allgather_objects(self.world.rank)
+        # Every rank's participant (its super learner's leader, the lowest rank of its group;
+        # participants are numbered in their leaders' order) and that participant's size.
+        leaders = self.comm.allgather_objects(self.group_ranks[0])
+        order = sorted(set(leaders))
+        self.participant_of = [order.index(leader) for leader in leaders]
+        self.participant_size = [leaders.count(leader) for leader in leaders]
+        self.local_samples = 0  # this rank's samples trained, as of its last step
         self.is_leader = self.group.rank == 0
         self.replica = self.ctx.param_buffers  # what forward/backward run on
         self.grads = flatten_gradients(model.parameters())
@@ -255,6 +262,7 @@ class ADPSGD(Algorithm):
                 self.staleness.append(self.averager.version - self._snapshot_version)
 
     def global_samples(self, local_samples, lockstep_samples):
+        self.local_samples = local_samples
         estimate = 0
         if self.averager:
             # A learner's samples are its members' (equal batches inside a node).
@@ -307,9 +315,19 @@ class ADPSGD(Algorithm):
         self._refresh_replica()
 
     def heard_samples(self) -> list[float]:
-        """Every participant's samples trained, as this one last heard (its progress table)."""
-        with self.lock:
-            return self.averager.progress.counts.astype(float).tolist()
+        """Every rank's samples trained, as this one last heard: its participant's count in
+        the progress table (a leader's), shared evenly among the participant's ranks, which
+        train alike; this rank's own participant's exactly. A super learner's other members
+        know only that one (0 for the others)."""
+        counts = None
+        if self.averager:
+            with self.lock:
+                counts = self.averager.progress.counts.astype(float)
+        mine = self.participant_of[self.world.rank]
+        return [float(self.local_samples) if participant == mine
+                else 0.0 if counts is None
+                else float(counts[participant]) / self.participant_size[rank]
+                for rank, participant in enumerate(self.participant_of)]
 
     def check_peers(self):
         if self.averager:
@@ -323,9 +341,11 @@ class ADPSGD(Algorithm):
     def continue_after_loss(self, previous):
         # The survivors' samples carry over (exact: each says its own); x, its optimizer
         # state and the staleness record are the same objects' (the trainer's model).
-        old = previous.averager.progress if previous.averager else None
-        mine = int(old.counts[old.rank]) if old is not None else 0
-        counts = self.comm.allgather_objects(mine)
+        # A participant's count is its ranks' samples (they train alike): what its members
+        # lost with a learner count as the lost learner's (Membership.lost_samples).
+        self.local_samples = previous.local_samples
+        mine = self.local_samples * self.group.size if self.is_leader else None
+        counts = [c for c in self.comm.allgather_objects(mine) if c is not None]
         with self.lock:
             for mine_x, old_x in zip(self.x, previous.x):
                 mine_x.copy_(old_x)

@@ -126,6 +126,9 @@ class Algorithm:
     # steps that can be undone, or asynchronous ones whose exchange in flight is dropped
     # (check_peers()), and continue_after_loss() for what must go on.
     elastic: ClassVar[bool] = False
+    # Its nodes are part of the algorithm (hadpsgd's super learners): an elastic job's
+    # survivors keep the nodes they were launched in, rather than being grouped by machine.
+    keeps_nodes: ClassVar[bool] = False
     # Why launcher=sim cannot run this algorithm, when it has no driver in runner/sim/ (the
     # simulator's error line says it; tests/test_sim_coverage.py asks every algorithm for one
     # or the other).
@@ -149,6 +152,14 @@ class Algorithm:
     @classmethod
     def check_world(cls, run_cfg: DictConfig) -> None:
         """Raise ConfigError before ranks start when the world shape cannot work."""
+
+    @classmethod
+    def check_survivors(cls, run_cfg: DictConfig, world: World) -> None:
+        """Raise ConfigError when the learners of ``world`` (an elastic job's, after a loss)
+        cannot go on."""
+        from omegaconf import OmegaConf
+
+        cls.check_world(OmegaConf.merge(run_cfg, {"launcher": {"nprocs": world.size}}))
 
     @classmethod
     def topology_ignored(cls, run_cfg: DictConfig) -> str | None:

@@ -13,11 +13,17 @@ thread on its copy; before each step it broadcasts whether an averaging changed 
 last step, and only then z_s itself (weight decay is taken at each copy, from the model it
 reads). S = 1 is synchronous SGD over the node; L = 1 is AD-PSGD. S must be even (or 1):
 actives and passives are paired.
+
+Elastic (launcher.elastic): ranks keep the nodes they were launched in. A node that loses
+ranks goes on with the others, led by its lowest rank left, whose z_s is broadcast to the node
+first; a node that loses all is lost as an AD-PSGD learner (docs/algorithms.md).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from omegaconf import OmegaConf
 
 from ..comm.communicator import Communicator
 from ..comm.hostfile import ranks_per_host, read_hostfile
@@ -40,11 +46,27 @@ class HADPSGDConfig(ADPSGDConfig):
 @ALGORITHMS.register("hadpsgd")
 class HADPSGD(ADPSGD):
     Config = HADPSGDConfig
-    elastic = False  # a super learner that loses a member would have to regroup its node
+    # A super learner that loses a member goes on with the others (the lowest rank left
+    # leads it); one that loses all is lost as an AD-PSGD learner is.
+    elastic = True
+    keeps_nodes = True
 
     @classmethod
     def build(cls, cfg, ctx):
         return cls(cfg, ctx)
+
+    @classmethod
+    def check_world(cls, run_cfg):
+        if run_cfg.launcher.get("elastic") and run_cfg.launcher.get("spares"):
+            raise ConfigError("launcher.spares", "hadpsgd's super learners do not take in "
+                              "spares yet", "launcher.spares=0, or algo=adpsgd")
+        super().check_world(run_cfg)
+
+    @classmethod
+    def check_survivors(cls, run_cfg, world):
+        # Super learners of unequal sizes after a loss: AD-PSGD over the nodes left.
+        super().check_world(OmegaConf.merge(run_cfg, {"launcher": {
+            "nprocs": world.num_nodes, "procs_per_node": 1, "hostfile": None}}))
 
     @classmethod
     def participants(cls, run_cfg) -> int:

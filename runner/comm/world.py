@@ -74,11 +74,18 @@ def emulated_node(rank: int, size: int, procs_per_node: int) -> tuple[int, int]:
     return rank // procs_per_node, -(-size // procs_per_node)
 
 
-def detect_world(comm, procs_per_node: int | None) -> tuple[World, object]:
-    """Compute this rank's World from an MPI communicator; return it and the node communicator."""
+def detect_world(comm, procs_per_node: int | None, nodes: Sequence[int] | None = None
+                 ) -> tuple[World, object]:
+    """Compute this rank's World from an MPI communicator; return it and the node communicator.
+    ``nodes``: each rank's node as launched (an elastic job's survivors keep their nodes,
+    numbered again in the order of their lowest rank)."""
     MPI = mpi()
     rank, size = comm.Get_rank(), comm.Get_size()
-    if procs_per_node:
+    if nodes is not None:
+        order = list(dict.fromkeys(nodes))
+        node, num_nodes = order.index(nodes[rank]), len(order)
+        node_comm = comm.Split(color=node, key=rank)
+    elif procs_per_node:
         node, num_nodes = emulated_node(rank, size, procs_per_node)
         node_comm = comm.Split(color=node, key=rank)
     else:

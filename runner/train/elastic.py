@@ -202,6 +202,10 @@ class Membership:
         self.members = list(range(self.everyone.Get_size()))
         self.learners = list(range(self.target))
         self.hosts = self.everyone.allgather(MPI.Get_processor_name())
+        # Learner -> its node as launched, for an algorithm whose nodes survive a loss
+        # (hadpsgd's super learners; it takes no spares).
+        self.nodes = (dict(zip(self.learners, trainer.comm.allgather_objects(trainer.world.node)))
+                      if trainer.algo.keeps_nodes else None)
         self.events: list[dict[str, Any]] = []
         self.lost_samples = 0  # what the lost learners had trained on (summary's samples)
         # Asynchronous learners: where each is in its stream of samples (streams.py), told
@@ -361,8 +365,9 @@ class Membership:
         # the old algorithm object, before it goes).
         heard = t.algo.heard_samples() if self.streams is not None else None
         self.learners = [n for n in self.learners if n not in gone]
-        world, comm, node_comm = learner_comms(self.split_learners(), old_comm.timeout_s,
-                                               old_comm.traffic)
+        world, comm, node_comm = learner_comms(
+            self.split_learners(), old_comm.timeout_s, old_comm.traffic,
+            None if self.nodes is None else [self.nodes[n] for n in self.learners])
         t.stop.abandon()
         if self.streams is None:
             repeated = self.deal_lockstep(old_shards, lost_ranks, lost, world, comm, node_comm)

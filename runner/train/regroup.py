@@ -7,7 +7,6 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from omegaconf import OmegaConf
 
 from ..comm import Communicator, World
 from ..comm.traffic import Traffic
@@ -32,14 +31,15 @@ def dealt_again(old: ShardedBatches, world: World,
     return shards
 
 
-def learner_comms(learner_mpi: Any, timeout_s: float, traffic: Traffic
-                  ) -> tuple[World, Communicator, Communicator]:
+def learner_comms(learner_mpi: Any, timeout_s: float, traffic: Traffic,
+                  nodes: list[int] | None = None) -> tuple[World, Communicator, Communicator]:
     """The World and the world and node communicators of the learners' MPI communicator
-    (collective over it); ``traffic``: this rank's count of bytes sent, which goes on."""
+    (collective over it); ``traffic``: this rank's count of bytes sent, which goes on;
+    ``nodes``: each rank's node as launched, kept (else the nodes are the machines)."""
     from ..comm.world import detect_world
 
     comm = Communicator(learner_mpi, "mpi", name="world", timeout_s=timeout_s, traffic=traffic)
-    world, node_mpi = detect_world(learner_mpi, None)
+    world, node_mpi = detect_world(learner_mpi, None, nodes)
     return world, comm, Communicator(node_mpi, "mpi", name="node", timeout_s=timeout_s,
                                      traffic=traffic)
 
@@ -78,7 +78,7 @@ def rebuild(t: Any, world: World, comm: Communicator, node_comm: Communicator,
     previous.close()
     algorithm = ALGORITHMS.get(t.cfg.algo.name)
     try:
-        algorithm.check_world(OmegaConf.merge(t.cfg, {"launcher": {"nprocs": world.size}}))
+        algorithm.check_survivors(t.cfg, world)
     except ConfigError as ex:  # the topology has no graph for the learners left
         raise UserError(f"the {world.size} learners left cannot go on: {ex.cause}",
                         "for elastic runs choose a topology for any number of learners "
