@@ -13,8 +13,9 @@ For each algorithm, three jobs of the digit images on 4 ranks, started the same 
 * ``rejoined``: the same kill with ``launcher.spares=1``: seconds from the kill to training
   on 4 learners again (the join's event record), what the join itself took, samples/s after
   it, the held-out metric against the spread of uninterrupted elastic runs (``--seeds``).
-  adpsgd's learners, which each go through passes of their own, count no samples per
-  epoch::
+  Not for hadpsgd, whose super learners take in no spares yet (run with 2 ranks per node;
+  the victim leads the second). Asynchronous learners, which each go through passes of
+  their own, count no samples per epoch::
 
     python benchmarks/bench_elastic.py --json docs/results/elastic.json
     python benchmarks/bench_elastic.py --algos ssgd dpsgd --epochs 12
@@ -44,7 +45,11 @@ from benchmarks import harness as bench  # noqa: E402
 NAME = "elastic"
 BIN = Path(sys.executable).parent
 NPROCS, VICTIM = 4, 2
-FULL = {"algos": ["ssgd", "dpsgd", "local_sgd", "dasgd", "adpsgd"], "epochs": 12,
+# hadpsgd: 2 super learners of 2 ranks; the victim leads the second. Its super learners take
+# no spares yet.
+ALGO_ARGS = {"hadpsgd": ["launcher.procs_per_node=2"]}
+NO_SPARES = {"hadpsgd"}
+FULL = {"algos": ["ssgd", "dpsgd", "local_sgd", "dasgd", "adpsgd", "hadpsgd"], "epochs": 12,
         "seeds": [1, 2, 3, 4]}
 QUICK = {"algos": ["ssgd"], "epochs": 2, "seeds": []}
 MD_HEADER = ("| date | algorithm | ranks | plain samples/s (MPICH / Open MPI) | elastic "
@@ -58,7 +63,7 @@ def start(run_dir: Path, algo: str, epochs: int, elastic: bool, *extra: str
     command = [str(BIN / "adpsgd-run"), "recipe=digit_images", f"algo={algo}",
                f"launcher.nprocs={NPROCS}", f"launcher.elastic={str(elastic).lower()}",
                f"trainer.epochs={epochs}", "trainer.eval_every=4", "trainer.progress=false",
-               f"hydra.run.dir={run_dir}", *extra]
+               f"hydra.run.dir={run_dir}", *ALGO_ARGS.get(algo, []), *extra]
     run_dir.mkdir(parents=True, exist_ok=True)
     return subprocess.Popen(command, cwd=run_dir.parent, stdout=subprocess.DEVNULL,
                             stderr=open(run_dir.parent / f"{run_dir.name}.stderr", "w"),
@@ -146,10 +151,10 @@ def measure(args: argparse.Namespace) -> dict:
                                        root / f"elastic-seed{seed}", args.timeout)["top1"]
         killed = killed_run(root / "killed", algo, args.epochs, args.timeout)
         summary = killed.pop("summary")
-        rejoined = killed_run(root / "rejoined", algo, args.epochs, args.timeout,
-                              "launcher.spares=1")
-        rejoined_summary = rejoined.pop("summary")
-        once = [every_sample_once(s) for s in (summary, rejoined_summary)]
+        rejoined = (killed_run(root / "rejoined", algo, args.epochs, args.timeout,
+                               "launcher.spares=1") if algo not in NO_SPARES else None)
+        rejoined_summary = rejoined.pop("summary") if rejoined else None
+        once = [every_sample_once(s) for s in (summary, rejoined_summary) if s]
         case = {"algo": algo, "nprocs": NPROCS, "epochs": args.epochs,
                 "plain_samples_per_s": plain["samples_per_s"],
                 "plain_openmpi_samples_per_s": open_mpi["samples_per_s"],
@@ -157,12 +162,12 @@ def measure(args: argparse.Namespace) -> dict:
                 "plain_top1": plain["top1"], "elastic_top1": elastic["top1"],
                 "killed_top1": summary["top1"], "killed_learner": VICTIM,
                 "every_sample_once": None if None in once else all(once), **killed,
-                "rejoined": {**rejoined, "top1": rejoined_summary["top1"],
-                             "learners_at_end": rejoined_summary["learners_at_end"]},
+                "rejoined": rejoined and {**rejoined, "top1": rejoined_summary["top1"],
+                                          "learners_at_end": rejoined_summary["learners_at_end"]},
                 "uninterrupted_top1": uninterrupted}
         cases.append(case)
         joined = (f", to 4 learners {rejoined['kill_to_joined_s']:.2f} s, rejoined top-1 "
-                  f"{rejoined_summary['top1']:.2f}")
+                  f"{rejoined_summary['top1']:.2f}" if rejoined else "")
         print(f"{algo}: kill to training {case['kill_to_training_s']:.2f} s; top-1 "
               f"{case['plain_top1']:.2f} -> {case['killed_top1']:.2f}{joined}",
               file=sys.stderr, flush=True)
@@ -175,7 +180,7 @@ def markdown_rows(r: dict) -> list[str]:
 
     def rejoined(c: dict) -> str:
         j = c["rejoined"]
-        if not j:  # a record from before adpsgd took in spares
+        if not j:  # no spares (hadpsgd)
             return "- | - | -"
         return (f"{j['kill_to_joined_s']:.2f} s ({j['joined_s']:.2f} s) | "
                 f"{number(j['samples_per_s_after'])} | {j['top1']:.2f}")
