@@ -163,6 +163,23 @@ def test_kill_9_of_mpiexec_names_mpiexec(tmp_path):
     assert result["leftover_pids"] == []
 
 
+def test_a_helper_process_that_outlives_mpiexec_is_ended_with_the_job(tmp_path):
+    """An mpiexec that leaves a process of its job behind (Open MPI's prterun outlived an
+    elastic job once, childless): the launcher ends mpiexec's whole process group after it,
+    so nothing of the job is left."""
+    wrapper = tmp_path / "mpiexec"
+    marker = f"sleep {4000 + os.getpid() % 1000}"  # this test's helper, by its command line
+    wrapper.write_text(f"#!/bin/bash\n# the job (not a version probe) leaves a helper\n"
+                       f"[ \"$1\" = -n ] && {marker} &\nexec {BIN / 'mpiexec'} \"$@\"\n")
+    wrapper.chmod(0o755)
+    run_cli(["recipe=digit_images", "algo=ssgd", "launcher.nprocs=2", "trainer.epochs=1",
+             f"launcher.mpiexec={wrapper}", f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path)
+    left = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout.split()
+    for pid in left:
+        os.kill(int(pid), signal.SIGKILL)
+    assert left == [], "the helper outlived the job"
+
+
 def test_the_failing_ranks_line_reaches_the_terminal(tmp_path):
     """A rank's one-line error used to die with MPI_Abort before mpiexec forwarded it (3 of 4
     NaN runs, so one run catches it coming back most of the time; tests/test_cli.py's failing

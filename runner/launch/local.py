@@ -526,6 +526,10 @@ class LocalLauncher(Launcher):
         output.join()
         errors.join()
         watchdog.kill_leftovers()  # a rank that outlived mpiexec would be an orphan
+        try:  # and a helper of mpiexec's (an Open MPI prterun outlived an elastic job once)
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
         time.sleep(2 * RankWatchdog.POLL_MS / 1000)  # the last deaths reach the record
         watchdog.stop()
         if self.stalled is not None:
