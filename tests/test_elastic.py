@@ -501,6 +501,30 @@ def exit_statuses(run_dir: Path, ranks: list[int]) -> list[int]:
             for r in ranks]
 
 
+def assert_spare_4_replaced_learner_2(proc: subprocess.CompletedProcess, run_dir: Path,
+                                      lost_at: str | None = None, joined_at: str | None = None
+                                      ) -> tuple[list[dict], dict]:
+    """Learner 2 lost (at ``lost_at`` samples, as printed), spare 4 joined (at ``joined_at``;
+    None: at the loss's count), one line each; the job ended on 4, every process but learner
+    2 with status 0, and TensorBoard charts 4, 3, 4 learners. Returns (metrics, summary)."""
+    host = os.uname().nodename
+    lines = [line for line in proc.stderr.splitlines() if " at " in line and "learner" in line]
+    assert len(lines) == 2, lines
+    assert lines[0].startswith(f"adpsgd-run: learner 2 ({host}) lost at "), lines
+    printed = lines[0].split(" lost at ")[1].split(" samples")[0]
+    assert printed == (lost_at or printed) and "3 learner(s) go on" in lines[0], lines
+    assert lines[1].startswith(f"adpsgd-run: learner 4 ({host}) joined at "
+                               f"{joined_at or printed} samples: 4 learner(s) train"), lines
+    assert "4 ranks (1 lost, 1 joined, 4 at the end)" in proc.stdout
+    history, summary = read_run(run_dir)
+    assert summary["status"] == "completed" and summary["learners_at_end"] == 4
+    assert [(m["event"], m["learner"], m["learners"]) for m in summary["membership"]] == [
+        ("lost", 2, 3), ("joined", 4, 4)]
+    assert [count for _, count in learners_alive(run_dir)] == [4, 3, 4]
+    assert exit_statuses(run_dir, [0, 1, 3, 4]) == [0] * 4  # the spare too; 2 was killed
+    return history, summary
+
+
 @pytest.mark.mpi
 @pytest.mark.slow
 def test_a_spare_replaces_a_killed_learner_and_the_job_ends_on_4_within_the_spread(tmp_path):
@@ -516,20 +540,9 @@ def test_a_spare_replaces_a_killed_learner_and_the_job_ends_on_4_within_the_spre
     proc = run_cli([*DIGITS, "algo=dpsgd", "seed=1", "launcher.spares=1",
                     "faults.sigkill.ranks=[2]", "faults.sigkill.step=10",
                     f"hydra.run.dir={run_dir}"], cwd=tmp_path, timeout=240)
-    host = os.uname().nodename
     assert "with 4 rank(s) and 1 spare(s)" in proc.stdout
-    lines = [line for line in proc.stderr.splitlines() if " at " in line and "learner" in line]
-    assert lines[0].startswith(f"adpsgd-run: learner 2 ({host}) lost at 1,152 samples: 3 "), lines
-    assert lines[1].startswith(f"adpsgd-run: learner 4 ({host}) joined at 1,248 samples: 4 "
-                               "learner(s) train"), lines
-    assert "4 ranks (1 lost, 1 joined, 4 at the end)" in proc.stdout
-    history, summary = read_run(run_dir)
-    assert summary["status"] == "completed" and summary["learners_at_end"] == 4
-    assert [(m["event"], m["learner"], m["learners"]) for m in summary["membership"]] == [
-        ("lost", 2, 3), ("joined", 4, 4)]
+    history, summary = assert_spare_4_replaced_learner_2(proc, run_dir, "1,152", "1,248")
     assert_every_sample_once(summary)
-    assert [count for _, count in learners_alive(run_dir)] == [4, 3, 4]
-    assert exit_statuses(run_dir, [0, 1, 3, 4]) == [0] * 4  # the spare too; 2 was killed
     low, high = min(uninterrupted), max(uninterrupted)
     margin = max(2.0, high - low)
     print(f"top-1 rejoined {summary['top1']:.2f}, uninterrupted {uninterrupted}")
@@ -551,22 +564,8 @@ def test_a_spare_takes_a_lost_asynchronous_learners_place_and_the_job_ends_on_4(
     proc = run_cli([*DIGITS, "algo=adpsgd", "seed=1", "launcher.spares=1",
                     "faults.sigkill.ranks=[2]", "faults.sigkill.step=5", "faults.delay_s=0.2",
                     f"hydra.run.dir={run_dir}"], cwd=tmp_path, timeout=240)
-    host = os.uname().nodename
-    lines = [line for line in proc.stderr.splitlines() if " at " in line and "learner" in line]
-    assert len(lines) == 2, lines
-    assert lines[0].startswith(f"adpsgd-run: learner 2 ({host}) lost at "), lines
-    at = lines[0].split(" lost at ")[1].split(" samples")[0]
-    assert "3 learner(s) go on" in lines[0], lines
-    assert lines[1].startswith(f"adpsgd-run: learner 4 ({host}) joined at {at} samples: 4 "
-                               "learner(s) train"), lines
-    assert "4 ranks (1 lost, 1 joined, 4 at the end)" in proc.stdout
-    history, summary = read_run(run_dir)
-    assert summary["status"] == "completed" and summary["learners_at_end"] == 4
-    assert [(m["event"], m["learner"], m["learners"]) for m in summary["membership"]] == [
-        ("lost", 2, 3), ("joined", 4, 4)]
+    history, summary = assert_spare_4_replaced_learner_2(proc, run_dir)  # at the loss
     assert summary["samples"] >= 2 * TRAIN_SIZE and summary["top1"] > 80, history
-    assert [count for _, count in learners_alive(run_dir)] == [4, 3, 4]
-    assert exit_statuses(run_dir, [0, 1, 3, 4]) == [0] * 4
     # The spare trained (it is rank 3 of the 4 at the end): its own count in the last
     # checkpoint.
     newest = complete_checkpoints(run_dir)[-1]

@@ -363,18 +363,18 @@ class ADPSGD(Algorithm):
         mean model; a joiner started there leaves it where it was, where a copy of one
         learner would pull it towards that one (a fast learner far from the others, on a
         busy machine)."""
+        buffers = [state["momentum_buffer"] for group in self.optimizer_x.param_groups
+                   for p in group["params"]
+                   if (state := self.optimizer_x.state.get(p)) is not None
+                   and state.get("momentum_buffer") is not None]
+        most, fewest = comm.allreduce_numbers([len(buffers), -len(buffers)], op="max")
+        if most != -fewest:  # every learner sends the same tensors: momentum if all have it
+            buffers = []
+        tensors = list(self.x) + buffers
         with self.lock:
-            buffers = [state["momentum_buffer"] for group in self.optimizer_x.param_groups
-                       for p in group["params"]
-                       if (state := self.optimizer_x.state.get(p)) is not None
-                       and state.get("momentum_buffer") is not None]
-            most, fewest = comm.allreduce_numbers([len(buffers), -len(buffers)], op="max")
-            if most != -fewest:  # every learner sends the same tensors: momentum if all have it
-                buffers = []
-            tensors = list(self.x) + buffers
             total = torch.cat([t.reshape(-1).double() for t in tensors])
-            if joining:
-                total.zero_()
+        if joining:
+            total.zero_()
         comm.allreduce_(total, "sum")
         if not joining:
             return
