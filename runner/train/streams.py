@@ -77,7 +77,7 @@ class Streams:
         go on with their own rest and a share of the ``lost`` learners' (learner -> samples
         trained as last heard). With ``joiners`` (spares that replace the lost learners,
         ranked after the survivors), the survivors keep just their own rest and the joiners
-        share the lost learners' instead, in the pass the first of those was in. Returns
+        share the lost learners' instead, in the earliest pass of those. Returns
         every learner's new stream (also kept)."""
         held = [self.position(n, trained) for n, trained in lost.items()]
         left = np.concatenate([rest for _, rest in held] or [np.empty(0, dtype=np.int64)])
