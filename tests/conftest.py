@@ -120,6 +120,16 @@ def is_readme_simulation(command: str) -> bool:
         "launcher.timing_only=true" not in words
 
 
+def pytest_sessionstart(session) -> None:
+    """matplotlib lists the system's fonts on its first use on a machine (it runs fc-list and
+    caches the list): done here, so that a fast-tier test that plots finds the cache instead
+    of being refused for starting a process (a fresh machine failed that way)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.font_manager  # noqa: F401 - builds and caches the font list
+
+
 def pytest_collection_modifyitems(config, items) -> None:
     """Tests marked ``gpu`` need a CUDA GPU: skipped, with the reason, where none is visible."""
     gpu_tests = [item for item in items if item.get_closest_marker("gpu")]
