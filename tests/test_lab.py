@@ -200,8 +200,8 @@ def test_a_rank_killed_on_another_host_is_named_with_its_host(lab_overrides, tmp
 
 @pytest.mark.parametrize("job,cut_ranks", [
     (["algo=ssgd", "launcher.nprocs=2", "launcher.procs_per_node=1"], "1"),
-    # Open MPI's ULFM does not report peers behind a cut link as failed (not with its
-    # heartbeat detector either): an elastic job does not hang either, and ends the same way.
+    # Open MPI's ULFM does not report peers behind a cut link as failed (its heartbeat
+    # detector crashes ranks at start, docs/failures.md): an elastic job ends the same way.
     (["algo=ssgd", "launcher.nprocs=4", "launcher.elastic=true"], "[23]"),
 ], ids=["mpich", "elastic"])
 def test_a_host_whose_link_is_cut_is_named(lab_overrides, tmp_path, job, cut_ranks):
