@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -342,6 +343,29 @@ def test_fewer_learners_than_min_learners_end_the_job_with_one_line(tmp_path):
     assert_ends_with_one_error_line(proc, f"only 3 learner(s) remain after losing learner 3 "
                                     f"({host}) (launcher.min_learners=4)",
                                     "lower launcher.min_learners")
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_every_learner_killed_at_once_ends_the_job_with_one_line_despite_a_spare(tmp_path):
+    """Open MPI's mpiexec under ULFM ends with status 0 when every rank has died (a death is
+    the job's to handle): the launcher must not take that for a completed run, and the spare
+    left waiting must not either."""
+    run_dir = tmp_path / "run"
+    proc = run_cli([*DIGITS, "algo=dpsgd", "launcher.spares=1",
+                    "faults.sigkill.ranks=[0,1,2,3]", "faults.sigkill.step=5",
+                    f"hydra.run.dir={run_dir}"], cwd=tmp_path, check=False, timeout=240)
+    assert proc.returncode == 137, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert re.match(r"adpsgd-run: every learner of the elastic job died without reporting an "
+                    r"error, rank \d \(pid \d+\) first .* none was left to go on\. Fix: .*"
+                    r"start it again$", lines[-2]), proc.stderr
+    assert lines[-1].startswith("adpsgd-run: job failed (exit status 137)"), proc.stderr
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "failed" and summary["exit_status"] == 137
+    assert summary["events"][-1]["event"] == "died"
+    spare = json.loads((run_dir / "logs" / "rank4.exit").read_text())
+    assert spare["status"] == 2 and "every learner of the elastic job is gone" in spare["message"]
 
 
 @pytest.mark.mpi

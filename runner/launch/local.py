@@ -540,6 +540,15 @@ class LocalLauncher(Launcher):
                 f"{self.cfg.stall_timeout_s:g} s)", True, ended,
                 lambda: self.report_stalled(run_dir, stalled), event="stalled",
                 learner=stalled.rank, host=stalled.host)
+        if status == 0 and self.cfg.elastic and not any(
+                s in (0, EXIT_PREEMPTED, EXIT_STOPPED) for s in watchdog.exit_statuses().values()):
+            # Under ULFM a death is the job's to handle, so Open MPI's mpiexec ends with 0 when
+            # every rank died: nobody finished the run.
+            dead = self.dead_rank(watchdog, output)
+            return 128 + signal.SIGKILL, JobFailure(
+                "every learner died", True, dead.when if dead else ended,
+                lambda: self.report_all_dead(run_dir, dead), event="died",
+                learner=dead.rank if dead else None)
         if status == 0:
             if forwarding.received:  # the signal came after the last chance to stop
                 names = ", ".join(signal.Signals(s).name for s in forwarding.received)
@@ -702,6 +711,13 @@ class LocalLauncher(Launcher):
               f"({how}: kill -9, the out-of-memory killer or a crash{hung}); the other ranks "
               f"were stopped. Fix: find the cause in its log above and the kernel log (dmesg), "
               f"then {self.resume_hint(run_dir)}", file=sys.stderr, flush=True)
+
+    def report_all_dead(self, run_dir: Path, first: DeadRank | None) -> None:
+        which = (f", rank {first.rank} (pid {first.pid}) first" if first else "")
+        print(f"adpsgd-run: every learner of the elastic job died without reporting an error"
+              f"{which} (kill -9, the out-of-memory killer or a crash): none was left to go "
+              f"on. Fix: find the cause in {run_dir}/logs/rank*.log and the kernel log "
+              f"(dmesg), then {self.resume_hint(run_dir)}", file=sys.stderr, flush=True)
 
     def report_killed_elsewhere(self, run_dir: Path, rank: int, host: str, signum: int,
                                 others: str) -> None:

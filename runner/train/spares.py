@@ -106,7 +106,11 @@ def standby(m: Any) -> None:
         gone = m.shrink_everyone()
         m.learners = [n for n in m.learners if n not in gone]
         m.split_learners()
-    log.info("spare %d: every learner is gone", me)
+    error = UserError("every learner of the elastic job is gone, and a spare cannot go on "
+                      "without one to take the model from", "look for the cause in the "
+                      "learners' logs (logs/rank*.log), then continue with resume=auto")
+    error.quiet = me != m.members[0]  # the first spare left says it
+    raise error
 
 
 def _word(m: Any) -> Any:
