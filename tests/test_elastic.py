@@ -37,9 +37,6 @@ TRAIN_SIZE = 1438  # the digits' training set (recipe.heldout_fraction=0.2)
 @pytest.mark.parametrize("args,cause,fix", [
     (["algo=sgp", "launcher.elastic=true"], "sgp cannot go on without a learner yet",
      "launcher.elastic=false, or algo= one of adpsgd, dasgd, dpsgd, hadpsgd, local_sgd, ssgd"),
-    (["algo=hadpsgd", "launcher.procs_per_node=2", "launcher.elastic=true", "launcher.spares=1"],
-     "launcher.spares: hadpsgd's super learners do not take in spares yet",
-     "launcher.spares=0, or algo=adpsgd"),
     (["algo=adpsgd", "launcher.elastic=true", "algo.delay_by_one=true"], "adpsgd's "
      "delay-by-one scheme (algo.delay_by_one=true) cannot go on", "algo.delay_by_one=false"),
     (["algo=ssgd", "launcher.elastic=true", "comm.backend=gloo"], "comm.backend: an elastic "
@@ -593,6 +590,28 @@ def test_a_spare_takes_a_lost_asynchronous_learners_place_and_the_job_ends_on_4(
     # The spare trained (it is rank 3 of the 4 at the end): its own count in the last
     # checkpoint.
     newest = complete_checkpoints(run_dir)[-1]
+    joined = torch.load(newest.path / "rank3.pt", weights_only=False)["trainer"]
+    assert joined["local_samples"] > 0, joined
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_a_spare_joins_the_super_learner_that_lost_its_leader(tmp_path):
+    """H-ADPSGD, 2 super learners of 2 ranks: learner 2, node 1's leader, dies at its step 5.
+    Node 1 goes on under learner 3, the spare joins node 1 at once and takes its model and
+    momentum (the node's ranks step one model alike: they must stay identical), and the job
+    ends on 2 super learners of 2."""
+    run_dir = tmp_path / "rejoined"
+    proc = run_cli([*DIGITS, "algo=hadpsgd", "launcher.procs_per_node=2", "seed=1",
+                    "launcher.spares=1", "faults.sigkill.ranks=[2]", "faults.sigkill.step=5",
+                    "faults.delay_s=0.1", f"hydra.run.dir={run_dir}"], cwd=tmp_path,
+                   timeout=240)
+    history, summary = assert_spare_4_replaced_learner_2(proc, run_dir)  # at the loss
+    assert [(learner["learner"], learner["node"]) for learner in summary["learners"]] == [
+        (0, 0), (1, 0), (3, 1), (4, 1)]
+    assert summary["node_replicas_identical"], summary
+    assert summary["samples"] >= 2 * TRAIN_SIZE and summary["top1"] > 80, history
+    newest = complete_checkpoints(run_dir)[-1]  # the spare is rank 3 of 4, in node 1
     joined = torch.load(newest.path / "rank3.pt", weights_only=False)["trainer"]
     assert joined["local_samples"] > 0, joined
 

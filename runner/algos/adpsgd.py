@@ -354,34 +354,50 @@ class ADPSGD(Algorithm):
                 self.averager.progress.set_exact(counts)
         self.staleness = previous.staleness
         self._refresh_replica(force=True)
+        self._share_leader_momentum()
 
-    def start_joiners_at_the_mean(self, comm: Communicator, survivors: int,
-                                  joining: bool) -> None:
-        """Collective over ``comm``, the learners after spares joined at a loss (its first
-        ``survivors`` ranks survived it), before the algorithm is rebuilt for them: a
-        joiner's x and momentum become the survivors' mean. Averaging keeps the learners'
-        mean model; a joiner started there leaves it where it was, where a copy of one
-        learner would pull it towards that one (a fast learner far from the others, on a
-        busy machine)."""
+    def _momentum_buffers(self, comm: Communicator) -> list[torch.Tensor]:
+        """x's momentum buffers, if every rank of ``comm`` has them (collective)."""
         buffers = [state["momentum_buffer"] for group in self.optimizer_x.param_groups
                    for p in group["params"]
                    if (state := self.optimizer_x.state.get(p)) is not None
                    and state.get("momentum_buffer") is not None]
         most, fewest = comm.allreduce_numbers([len(buffers), -len(buffers)], op="max")
-        if most != -fewest:  # every learner sends the same tensors: momentum if all have it
-            buffers = []
+        return buffers if most == -fewest else []
+
+    def _share_leader_momentum(self) -> None:
+        """A super learner's ranks step x alike only with the same momentum: after a loss or
+        a join (a spare came with other momentum), the leader's goes to the node."""
+        if self.group.size == 1:
+            return
+        for buffer in self._momentum_buffers(self.group):
+            self.group.broadcast_(buffer, root=0)
+
+    def start_joiners_at_the_mean(self, comm: Communicator, joining: bool,
+                                  counted: bool) -> None:
+        """Collective over ``comm``, the learners after spares joined at a loss (those not
+        ``joining`` survived it), before the algorithm is rebuilt for them: a joiner's x and
+        momentum become the mean over the participants that survived, each given by one
+        ``counted`` survivor (AD-PSGD: every one; a super learner: its lowest rank).
+        Averaging keeps the participants' mean model; a joiner started there leaves it where
+        it was, where a copy of one learner would pull it towards that one (a fast learner
+        far from the others, on a busy machine). A joiner that lands in a super learner with
+        survivors takes that one's x and momentum instead, when the algorithm is rebuilt
+        (continue_after_loss)."""
+        buffers = self._momentum_buffers(comm)
         tensors = list(self.x) + buffers
         with self.lock:
             total = torch.cat([t.reshape(-1).double() for t in tensors])
-        if joining:
+        if not counted:
             total.zero_()
+        participants = comm.allreduce_numbers([int(counted)], op="sum")[0]
         comm.allreduce_(total, "sum")
         if not joining:
             return
         with self.lock:
             offset = 0
             for t in tensors:
-                t.copy_(total[offset:offset + t.numel()].view_as(t) / survivors)
+                t.copy_(total[offset:offset + t.numel()].view_as(t) / participants)
                 offset += t.numel()
         self._refresh_replica(force=True)
 

@@ -15,8 +15,10 @@ reads). S = 1 is synchronous SGD over the node; L = 1 is AD-PSGD. S must be even
 actives and passives are paired.
 
 Elastic (launcher.elastic): ranks keep the nodes they were launched in. A node that loses
-ranks goes on with the others, led by its lowest rank left, whose z_s is broadcast to the node
-first; a node that loses all is lost as an AD-PSGD learner (docs/algorithms.md).
+ranks goes on with the others, led by its lowest rank left, whose z_s (and momentum) is
+broadcast to the node first; a node that loses all is lost as an AD-PSGD learner
+(docs/algorithms.md). A spare that joins takes the node of the learner it replaces: it gets
+that node's z_s, or, when the whole node was lost, the mean of the super learners left.
 """
 
 from __future__ import annotations
@@ -54,13 +56,6 @@ class HADPSGD(ADPSGD):
     @classmethod
     def build(cls, cfg, ctx):
         return cls(cfg, ctx)
-
-    @classmethod
-    def check_world(cls, run_cfg):
-        if run_cfg.launcher.get("elastic") and run_cfg.launcher.get("spares"):
-            raise ConfigError("launcher.spares", "hadpsgd's super learners do not take in "
-                              "spares yet", "launcher.spares=0, or algo=adpsgd")
-        super().check_world(run_cfg)
 
     @classmethod
     def check_survivors(cls, run_cfg, world):

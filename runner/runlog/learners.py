@@ -29,8 +29,9 @@ def learner_times(report: dict[str, Any]) -> dict[str, float]:
 
 def learners_of(per_rank: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """summary.json's ``learners``: per rank the number it was launched with (``learner``;
-    another after an elastic run lost a learner), its host, steps and seconds per step."""
-    return [{"rank": rank, "learner": report.get("learner", rank),
+    another after an elastic run lost a learner), its node (hadpsgd's super learner), its
+    host, steps and seconds per step."""
+    return [{"rank": rank, "learner": report.get("learner", rank), "node": report.get("node"),
              "host": (report.get("host") or {}).get("name"),
              "steps": int(report["steps"]),
              **{name: round(value, 6) for name, value in learner_times(report).items()}}

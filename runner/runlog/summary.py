@@ -46,7 +46,7 @@ def rank_report(trainer: Any) -> dict[str, Any]:
             # The number it was launched with (an elastic run renumbers the ranks).
             "learner": (membership.learners[t.world.rank] if membership is not None
                         else t.world.rank),
-            "algo": t.algo.stats(), "steps": t.state.step,
+            "node": t.world.node, "algo": t.algo.stats(), "steps": t.state.step,
             "skipped_batches": t.state.skipped_batches, "milestones": t.milestone_waits,
             "host": host_record(), "device": device_record(t.compute.device),
             "comm_backend": t.comm.backend, "comm_staging": t.comm.staging_record(),

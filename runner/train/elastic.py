@@ -489,6 +489,15 @@ class Membership:
         last = np.isin(unread, np.concatenate(flagged))
         return np.concatenate([unread[~last], unread[last]])
 
+    def nodes_after_join(self, learners: list[int], joiners: list[int]) -> dict[int, int]:
+        """Each learner's node once ``joiners`` join ``learners``: the k-th joiner takes the
+        node of the k-th lost learner not yet replaced (by launch number); the nodes of lost
+        learners that nobody replaces stay known, for later joiners."""
+        lost = sorted(n for n in self.nodes if n not in learners)
+        nodes = {n: node for n, node in self.nodes.items() if n not in lost[:len(joiners)]}
+        nodes.update({joiner: self.nodes[n] for joiner, n in zip(joiners, lost)})
+        return nodes
+
     def named(self, learners: list[int]) -> str:
         return ", ".join(f"learner {n} ({self.hosts[n]})" for n in learners)
 

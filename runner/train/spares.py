@@ -147,11 +147,17 @@ def grow(m: Any) -> bool:
     pending, m.pending_deal = m.pending_deal, None
     if not joiners and pending is None:  # every spare died while it waited
         return not joining
+    if m.nodes is not None:  # super learners: a joiner takes a lost learner's node
+        first = m.members.index(before[0])
+        m.nodes = m.everyone.bcast(m.nodes_after_join(before, joiners) if me == before[0]
+                                   else None, root=first)
     m.learners = before + joiners
     learner_mpi = m.split_learners()
     if me not in m.learners:
         return False
-    world, comm, node_comm = learner_comms(learner_mpi, t.cfg.comm.timeout_s, t.comm.traffic)
+    world, comm, node_comm = learner_comms(
+        learner_mpi, t.cfg.comm.timeout_s, t.comm.traffic,
+        None if m.nodes is None else [m.nodes[n] for n in m.learners])
     own = None
     if not joining and pending is not None:
         survivors, lost_counts = pending
@@ -177,7 +183,10 @@ def grow(m: Any) -> bool:
         if joining:
             t.algo.load_state_dict(algo_state)
         if joiners:
-            t.algo.start_joiners_at_the_mean(comm, len(before), joining)
+            # Each participant that survived counts once (a super learner: its first rank).
+            counted = not joining and (m.nodes is None or me == min(
+                n for n in before if m.nodes[n] == m.nodes[me]))
+            t.algo.start_joiners_at_the_mean(comm, joining, counted)
         algo_state = None
     if pending is None:  # a loss has abandoned it already
         t.stop.close()
