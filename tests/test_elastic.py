@@ -604,7 +604,8 @@ def test_a_spare_joins_the_super_learner_that_lost_its_leader(tmp_path):
     run_dir = tmp_path / "rejoined"
     proc = run_cli([*DIGITS, "algo=hadpsgd", "launcher.procs_per_node=2", "seed=1",
                     "launcher.spares=1", "faults.sigkill.ranks=[2]", "faults.sigkill.step=5",
-                    "faults.delay_s=0.1", f"hydra.run.dir={run_dir}"], cwd=tmp_path,
+                    # Paced as the AD-PSGD spare test is, for a busy machine.
+                    "faults.delay_s=0.2", f"hydra.run.dir={run_dir}"], cwd=tmp_path,
                    timeout=240)
     history, summary = assert_spare_4_replaced_learner_2(proc, run_dir)  # at the loss
     assert [(learner["learner"], learner["node"]) for learner in summary["learners"]] == [
