@@ -17,14 +17,14 @@ from conftest import BIN, run_cli
 def report(compute: float, steps: int = 10, comm: float = 0.0, idle: float = 0.0,
            host: str = "node1") -> dict:
     return {"time": {"compute": compute, "data": 0.0, "comm": comm, "idle": idle},
-            "steps": steps, "host": {"name": host}}
+            "steps": steps, "host": {"name": host}, "node": int(host.removeprefix("node"))}
 
 
 def test_the_slowest_learner_is_named_with_its_host():
     learners = learners_of([report(1.0, idle=2.0), report(1.1, idle=1.9),
                             report(3.0, host="node7"), report(0.9, idle=2.1)])
-    assert learners[2] == {"rank": 2, "learner": 2, "host": "node7", "steps": 10, "step_s": 0.3,
-                           "compute_s": 0.3, "wait_s": 0.0}
+    assert learners[2] == {"rank": 2, "learner": 2, "node": 7, "host": "node7", "steps": 10,
+                           "step_s": 0.3, "compute_s": 0.3, "wait_s": 0.0}
     assert slowest_learner_line(learners) == (
         "slowest learner: rank 2 on host node7, 300.0 ms of its own work per step, 3.0x the "
         "other learners' median 100.0 ms (10 steps against their median 10; they waited "
