@@ -230,13 +230,13 @@ def run_job(cfg: DictConfig) -> None:
         # A Ctrl-C before the launcher took the signals over (between the line above and the
         # start of mpiexec: no rank has started) is a stop like the others, at once; in the
         # instant after it let them go, the run may have completed already.
+        from ..launch.local import FIRST_CTRL_C
         from ..runlog.summary import session_summary
 
         if (session_summary(run_dir) or {}).get("status") == "completed":
             status = 0
         else:
-            print("\nadpsgd-run: Ctrl-C: every rank checkpoints and stops (Ctrl-C again "
-                  "stops at once)", file=sys.stderr, flush=True)
+            print(f"\nadpsgd-run: {FIRST_CTRL_C}", file=sys.stderr, flush=True)
             status = EXIT_STOPPED
     if status == EXIT_PREEMPTED:
         print(f"adpsgd-run: stopped by a signal after checkpointing (exit status {status}); "

@@ -264,6 +264,10 @@ class ForcedStop(Exception):
     """A second Ctrl-C while the job runs: stop every rank at once."""
 
 
+# What a first Ctrl-C says, however early it comes (runner/commands/run.py too).
+FIRST_CTRL_C = "Ctrl-C: every rank checkpoints and stops (Ctrl-C again stops at once)"
+
+
 class StopForwarding:
     """While the job runs, SIGUSR1/SIGTERM (a scheduler's warning) and SIGINT (Ctrl-C)
     received here go to every rank, which checkpoint and stop (runner/checkpoint/preemption.py);
@@ -313,7 +317,7 @@ class StopForwarding:
         """A Ctrl-C's line, once; another stop signal's, if it came first. A nested run of the
         handler may print a line twice, never drop it: it is marked after being written."""
         if signum == signal.SIGINT and signal.SIGINT not in self.announced:
-            line = "Ctrl-C: every rank checkpoints and stops (Ctrl-C again stops at once)"
+            line = FIRST_CTRL_C
         elif signum != signal.SIGINT and not self.announced:
             line = f"got {signal.Signals(signum).name}: every rank checkpoints and stops"
         else:
