@@ -9,6 +9,7 @@ data made here: a real Kaldi data dir, real JPEGs, a checkpoint of a real one-ra
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 import shutil
@@ -239,6 +240,9 @@ def test_every_documented_mistake_prints_its_documented_line(row, tmp_path, requ
     assert errors == [expected], stderr  # one line, starting the line, exactly as documented
     if row.found == "command line":
         assert lines == errors
+    if row.found == "in a rank":  # the run dir says how the job ended, as for any failure
+        ended = [json.loads(path.read_text()) for path in tmp_path.rglob("summary.json")]
+        assert any(s["status"] == "failed" and s.get("exit_status") == 2 for s in ended), ended
     else:  # besides it only the runner's own closing line and rank 0's progress bar
         assert all(line.startswith("adpsgd-run: ") or PROGRESS_BAR.match(line)
                    for line in lines), stderr

@@ -13,6 +13,7 @@ from typing import Optional
 
 from ..config.section import require
 from ..errors import EXIT_STOPPED, DiskFull, UserError, disk_full
+from ..runlog.summary import write_failure_summary
 from .base import Launcher, LauncherConfig
 from .registry import LAUNCHERS
 
@@ -70,6 +71,8 @@ class SimConfig(LauncherConfig):
         if self.replay is not None:
             require(Path(self.replay).is_dir(), f"{prefix}.replay",
                     f"{self.replay} is not a directory", f"{prefix}.replay=RUN_DIR/trace")
+        for key, injected, why, fix in unmodelled_faults(cfg, replay=self.replay is not None):
+            require(not injected, key, f"the simulator does not model it ({why})", fix)
 
 
 @LAUNCHERS.register("sim")
@@ -108,10 +111,17 @@ class SimLauncher(Launcher):
             if full is None and isinstance(ex, RuntimeError) and _nearly_full(run_dir):
                 full = DiskFull(None, run_dir)
             if full is None:
+                write_failure_summary(run_dir, run_cfg, 1)
                 raise
             raise UserError(full.cause, "free space there or give the run a disk with room "
                             "(hydra.run.dir=...), then run it again (a simulation starts "
                             "over)") from None
+        except UserError:  # a diverged run, a failure with no restart left: as a rank's
+            write_failure_summary(run_dir, run_cfg, 2)
+            raise
+        except Exception:
+            write_failure_summary(run_dir, run_cfg, 1)
+            raise
         finally:
             signal.signal(signal.SIGINT, previous)
             logger.removeHandler(handler)
@@ -119,6 +129,30 @@ class SimLauncher(Launcher):
             for console in consoles:
                 console.removeFilter(quiet)
         return 0
+
+
+def unmodelled_faults(cfg, replay: bool) -> list[tuple[str, bool, str, str]]:
+    """(key, whether set, why, fix) of the faults a real rank injects into itself and the
+    simulator has no counterpart for: a run that asked for one is refused rather than run
+    without it (a replay follows the recorded run's order, so its delays are moot)."""
+    faults = cfg.faults
+    return [
+        ("faults.nonfinite_loss.ranks", bool(faults.nonfinite_loss.ranks),
+         "a simulated run ends at its first non-finite loss; trainer.on_nonfinite is tried "
+         "with launcher=local", "faults.nonfinite_loss.ranks=[]"),
+        ("trainer.on_nonfinite", cfg.trainer.on_nonfinite != "stop",
+         "a simulated run ends at its first non-finite loss", "trainer.on_nonfinite=stop"),
+        ("faults.sigkill", bool(faults.sigkill.ranks) or faults.sigkill.sample is not None,
+         "its node failures are cluster.failures", "faults.sigkill.ranks=[] "
+         "faults.sigkill.sample=null cluster.failures.at_s=[3600]"),
+        ("faults.delay_s", faults.delay_s > 0 and not replay,
+         "its steps vary by cluster.compute.jitter", "faults.delay_s=0 cluster.compute.jitter=0.1"),
+        ("faults.checkpoint_write_delay_s", faults.checkpoint_write_delay_s > 0,
+         "its checkpoints take the time cluster.storage_gbps gives them",
+         "faults.checkpoint_write_delay_s=0 cluster.storage_gbps=10"),
+        ("faults.eval_delay_s", faults.eval_delay_s > 0,
+         "its evaluations take no virtual time", "faults.eval_delay_s=0"),
+    ]
 
 
 class QuietInfo(logging.Filter):
