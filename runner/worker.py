@@ -22,8 +22,9 @@ import sys
 import threading
 import time
 import traceback
+from functools import partial
 from pathlib import Path
-from typing import TextIO
+from typing import NoReturn, TextIO
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -127,12 +128,45 @@ def tune_mpi(run_dir: Path) -> None:
         os.environ.setdefault(name, value)
 
 
-def launcher_gone(pid: int) -> None:
+def launcher_gone(pid: int | None) -> None:
     """The launcher that supervises this job died (kill -9, a closed session): without it
-    nobody watches the ranks, so they checkpoint and stop (status stopped)."""
-    log.warning("adpsgd-run (pid %d), which started this job, is gone: checkpointing and "
-                "stopping", pid)
+    nobody watches the ranks, so they checkpoint and stop (status stopped). ``pid``: None
+    when it ran on another host (its host said so, runner/launch/watchdog.py)."""
+    log.warning("adpsgd-run (%s), which started this job, is gone: checkpointing and "
+                "stopping", f"pid {pid}" if pid else "on another host")
     request_stop(signal.SIGINT)
+
+
+def learners_lost_elsewhere(run_dir: Path, rank: int, ranks: list[int]) -> None:
+    """The launcher of an elastic job across hosts takes learners ``ranks`` for lost (it
+    stopped hearing them: a cut link, a host gone down or hung): MPI is told so, and this
+    rank's operations with them fail as with dead peers; a rank named itself stops."""
+    from .comm.ulfm import declare_failed
+
+    if rank in ranks:
+        cut_off(run_dir, rank, "the launcher took this learner for lost (its heartbeats "
+                "stopped reaching it)")
+    log.warning("the launcher took learner(s) %s for lost: no heartbeat from them",
+                ", ".join(map(str, ranks)))
+    if not declare_failed(ranks):
+        log.error("this MPI cannot be told that peers are lost: the job ends at "
+                  "launcher.stall_timeout_s")
+
+
+def cut_off(run_dir: Path, rank: int, why: str) -> NoReturn:
+    """Leave at once, aborting nothing: the job goes on across the cut without this side.
+    What is said goes to the rank's log and exit record, by a thread given 2 s, since the run
+    dir's file system may be behind the same cut."""
+
+    def say() -> None:
+        log.error("rank %d: %s: this side of a cut link stops; the job goes on without it",
+                  rank, why)
+        write_exit_record(run_dir, rank, EXIT_PEER_LOST)
+
+    writer = threading.Thread(target=say, daemon=True)
+    writer.start()
+    writer.join(2.0)
+    os._exit(EXIT_PEER_LOST)
 
 
 def run_rank(run_dir: str | Path, in_process: bool = False) -> int:
@@ -186,7 +220,12 @@ def _run_rank(run_dir: Path, in_process: bool) -> int:
             start_heartbeat(run_dir, rank,
                             lambda: trainer.state.samples if trainer is not None else None,
                             lambda: activity(trainer.timers, trainer.state.step,
-                                             DEADLINES.waiting(main_thread)))
+                                             DEADLINES.waiting(main_thread)),
+                            on_lost=partial(learners_lost_elsewhere, run_dir, rank),
+                            on_cut_off=lambda silent_s: cut_off(
+                                run_dir, rank, f"no answer from the launcher for "
+                                f"{silent_s:.0f} s"),
+                            on_launcher_gone=partial(launcher_gone, None))
             hold_shared(run_dir)
     except OSError as ex:  # nowhere to write: say it on the terminal, end the job
         print(f"adpsgd-run: error: {start_failure(ex, run_dir)}", file=sys.stderr, flush=True)
@@ -350,7 +389,11 @@ def main() -> None:
         print("usage: python -m runner.worker RUN_DIR [--prepare]", file=sys.stderr)
         raise SystemExit(2)
     status = run_rank(sys.argv[1])
-    if status in (0, EXIT_PREEMPTED, EXIT_STOPPED):  # every rank ended normally
+    from .comm import ulfm
+
+    # Every rank ended normally, or this one goes without the peers it lost (MPI_Finalize
+    # would wait for them).
+    if status in (0, EXIT_PREEMPTED, EXIT_STOPPED) or ulfm.LOST_PEERS:
         exit_at_once(status)
     raise SystemExit(status)
 

@@ -12,6 +12,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -27,7 +28,7 @@ from runner.train.data import ShardedBatches
 from runner.train.elastic import EpochLedger, Membership, StepSnapshot
 from runner.train.streams import Streams, stream_of
 
-from conftest import BIN, read_run, run_cli, run_mpi
+from conftest import BIN, REPO, read_run, run_cli, run_mpi
 
 DIGITS = ["recipe=digit_images", "launcher.nprocs=4", "launcher.elastic=true",
           "trainer.epochs=2"]
@@ -56,6 +57,14 @@ TRAIN_SIZE = 1438  # the digits' training set (recipe.heldout_fraction=0.2)
      "launcher.spares: must be >= 0, got -1", "launcher.spares=1"),
     (["algo=ssgd", "launcher.elastic=true", "launcher.spare=1"], "unknown key "
      "'launcher.spare'", "launcher.spares"),
+    (["algo=ssgd", "launcher.elastic=true", "launcher.link_timeout_s=1"],
+     "launcher.link_timeout_s: must be at least 5 s", "launcher.link_timeout_s=10"),
+    (["algo=ssgd", "launcher.elastic=true", "launcher.link_timeout_s=30",
+      "launcher.stall_timeout_s=20", "launcher.hostfile=hosts"], "launcher.link_timeout_s: "
+     "must be below "
+     "launcher.stall_timeout_s=20", "launcher.link_timeout_s=10"),
+    (["algo=ssgd", "launcher.elastic=true", "launcher.link_timeout=5"], "unknown key "
+     "'launcher.link_timeout'", "launcher.link_timeout_s"),
 ])
 def test_elastic_settings_that_cannot_work_end_with_one_line(capsys, args, cause, fix):
     with pytest.raises(SystemExit) as exit_info:
@@ -229,6 +238,27 @@ def test_a_spare_joining_asynchronous_learners_starts_at_the_survivors_mean(tmp_
     proc = run_mpi(4, "join_mean.py", str(tmp_path))
     assert proc.stdout.count("kept its own") == 3, proc.stdout
     assert "rank 3: joined at the mean" in proc.stdout, proc.stdout
+
+
+@pytest.mark.mpi
+def test_a_peer_the_launcher_declares_lost_fails_like_a_dead_one(tmp_path):
+    """What the survivors of a cut link do when the launcher names the learners behind it:
+    rank 2 is alive but silent, ranks 0 and 1 declare it failed from a thread while they
+    wait on it, and their wait fails and their shrink leaves it out (tests/mpi)."""
+    from runner.launch.ulfm_mpi import open_mpi_args, ulfm_environment
+
+    mpiexec = str(ULFM_PREFIX / "bin" / "mpiexec")
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1",
+           **ulfm_environment(mpiexec, dict(os.environ))}
+    proc = subprocess.run([mpiexec, "-n", "3", *open_mpi_args(True), sys.executable,
+                           str(REPO / "tests" / "mpi" / "declare_failed.py")], env=env,
+                          capture_output=True, text=True, timeout=180, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for rank in (0, 1):
+        assert re.search(rf"rank {rank}: waiting on rank 2 failed with MPI_ERR_(PROC_FAILED|"
+                         r"REVOKED)", proc.stdout), proc.stdout
+        assert (f"rank {rank}: declared [True], survivors [0, 1], lost [2], allreduce 2"
+                in proc.stdout), proc.stdout
 
 
 def start(run_dir: Path, *args: str) -> subprocess.Popen:

@@ -11,7 +11,15 @@ import time
 
 import pytest
 
-from runner.launch.watchdog import RankWatchdog
+from runner.launch.watchdog import (
+    HEARTBEAT_S,
+    HeartbeatListener,
+    LauncherLink,
+    RankWatchdog,
+    datagram_sender,
+    write_exit_record,
+)
+from runner.runlog.events import record_event
 
 pytestmark = pytest.mark.slow
 
@@ -77,3 +85,102 @@ def test_without_mpiexec_seen_ending_the_order_is_unknown(job):
     watchdog, _, rank = job
     kill(rank)  # mpiexec still runs
     assert watchdog.mpiexec_ended_first(first_death(watchdog)) is None
+
+
+def test_the_launcher_answers_heartbeats_with_the_lost_and_its_silence_cuts_a_rank_off():
+    """An elastic job across hosts: a rank hears the learners the launcher declares lost, once
+    each, and takes itself for cut off when the launcher falls silent."""
+    listener = HeartbeatListener(answer=True)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    lost, cut_off, gone = [], [], []
+    timeout_s = 2.5 * HEARTBEAT_S  # the least launcher.link_timeout_s
+    LauncherLink(sock, listener.target, datagram_sender(listener.target, b"0 100 lab1", sock),
+                 timeout_s, lost.append, cut_off.append, lambda: gone.append(True))
+    try:
+        seen(lambda: listener.last(0), "the rank's heartbeat")
+        listener.declare_lost([2, 3])
+        seen(lambda: lost, "the lost learners reach the rank")
+        listener.declare_lost([3, 5])
+        seen(lambda: len(lost) == 2, "a further loss reach the rank")
+        time.sleep(1.5 * HEARTBEAT_S)  # answers go on, naming them all; each is heard once
+        assert lost == [[2, 3], [5]] and not cut_off
+        listener.answer = False  # as behind a cut link: heard nothing, and nothing refused
+        silent_s = seen(lambda: cut_off, "the rank take itself for cut off")[0]
+        assert timeout_s <= silent_s < timeout_s + HEARTBEAT_S, silent_s
+        assert not gone
+    finally:
+        listener.close()
+
+
+def test_a_rank_hears_that_the_launcher_is_gone_from_its_host():
+    """The launcher died (its port closed): its host refuses the heartbeats, which the rank
+    hears at once, apart from a silence (then it checkpoints and stops)."""
+    listener = HeartbeatListener(answer=True)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    cut_off, gone = [], []
+    LauncherLink(sock, listener.target, datagram_sender(listener.target, b"0 100 lab1", sock),
+                 60, print, cut_off.append, lambda: gone.append(True))
+    seen(lambda: listener.last(0), "the rank's heartbeat")
+    listener.close()
+    seen(lambda: gone, "the launcher gone")  # within seconds: its link's time-out is 60 s
+    assert not cut_off
+
+
+def test_only_training_ranks_on_other_hosts_silent_past_the_link_timeout_are_newly_silent(
+        tmp_path):
+    (tmp_path / "logs").mkdir()
+    for rank in range(5):  # 0-2 on lab1, 3-4 on lab2
+        (tmp_path / "logs" / f"rank{rank}.pid").write_text(f"{100 + rank} lab{1 + rank // 3}\n")
+        (tmp_path / "logs" / f"rank{rank}.exit").write_bytes(b" " * 16)
+    listener = HeartbeatListener(answer=True)
+    watchdog = RankWatchdog(tmp_path, 5, listener)
+    try:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        host, port = listener.target.rsplit(":", 1)
+        # rank 1 was never heard (not started); rank 4 still starts up (no "training")
+        for rank, state in ((0, " training"), (2, " training"), (3, " training"), (4, "")):
+            sock.sendto(f"{rank} {100 + rank} lab{1 + rank // 3}{state}".encode(),
+                        (host, int(port)))
+        seen(lambda: all(listener.last(rank) for rank in (0, 2, 3, 4)), "the heartbeats")
+        assert watchdog.newly_silent(60) == []
+        time.sleep(0.3)
+        write_exit_record(tmp_path, 0, 0)  # ended as asked: silent, not lost
+        write_exit_record(tmp_path, 3, 3)  # a rank cut off says so where the run dir is shared
+        assert watchdog.newly_silent(0.2) == [2, 3]
+        listener.declare_lost([2, 3])
+        assert watchdog.newly_silent(0.2) == []  # declared once
+        assert watchdog.lost() == {2, 3}
+    finally:
+        watchdog.stop()
+        listener.close()
+
+
+def test_mpiexec_is_not_waited_for_on_lost_learners_behind_a_cut_once_the_others_end(tmp_path):
+    """Ranks 0-3 on two other hosts; 2 and 3 fell silent behind a cut link and the job went
+    on without them: once 0 and 1 have ended, they are what mpiexec still waits for."""
+    (tmp_path / "logs").mkdir()
+    for rank in range(4):
+        (tmp_path / "logs" / f"rank{rank}.pid").write_text(f"{100 + rank} lab{1 + rank // 2}\n")
+        (tmp_path / "logs" / f"rank{rank}.exit").write_bytes(b" " * 16)
+    listener = HeartbeatListener()
+    watchdog = RankWatchdog(tmp_path, 4, listener)
+    try:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        host, port = listener.target.rsplit(":", 1)
+        for rank in range(4):
+            sock.sendto(f"{rank} {100 + rank} lab{1 + rank // 2}".encode(), (host, int(port)))
+        seen(lambda: all(listener.last(rank) for rank in range(4)), "the heartbeats")
+        time.sleep(0.3)  # all silent from here on
+        assert watchdog.lost_behind(0.2) == []  # 0 and 1 still train
+        record_event(tmp_path, {"event": "lost", "learner": 2, "host": "lab2"})
+        write_exit_record(tmp_path, 0, 0)
+        write_exit_record(tmp_path, 1, 0)
+        assert watchdog.lost_behind(0.2) == []  # rank 3, never lost, may still end
+        record_event(tmp_path, {"event": "lost", "learner": 3, "host": "lab2"})
+        assert watchdog.lost_behind(0.2) == [2, 3]
+        assert watchdog.lost_behind(60) == []  # not silent for that long
+        write_exit_record(tmp_path, 3, 3)  # their exit records, where the file system is shared
+        assert watchdog.lost_behind(0.2) == [2, 3]
+    finally:
+        watchdog.stop()
+        listener.close()

@@ -21,7 +21,9 @@ groups (NCCL, gloo) cannot, so elastic runs move tensors over MPI.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 from .world import mpi
 
@@ -101,6 +103,49 @@ def shrink(mpi_comm) -> Shrunk:
     LOST_PEERS = lost_before or bool(lost)  # after a shrink that lost nobody, Finalize is safe
     track(new)
     return Shrunk(new, list(survivors), lost)
+
+
+# PMIx's status for a process that ended without finalizing (PMIX_ERR_PROC_TERM_WO_SYNC):
+# what Open MPI's own failure detector reports a silent peer with.
+PROC_TERMINATED = -200
+
+
+def declare_failed(ranks: list[int]) -> bool:
+    """Take the processes ``ranks`` of MPI_COMM_WORLD for failed on this rank, as if MPI had
+    seen them die: every pending and later operation with them fails, and agree and shrink
+    go on without them. For peers that MPI cannot see fail: behind a cut link they are
+    silent, not gone, and Open MPI 5's own heartbeat detector crashes ranks as they start
+    (docs/failures.md). The launcher, which hears every learner's heartbeats, names them;
+    every survivor declares them, so that all agree.
+
+    Warning: this calls Open MPI 5's ``ompi_errhandler_proc_failed_internal``, the exported
+    function its detector reports a failure through (not part of the MPI standard); False,
+    with nothing done, where the library lacks it (another MPI)."""
+    import ctypes
+
+    library = os.environ.get("MPI4PY_LIBMPI")
+    try:
+        mpi_lib = ctypes.CDLL(library or "libmpi.so.40", mode=ctypes.RTLD_GLOBAL)
+        pal = ctypes.CDLL(str(Path(library).parent / "libopen-pal.so.80") if library
+                          else "libopen-pal.so.80", mode=ctypes.RTLD_GLOBAL)
+        # opal_process_info starts with this process's name: its job and its rank (vpid).
+        me = ctypes.c_uint64.in_dll(pal, "opal_process_info").value
+        proc_for_name, failed = (mpi_lib.ompi_proc_for_name,
+                                 mpi_lib.ompi_errhandler_proc_failed_internal)
+    except (OSError, AttributeError, ValueError):
+        return False
+    job, vpid = me & 0xFFFFFFFF, me >> 32
+    if vpid != mpi().COMM_WORLD.Get_rank():  # not the layout this was written for
+        return False
+    proc_for_name.restype, proc_for_name.argtypes = ctypes.c_void_p, [ctypes.c_uint64]
+    failed.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_bool]
+    global LOST_PEERS
+    LOST_PEERS = True
+    for rank in ranks:
+        if (proc := proc_for_name(job | (rank << 32))) is not None:
+            # not forwarded: every survivor hears it from the launcher
+            failed(proc, PROC_TERMINATED, False)
+    return True
 
 
 def free_quietly(mpi_comm) -> None:

@@ -51,13 +51,16 @@ from .ulfm_mpi import (
     find_ulfm_mpiexec,
     has_ulfm,
     open_mpi_args,
+    open_mpi_link_args,
     open_mpi_remote_args,
     ulfm_environment,
 )
 from .watchdog import (
+    HEARTBEAT_S,
     HEARTBEAT_TO,
     LAUNCHER_HOST,
     LAUNCHER_PID,
+    LINK_TIMEOUT,
     DeadRank,
     HeartbeatListener,
     RankWatchdog,
@@ -77,7 +80,7 @@ MPIEXEC_GRACE_S = 3.0
 # hosts only when named (see environment() and run_job()).
 RANK_ENVIRONMENT = ["PATH", "LD_LIBRARY_PATH", "MPI4PY_LIBMPI", "PYTHONUNBUFFERED",
                     "OMP_NUM_THREADS", CONSOLE_IS_TERMINAL, LAUNCHER_PID, LAUNCHER_HOST,
-                    HEARTBEAT_TO]
+                    HEARTBEAT_TO, LINK_TIMEOUT]
 # Hydra's report of a rank that ended badly (MPICH's mpiexec, on its stdout).
 BANNER_PID = re.compile(r"^=\s+PID (\d+) RUNNING AT")
 BANNER_CODE = re.compile(r"^=\s+EXIT CODE: (\d+)")
@@ -102,9 +105,23 @@ class LocalConfig(LauncherConfig):
     hostfile: Optional[str] = None
     # How mpiexec enters a host of the hostfile (ssh's calling convention); null: ssh.
     remote_shell: Optional[str] = None
+    # An elastic job across hosts takes learners whose heartbeats it has not heard for this
+    # long for lost (a cut link, a host gone down or hung) and tells the others, which MPI
+    # would not (runner/comm/ulfm.py: declare_failed).
+    link_timeout_s: float = 10.0
 
     def check(self, prefix, cfg):
         super().check(prefix, cfg)
+        require(self.link_timeout_s >= 2.5 * HEARTBEAT_S, f"{prefix}.link_timeout_s",
+                f"must be at least {2.5 * HEARTBEAT_S:g} s (a learner's heartbeat goes every "
+                f"{HEARTBEAT_S:g} s), got {self.link_timeout_s:g}",
+                f"{prefix}.link_timeout_s=10")
+        require(not (self.elastic and self.hostfile and self.stall_timeout_s)
+                or self.link_timeout_s < self.stall_timeout_s,
+                f"{prefix}.link_timeout_s", f"must be below {prefix}.stall_timeout_s="
+                f"{self.stall_timeout_s:g} (an elastic job takes a silent learner for lost "
+                f"before the launcher ends the job for it), got {self.link_timeout_s:g}",
+                f"{prefix}.link_timeout_s={max(2.5 * HEARTBEAT_S, self.stall_timeout_s / 2):g}")
         if self.elastic:
             require(cfg.comm.backend in ("auto", "mpi"), "comm.backend", "an elastic run "
                     f"moves tensors over MPI, whose communicators shrink; {cfg.comm.backend}'s "
@@ -416,6 +433,8 @@ class LocalLauncher(Launcher):
             if self.cfg.hostfile:
                 hosts += open_mpi_remote_args(mpiexec, [*RANK_ENVIRONMENT, *(
                     name for name in ("PYTHONPATH",) if name in os.environ)])
+                if self.cfg.elastic:
+                    hosts += open_mpi_link_args()
             return [mpiexec, "-n", str(self.processes), *open_mpi_args(self.cfg.elastic),
                     *hosts, *self.cfg.mpiexec_args, sys.executable, *program]
         cleanup = self.cleanup_args(mpiexec) if cleanup_by_watchdog else []
@@ -490,13 +509,17 @@ class LocalLauncher(Launcher):
         clear_rank_files(run_dir, self.processes)
         # Ranks on other hosts send their heartbeats over the network (runner/launch/
         # watchdog.py): a host that hangs or loses its link falls silent.
-        listener = HeartbeatListener() if self.cfg.hostfile else None
+        # An elastic job's launcher answers them with the learners it takes for lost.
+        across_hosts_elastic = bool(self.cfg.hostfile and self.cfg.elastic)
+        listener = HeartbeatListener(answer=across_hosts_elastic) if self.cfg.hostfile else None
         watchdog = RankWatchdog(run_dir, self.processes, listener)
         # The ranks on this host stop if this process dies, and every rank leaves printing
         # its failure to it.
         env = {**self.environment(), LAUNCHER_PID: str(os.getpid()),
                LAUNCHER_HOST: socket.gethostname(),
-               **({HEARTBEAT_TO: listener.target} if listener else {})}
+               **({HEARTBEAT_TO: listener.target} if listener else {}),
+               **({LINK_TIMEOUT: f"{self.cfg.link_timeout_s:g}"} if across_hosts_elastic
+                  else {})}
         # Signals are taken over before mpiexec starts: a Ctrl-C from here on reaches the
         # ranks as a graceful stop, however early.
         with StopForwarding(watchdog) as forwarding:
@@ -536,6 +559,8 @@ class LocalLauncher(Launcher):
             pass
         time.sleep(2 * RankWatchdog.POLL_MS / 1000)  # the last deaths reach the record
         watchdog.stop()
+        if self.left_behind:
+            self.report_left_behind(run_dir)
         if self.stalled is not None:
             stalled = self.stalled
             where = f" on {stalled.host}" if stalled.host else ""
@@ -610,8 +635,9 @@ class LocalLauncher(Launcher):
         """Wait for mpiexec; if a rank dies and mpiexec does not end the job within
         ``grace_s``, or a rank stalls (no heartbeat for ``stall_timeout_s``), end it here.
         Returns mpiexec's status."""
-        seen_dead = None
+        seen_dead = left_since = None
         self.stalled = None
+        self.left_behind: list[int] = []
         self.mpiexec_killed_first = False
         while True:
             try:
@@ -619,6 +645,20 @@ class LocalLauncher(Launcher):
             except subprocess.TimeoutExpired:
                 pass
             forwarding.deliver()
+            if self.cfg.elastic and self.cfg.hostfile and (
+                    silent := watchdog.newly_silent(self.cfg.link_timeout_s)):
+                # No MPI sees a peer behind a cut link fail: the survivors learn it from here.
+                watchdog.listener.declare_lost(silent)
+            if self.cfg.elastic and (behind := watchdog.lost_behind(2 * HEARTBEAT_S)):
+                left_since = left_since or time.monotonic()
+                if time.monotonic() - left_since >= MPIEXEC_GRACE_S:
+                    # Every learner left has ended; mpiexec would wait for the lost ones.
+                    self.left_behind = behind
+                    stop_process_group(proc, grace_s=0.0)
+                    statuses = watchdog.exit_statuses()
+                    return next((s for r, s in statuses.items() if s and r not in behind), 0)
+            else:
+                left_since = None
             if self.cfg.stall_timeout_s and (stalled := watchdog.stalled(
                     self.cfg.stall_timeout_s)) is not None:
                 self.stalled = stalled
@@ -679,6 +719,15 @@ class LocalLauncher(Launcher):
               f"{run_dir}/logs/rank{stalled.rank}.log and on its host, raise "
               f"launcher.stall_timeout_s if ranks are only busy that long, then "
               f"{self.resume_hint(run_dir)}", file=sys.stderr, flush=True)
+
+    def report_left_behind(self, run_dir: Path) -> None:
+        ranks = self.left_behind
+        hosts = sorted({rank_host(run_dir, rank) or "?" for rank in ranks})
+        print(f"adpsgd-run: learner(s) {', '.join(map(str, ranks))} on {', '.join(hosts)}, "
+              "which the job went on without, never answered again: mpiexec, which waited "
+              f"for them after the others had ended, was stopped here; processes of the job "
+              f"may be left on {', '.join(hosts)} until it answers again", file=sys.stderr,
+              flush=True)
 
     def report_mpiexec_killed(self, run_dir: Path, pid: int, signum: int) -> None:
         print(f"adpsgd-run: mpiexec (pid {pid}) was killed by signal {signum} "

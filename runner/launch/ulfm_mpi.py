@@ -68,3 +68,13 @@ def open_mpi_remote_args(mpiexec: str, names: list[str]) -> list[str]:
     on (it passes none of its own environment to remote ranks; MPICH's passes all)."""
     prefix = Path(mpiexec).resolve().parent.parent
     return ["--prefix", str(prefix), *(arg for name in names for arg in ("-x", name))]
+
+
+def open_mpi_link_args() -> list[str]:
+    """What an elastic job across hosts needs so that a cut link (or a host gone silent) is a
+    loss, not the end of the job: no TCP keepalive on the runtime's own connections, whose
+    expiry would make PRRTE end the whole job for a daemon it cannot reach (it cannot lose
+    one). Who is lost is the launcher's to say (runner/launch/watchdog.py); the learners on
+    the far side stop themselves, and the launcher stops mpiexec once the others have ended,
+    since mpiexec would wait for them."""
+    return ["--prtemca", "oob_tcp_keepalive_time", "0"]

@@ -93,6 +93,11 @@ LAUNCHER_PID = "ADPSGD_LAUNCHER_PID"
 LAUNCHER_HOST = "ADPSGD_LAUNCHER_HOST"
 # Where ranks send their heartbeats over the network (HOST:PORT), when the job spans hosts.
 HEARTBEAT_TO = "ADPSGD_HEARTBEAT_TO"
+# An elastic job across hosts: the seconds without the launcher's answer after which a rank
+# takes itself for cut off (launcher.link_timeout_s); the answer's first word.
+LINK_TIMEOUT = "ADPSGD_LINK_TIMEOUT"
+LOST_ANSWER = "lost"
+TRAINING = "training"  # a heartbeat's last word once the rank trains (its start-up is over)
 
 
 def launcher_here() -> int | None:
@@ -122,21 +127,38 @@ def watch_launcher(pid: int, on_gone) -> None:
 
 def start_heartbeat(run_dir: str | Path, rank: int,
                     progress: Callable[[], int | None] = lambda: None,
-                    operation: Callable[[], str | None] = lambda: None) -> None:
+                    operation: Callable[[], str | None] = lambda: None,
+                    on_lost: Callable[[list[int]], None] | None = None,
+                    on_cut_off: Callable[[float], None] | None = None,
+                    on_launcher_gone: Callable[[], None] = lambda: None) -> None:
     """A daemon thread that touches the rank's pid file every HEARTBEAT_S. Once
     ``progress()`` (the global samples the rank has seen) has a value, each beat rewrites the
     file with it as a third field, which a launcher that restarts a failed job reads (see
     ``rank_progress``), and what ``operation()`` says the rank is doing as the rest of the
     line (``rank_operation``: named when the rank stalls or dies); on a full disk the beat only
-    touches the file (its time changes)."""
+    touches the file (its time changes).
+
+    In an elastic job across hosts (``ADPSGD_LINK_TIMEOUT`` set), the network heartbeats go
+    from a :class:`LauncherLink` thread instead, which hears the launcher's answers and calls
+    ``on_lost``, ``on_cut_off`` and ``on_launcher_gone``; they never wait on the run dir's
+    file system."""
     path = _path(run_dir, rank, "pid")
     tmp = path.with_name(path.name + ".beat")
     identity = f"{os.getpid()} {socket.gethostname()}"
-    send = datagram_sender(os.environ.get(HEARTBEAT_TO), f"{rank} {identity}".encode())
+    target, link_timeout = os.environ.get(HEARTBEAT_TO), os.environ.get(LINK_TIMEOUT)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    beat_words = f"{rank} {identity}"
+    send = datagram_sender(target, lambda: (beat_words if progress() is None else
+                                            f"{beat_words} {TRAINING}").encode(), sock)
+    linked = bool(target and link_timeout and on_lost and on_cut_off)
+    if linked:  # the launcher takes a silent rank for lost first, and the rank learns it
+        LauncherLink(sock, target, send, float(link_timeout) + 2 * HEARTBEAT_S, on_lost,
+                     on_cut_off, on_launcher_gone)
 
     def beat() -> None:
         while True:
-            send()
+            if not linked:
+                send()
             try:
                 samples = progress()
                 if samples is None:
@@ -155,22 +177,24 @@ def start_heartbeat(run_dir: str | Path, rank: int,
     threading.Thread(target=beat, name="heartbeat", daemon=True).start()
 
 
-def datagram_sender(target: str | None, payload: bytes) -> Callable[[], None]:
-    """A function that sends ``payload`` to ``target`` (HOST:PORT) as one UDP datagram, never
-    raising (a lost datagram is a missed beat); a no-op without a target."""
+def datagram_sender(target: str | None, payload: bytes | Callable[[], bytes],
+                    sock: socket.socket | None = None) -> Callable[[], None]:
+    """A function that sends ``payload`` (or what it returns) to ``target`` (HOST:PORT) as one
+    UDP datagram (from ``sock``, else a socket of its own), never raising (a lost datagram is
+    a missed beat); a no-op without a target."""
     if not target:
         return lambda: None
     host, _, port = target.rpartition(":")
     address = None
-    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock = sock or socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 
     def send() -> None:
         nonlocal address
         try:
             address = address or socket.getaddrinfo(host, int(port), socket.AF_INET,
                                                     socket.SOCK_DGRAM)[0][4]
-            sock.sendto(payload, address)
-        except (OSError, ValueError):
+            sock.sendto(payload() if callable(payload) else payload, address)
+        except (OSError, ValueError, AttributeError):  # AttributeError: a rank's state
             address = None  # resolve again next time (the network may come back)
 
     return send
@@ -178,35 +202,125 @@ def datagram_sender(target: str | None, payload: bytes) -> Callable[[], None]:
 
 class HeartbeatListener:
     """The launcher's end of the ranks' network heartbeats: when it last heard each rank,
-    from which host. ``target`` is what the ranks are given as ``ADPSGD_HEARTBEAT_TO``."""
+    from which host. ``target`` is what the ranks are given as ``ADPSGD_HEARTBEAT_TO``.
 
-    def __init__(self) -> None:
+    ``answer``: an elastic job across hosts. Every heartbeat is answered with the learners
+    the launcher takes for lost (:meth:`declare_lost`): the survivors learn of a loss that
+    MPI cannot see (a cut link, a host gone silent), and a rank that hears no answer is cut
+    off (:class:`LauncherLink`)."""
+
+    def __init__(self, answer: bool = False) -> None:
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self.sock.bind(("", 0))
         self.target = f"{socket.gethostname()}:{self.sock.getsockname()[1]}"
         self.heard: dict[int, tuple[float, str, int]] = {}  # rank -> (time.time(), host, pid)
+        self.answer = answer
+        self._declared: set[int] = set()
+        self._training: set[int] = set()  # ranks heard to say so (past their start-up)
         self._lock = threading.Lock()
         threading.Thread(target=self._listen, name="heartbeats", daemon=True).start()
 
     def _listen(self) -> None:
         while True:
             try:
-                data = self.sock.recv(512)
+                data, sender = self.sock.recvfrom(512)
             except OSError:  # closed
                 return
             try:
-                rank, pid, host = data.decode().split()[:3]
+                rank, pid, host, *state = data.decode().split()
                 with self._lock:
                     self.heard[int(rank)] = (time.time(), host, int(pid))
+                    if state[:1] == [TRAINING]:
+                        self._training.add(int(rank))
+                    declared = sorted(self._declared)
             except ValueError:
                 continue  # not one of ours
+            if self.answer:
+                try:
+                    self.sock.sendto(" ".join([LOST_ANSWER, *map(str, declared)]).encode(),
+                                     sender)
+                except OSError:  # the sender's network went away meanwhile
+                    pass
 
     def last(self, rank: int) -> tuple[float, str, int] | None:
         with self._lock:
             return self.heard.get(rank)
 
+    def declare_lost(self, ranks: list[int]) -> None:
+        """From now on, every answer names ``ranks`` among the lost."""
+        with self._lock:
+            self._declared.update(ranks)
+
+    def declared(self) -> set[int]:
+        with self._lock:
+            return set(self._declared)
+
+    def training(self) -> set[int]:
+        with self._lock:
+            return set(self._training)
+
     def close(self) -> None:
         self.sock.close()
+
+
+class LauncherLink:
+    """A rank's end of the answered heartbeats (:class:`HeartbeatListener`), in a thread of
+    its own: ``on_lost(ranks)`` for the learners the launcher newly takes for lost (this
+    rank among them if the launcher lost it); ``on_cut_off(seconds)`` once when no answer
+    came for ``timeout_s`` (from this side, a cut link looks like every peer across it gone:
+    the launcher decides which side goes on); ``on_launcher_gone()`` once when the launcher's
+    host says that nobody listens there any more (the launcher died; its socket is connected
+    to hear that ICMP answer)."""
+
+    def __init__(self, sock: socket.socket, target: str, send: Callable[[], None],
+                 timeout_s: float, on_lost: Callable[[list[int]], None],
+                 on_cut_off: Callable[[float], None],
+                 on_launcher_gone: Callable[[], None]) -> None:
+        self.sock, self.target, self.send, self.timeout_s = sock, target, send, timeout_s
+        self.on_lost, self.on_cut_off, self.on_launcher_gone = (on_lost, on_cut_off,
+                                                                on_launcher_gone)
+        threading.Thread(target=self._listen, name="launcher-link", daemon=True).start()
+
+    def _connect(self) -> bool:
+        host, _, port = self.target.rpartition(":")
+        try:
+            self.sock.connect(socket.getaddrinfo(host, int(port), socket.AF_INET,
+                                                 socket.SOCK_DGRAM)[0][4])
+            return True
+        except (OSError, ValueError):  # no route or no name yet: silence, for now
+            return False
+
+    def _listen(self) -> None:
+        self.sock.settimeout(HEARTBEAT_S / 4)
+        answered = sent = time.monotonic()
+        connected = self._connect()
+        self.send()
+        known: set[int] = set()
+        while True:
+            if time.monotonic() - sent >= HEARTBEAT_S:
+                sent = time.monotonic()
+                connected = connected or self._connect()
+                self.send()
+            try:
+                words = self.sock.recv(65536).split()
+            except TimeoutError:
+                words = []
+            except ConnectionRefusedError:
+                self.on_launcher_gone()
+                return
+            except OSError:  # an unreachable network: an answer that did not come
+                time.sleep(HEARTBEAT_S / 4)
+                words = []
+            now = time.monotonic()
+            if words[:1] == [LOST_ANSWER.encode()]:
+                answered = now
+                lost = {int(word) for word in words[1:] if word.isdigit()}
+                if lost - known:
+                    self.on_lost(sorted(lost - known))
+                    known |= lost
+            elif now - answered > self.timeout_s:
+                self.on_cut_off(now - answered)
+                return
 
 
 def rank_host(run_dir: str | Path, rank: int) -> str | None:
@@ -481,9 +595,49 @@ class RankWatchdog:
             if heard and now - heard[0] > timeout_s and exit_status(self.run_dir, rank) is None:
                 silent.append(StalledRank(rank, heard[2], now - heard[0], heard[1]))
         if silent:  # read only then (every poll otherwise): an elastic job went on without
-            lost = lost_learners(self.run_dir)  # these, whose silence is expected
+            lost = self.lost()  # these, whose silence is expected
             stalled += [s for s in silent if s.rank not in lost]
         return max(stalled, key=lambda s: s.silent_s, default=None)
+
+    def lost_behind(self, silent_s: float) -> list[int]:
+        """The learners on other hosts that an elastic job went on without and that have been
+        silent for ``silent_s``, once every other rank has ended (written its exit record):
+        mpiexec waits for them forever when they are behind a cut link or on a host that went
+        down. [] while any other rank runs."""
+        if self.listener is None:
+            return []
+        now = time.time()
+        silent = [rank for rank in self.remote_ranks()
+                  if (heard := self.listener.last(rank)) and now - heard[0] > silent_s]
+        if not silent:
+            return []
+        lost = self.lost()
+        behind = [rank for rank in silent if rank in lost]
+        running = [rank for rank in range(self.nprocs)
+                   if rank not in behind and exit_status(self.run_dir, rank) is None]
+        return [] if running else behind
+
+    def lost(self) -> set[int]:
+        """The learners an elastic job goes on without: those the survivors recorded, and
+        those the launcher declared lost (they may not have recorded them yet)."""
+        return lost_learners(self.run_dir) | (self.listener.declared() if self.listener
+                                              else set())
+
+    def newly_silent(self, timeout_s: float) -> list[int]:
+        """Ranks on other hosts, heard training, silent for ``timeout_s`` without having
+        ended as asked, that are not taken for lost yet: a cut link, a host that went down
+        or hung. (A rank cut off writes an exit record where the run dir is still reached.)
+        Not in their start-up, which no learner survives a loss in (the job ends at
+        launcher.stall_timeout_s), and which can hold a rank's heartbeats up for seconds on
+        a loaded host."""
+        from ..errors import EXIT_PREEMPTED, EXIT_STOPPED
+
+        if self.listener is None:
+            return []
+        now, lost, training = time.time(), self.listener.declared(), self.listener.training()
+        return [rank for rank in self.remote_ranks() if rank not in lost and rank in training
+                and (heard := self.listener.last(rank)) and now - heard[0] > timeout_s
+                and exit_status(self.run_dir, rank) not in (0, EXIT_PREEMPTED, EXIT_STOPPED)]
 
     def remote_ranks(self) -> list[int]:
         """Ranks that run on another host than this one (their pid file says so)."""
