@@ -260,6 +260,42 @@ def test_an_elastic_job_goes_on_without_the_learners_behind_a_cut_link(lab_overr
             run_dir / "logs" / f"rank{rank}.log").read_text()
 
 
+def test_a_host_whose_processes_are_all_killed_ends_an_elastic_job_naming_it(lab_overrides,
+                                                                             tmp_path):
+    """Open MPI's runtime ends the whole job when it loses a host's daemon (every process of
+    lab2 killed, as when a host goes down), ULFM or not: one line names the host and how to
+    continue, instead of Open MPI's notice and a misleading "every learner died"."""
+    run_dir = tmp_path / "run"
+    proc = start(["recipe=digit_images", "algo=dpsgd", "launcher.nprocs=4",
+                  "launcher.procs_per_node=2", "launcher.elastic=true", "trainer.epochs=40",
+                  "trainer.progress=false", *lab_overrides, f"hydra.run.dir={run_dir}"],
+                 tmp_path)
+    wait_for_an_evaluation(run_dir, proc)
+    # Every process of the host, its MPI daemon among them (the hosts share this machine's
+    # process table: their processes are those in the host's network namespace).
+    pids = subprocess.run(["ip", "netns", "pids", "lab2"], capture_output=True, text=True,
+                          check=True).stdout.split()
+    assert pids
+    for pid in pids:
+        try:
+            os.kill(int(pid), signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 137, err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert re.match(r"adpsgd-run: Open MPI lost its daemon on lab2 \(the host went down, or "
+                    r"its processes were killed\).* Fix: check lab2, then continue from "
+                    r"\S+ with resume=auto", lines[-2]), err
+    assert lines[-1].startswith("adpsgd-run: job failed (exit status 137)"), err
+    assert "-" * 20 not in out + err  # Open MPI's notice went to logs/mpiexec.log
+    assert "lost communication with a remote daemon" in (run_dir / "logs" /
+                                                          "mpiexec.log").read_text() or \
+        "failed to report back" in (run_dir / "logs" / "mpiexec.log").read_text()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "failed" and summary["exit_status"] == 137
+
+
 def kill_learner_3_on_lab2(run_dir: Path, proc: subprocess.Popen) -> str:
     """kill -9 of learner 3 on lab2 after the first evaluation; the job must go on without
     it to the end: returns its stderr."""

@@ -86,6 +86,11 @@ BANNER_PID = re.compile(r"^=\s+PID (\d+) RUNNING AT")
 BANNER_CODE = re.compile(r"^=\s+EXIT CODE: (\d+)")
 BANNER_LINES = re.compile(r"^(=|YOUR APPLICATION TERMINATED|This typically refers|"
                           r"Please see the FAQ|\[mpiexec@|\[proxy:|\[[^\]@ ]+\] [\d,]+$)")
+# Open MPI's runtime (PRRTE) frames its notices on stdout in lines of dashes; two of them say
+# that it lost a host's daemon (a host gone down, or its processes killed), after which it
+# ends the whole job whatever the job is (ULFM too).
+DASHES = re.compile(r"^-{20,}$")
+LOST_DAEMON = re.compile(r"^\s*(?:Remote host:|Remote daemon: .* on node)\s+(\S+)\s*$")
 # Hydra's -print-all-exitcodes (a job across hosts): "[mpiexec@head] Exit codes: [host] 0,9"
 # and a line "[host] codes" for each further host, the codes of the host's ranks in order.
 EXIT_CODES = re.compile(r"(?:^\[mpiexec@[^\]]*\] Exit codes: |^)\[([^\]@ ]+)\] ([\d,]+)$")
@@ -203,11 +208,20 @@ class MpiexecOutput:
         self.bad_pid: int | None = None
         self.bad_code: int | None = None
         self.exit_codes: dict[str, list[int]] = {}  # host -> its ranks' exit codes, in order
+        self.lost_daemon_host: str | None = None  # Open MPI lost its daemon there
+        self.in_frame = False
         self.thread = threading.Thread(target=self._relay, name="mpiexec-output", daemon=True)
         self.thread.start()
 
     def _relay(self) -> None:
         for line in self.stream:
+            if DASHES.match(line.rstrip("\n")) or self.in_frame:  # an Open MPI notice
+                self.in_frame = self.in_frame != bool(DASHES.match(line.rstrip("\n")))
+                if (match := LOST_DAEMON.match(line)) and self.lost_daemon_host is None:
+                    self.lost_daemon_host = match.group(1)
+                with open(self.report_path, "a") as report:
+                    report.write(line)
+                continue
             if (match := BANNER_PID.match(line)) and self.bad_pid is None:
                 self.bad_pid = int(match.group(1))
             elif (match := BANNER_CODE.match(line)) and self.bad_code is None:
@@ -569,8 +583,13 @@ class LocalLauncher(Launcher):
                 f"{self.cfg.stall_timeout_s:g} s)", True, ended,
                 lambda: self.report_stalled(run_dir, stalled), event="stalled",
                 learner=stalled.rank, host=stalled.host)
-        if status == 0 and self.cfg.elastic and not any(
-                s in (0, EXIT_PREEMPTED, EXIT_STOPPED) for s in watchdog.exit_statuses().values()):
+        finished = any(s in (0, EXIT_PREEMPTED, EXIT_STOPPED)
+                       for s in watchdog.exit_statuses().values())
+        if (host := output.lost_daemon_host) and not (status == 0 and finished):
+            return 128 + signal.SIGKILL, JobFailure(
+                f"Open MPI lost its daemon on {host}", True, ended,
+                lambda: self.report_daemon_lost(run_dir, host), event="died", host=host)
+        if status == 0 and self.cfg.elastic and not finished:
             # Under ULFM a death is the job's to handle, so Open MPI's mpiexec ends with 0 when
             # every rank died: nobody finished the run.
             dead = self.dead_rank(watchdog, output)
@@ -764,6 +783,13 @@ class LocalLauncher(Launcher):
               f"({how}: kill -9, the out-of-memory killer or a crash{hung}); the other ranks "
               f"were stopped. Fix: find the cause in its log above and the kernel log (dmesg), "
               f"then {self.resume_hint(run_dir)}", file=sys.stderr, flush=True)
+
+    def report_daemon_lost(self, run_dir: Path, host: str) -> None:
+        print(f"adpsgd-run: Open MPI lost its daemon on {host} (the host went down, or its "
+              f"processes were killed), and its runtime ends the whole job then, elastic or "
+              f"not; every rank was stopped. Fix: check {host}, then "
+              f"{self.resume_hint(run_dir)} (launcher.max_restarts=N does it by itself)",
+              file=sys.stderr, flush=True)
 
     def report_all_dead(self, run_dir: Path, first: DeadRank | None) -> None:
         which = (f", rank {first.rank} (pid {first.pid}) first" if first else "")
