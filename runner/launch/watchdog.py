@@ -184,20 +184,24 @@ def datagram_sender(target: str | None, payload: bytes | Callable[[], bytes],
     a missed beat); a no-op without a target."""
     if not target:
         return lambda: None
-    host, _, port = target.rpartition(":")
     address = None
     sock = sock or socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 
     def send() -> None:
         nonlocal address
         try:
-            address = address or socket.getaddrinfo(host, int(port), socket.AF_INET,
-                                                    socket.SOCK_DGRAM)[0][4]
+            address = address or udp_address(target)
             sock.sendto(payload() if callable(payload) else payload, address)
         except (OSError, ValueError, AttributeError):  # AttributeError: a rank's state
             address = None  # resolve again next time (the network may come back)
 
     return send
+
+
+def udp_address(target: str) -> tuple:
+    """The socket address of ``target`` (HOST:PORT) for UDP (raises OSError or ValueError)."""
+    host, _, port = target.rpartition(":")
+    return socket.getaddrinfo(host, int(port), socket.AF_INET, socket.SOCK_DGRAM)[0][4]
 
 
 class HeartbeatListener:
@@ -246,6 +250,12 @@ class HeartbeatListener:
         with self._lock:
             return self.heard.get(rank)
 
+    def silent_for(self, seconds: float) -> set[int]:
+        """The ranks heard before whose last heartbeat is older than ``seconds``."""
+        now = time.time()
+        with self._lock:
+            return {rank for rank, (heard, _, _) in self.heard.items() if now - heard > seconds}
+
     def declare_lost(self, ranks: list[int]) -> None:
         """From now on, every answer names ``ranks`` among the lost."""
         with self._lock:
@@ -282,10 +292,8 @@ class LauncherLink:
         threading.Thread(target=self._listen, name="launcher-link", daemon=True).start()
 
     def _connect(self) -> bool:
-        host, _, port = self.target.rpartition(":")
         try:
-            self.sock.connect(socket.getaddrinfo(host, int(port), socket.AF_INET,
-                                                 socket.SOCK_DGRAM)[0][4])
+            self.sock.connect(udp_address(self.target))
             return True
         except (OSError, ValueError):  # no route or no name yet: silence, for now
             return False
@@ -590,9 +598,9 @@ class RankWatchdog:
                     and exit_status(self.run_dir, rank) is None and process_alive(pid):
                 stalled.append(StalledRank(rank, pid, silent))
         silent = []
-        for rank in self.remote_ranks():
-            heard = self.listener.last(rank) if self.listener else None
-            if heard and now - heard[0] > timeout_s and exit_status(self.run_dir, rank) is None:
+        for rank in self.silent_remote(timeout_s):
+            heard = self.listener.last(rank)
+            if exit_status(self.run_dir, rank) is None:
                 silent.append(StalledRank(rank, heard[2], now - heard[0], heard[1]))
         if silent:  # read only then (every poll otherwise): an elastic job went on without
             lost = self.lost()  # these, whose silence is expected
@@ -604,11 +612,7 @@ class RankWatchdog:
         silent for ``silent_s``, once every other rank has ended (written its exit record):
         mpiexec waits for them forever when they are behind a cut link or on a host that went
         down. [] while any other rank runs."""
-        if self.listener is None:
-            return []
-        now = time.time()
-        silent = [rank for rank in self.remote_ranks()
-                  if (heard := self.listener.last(rank)) and now - heard[0] > silent_s]
+        silent = self.silent_remote(silent_s)
         if not silent:
             return []
         lost = self.lost()
@@ -634,10 +638,16 @@ class RankWatchdog:
 
         if self.listener is None:
             return []
-        now, lost, training = time.time(), self.listener.declared(), self.listener.training()
-        return [rank for rank in self.remote_ranks() if rank not in lost and rank in training
-                and (heard := self.listener.last(rank)) and now - heard[0] > timeout_s
+        candidates = self.listener.training() - self.listener.declared()
+        return [rank for rank in self.silent_remote(timeout_s) if rank in candidates
                 and exit_status(self.run_dir, rank) not in (0, EXIT_PREEMPTED, EXIT_STOPPED)]
+
+    def silent_remote(self, silent_s: float) -> list[int]:
+        """The ranks on other hosts whose last network heartbeat is older than ``silent_s``
+        (heard at least once), in rank order. The launcher asks at every poll: the pid files
+        that say where ranks run are read only when some rank is that silent."""
+        silent = self.listener.silent_for(silent_s) if self.listener else set()
+        return [rank for rank in self.remote_ranks() if rank in silent] if silent else []
 
     def remote_ranks(self) -> list[int]:
         """Ranks that run on another host than this one (their pid file says so)."""
