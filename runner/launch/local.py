@@ -253,6 +253,7 @@ class MpiexecStderr:
     def __init__(self, fd: int, log_path: Path):
         self.fd, self.log_path = fd, log_path
         self.in_frame = False
+        self.lost_daemon_host: str | None = None  # as MpiexecOutput's
         self.thread = threading.Thread(target=self._relay, name="mpiexec-stderr", daemon=True)
         self.thread.start()
 
@@ -281,6 +282,10 @@ class MpiexecStderr:
         framing = bool(self.FRAME.match(data))
         if framing or self.in_frame or data.startswith(self.OWN):
             self.in_frame = self.in_frame != framing
+            # Open MPI writes its lost-daemon notice on either stream.
+            if self.lost_daemon_host is None and (
+                    match := LOST_DAEMON.match(data.decode(errors="replace"))):
+                self.lost_daemon_host = match.group(1)
             with open(self.log_path, "ab") as log:
                 log.write(data)
             return
@@ -583,9 +588,13 @@ class LocalLauncher(Launcher):
                 f"{self.cfg.stall_timeout_s:g} s)", True, ended,
                 lambda: self.report_stalled(run_dir, stalled), event="stalled",
                 learner=stalled.rank, host=stalled.host)
-        finished = any(s in (0, EXIT_PREEMPTED, EXIT_STOPPED)
-                       for s in watchdog.exit_statuses().values())
-        if (host := output.lost_daemon_host) and not (status == 0 and finished):
+        exits = watchdog.exit_statuses().values()
+        finished = any(s in (0, EXIT_PREEMPTED, EXIT_STOPPED) for s in exits)
+        # Open MPI's runtime ends a job that lost a daemon with SIGTERM to every rank left,
+        # which checkpoint and stop as if preempted: a stop nobody forwarded is that end.
+        ended_as_asked = any(s == 0 for s in exits) or (bool(forwarding.received) and finished)
+        host = output.lost_daemon_host or errors.lost_daemon_host
+        if host and not (status == 0 and ended_as_asked):
             return 128 + signal.SIGKILL, JobFailure(
                 f"Open MPI lost its daemon on {host}", True, ended,
                 lambda: self.report_daemon_lost(run_dir, host), event="died", host=host)

@@ -191,12 +191,17 @@ def write_failure_summary(run_dir: str | Path, cfg: Any, exit_status: int,
     or a second Ctrl-C stopped it at once): ``status``, the exit status and the checkpoint to
     resume from, so that a script scanning run dirs sees every run's outcome; and its
     TensorBoard hparams session, with the last evaluation's metrics. A summary the ranks
-    wrote in this session is kept (then they got far enough to say more)."""
+    wrote in this session is kept (then they got far enough to say more), with the job's
+    status and exit status: ranks that the MPI runtime stopped as it ended a failed job
+    wrote "preempted", but the job failed."""
     from torch.utils.tensorboard.writer import FileWriter
 
     from ..checkpoint.files import complete_checkpoints
 
-    if session_summary(run_dir) is not None:
+    if (written := session_summary(run_dir)) is not None:
+        if (written.get("status"), written.get("exit_status")) != (status, exit_status):
+            write_json_atomic(Path(run_dir) / "summary.json",
+                              {**written, "status": status, "exit_status": exit_status})
         return
     checkpoints = complete_checkpoints(run_dir)
     evals = [r for r in read_metrics(run_dir) if r.get("split") == "eval"]
