@@ -13,7 +13,7 @@ import gc
 import os
 import sys
 import tempfile
-from functools import partial
+from functools import lru_cache, partial
 from pathlib import Path
 
 import hydra
@@ -293,10 +293,17 @@ def claim_run_dir(run_dir: Path, resume: str | None) -> None:
 
 def single_run_dir(argv: list[str]) -> tuple[Path, str | None] | None:
     """(the run dir Hydra will use, ``resume``) for a single run, resolved now (``${now:...}``
-    included); None for a sweep or a command that only prints."""
+    included); None for a sweep or a command that only prints. The check before the job and
+    the job itself ask for the same command line: composed once (half a second), and both see
+    the same ``${now:...}``."""
+    return _single_run_dir(tuple(argv))
+
+
+@lru_cache(maxsize=2)
+def _single_run_dir(argv: tuple[str, ...]) -> tuple[Path, str | None] | None:
     from hydra import compose, initialize_config_module
 
-    overrides, multirun, config_name, info = split_argv(argv)
+    overrides, multirun, config_name, info = split_argv(list(argv))
     if multirun or info:
         return None
     with initialize_config_module(config_module=CONFIG_MODULE, version_base=None):
