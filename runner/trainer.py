@@ -41,7 +41,7 @@ from .train.faults import FaultInjector
 from .train.lr_schedule import LRSchedule
 from .train.milestones import CHECKPOINT, EVALUATE, STOP_CHECK, Milestones
 from .train.nonfinite import BatchSkipper, nonfinite_error, refuse_poisoned_state
-from .train.optim import parameter_groups
+from .train.optim import SGD, parameter_groups
 from .train.rng import rank_seed, seed_everything
 from .train.run_state import RunState
 from .train.timers import Timers
@@ -77,7 +77,7 @@ class Trainer:
                                   if resume_state and RESIZED in resume_state else 0))
         self.compute = ComputePath.from_config(tcfg, device)
         self.compute.prepare_model(self.model)
-        self.optimizer = torch.optim.SGD(
+        self.optimizer = SGD(
             parameter_groups(self.model, o.weight_decay, o.no_decay_norm_bias), lr=o.lr,
             momentum=o.momentum, nesterov=o.nesterov, weight_decay=o.weight_decay)
         self.shards = ShardedBatches(len(self.train_set), world.rank, world.size,

@@ -64,7 +64,7 @@ from ..config.section import require
 from ..errors import ConfigError
 from ..topology import TOPOLOGIES
 from ..topology.pairing import is_active, passive_peers, peer_schedule
-from ..train.optim import flat_param_groups
+from ..train.optim import SGD, flat_param_groups
 from .base import AlgoConfig, Algorithm, sample_weight
 from .registry import ALGORITHMS
 
@@ -182,7 +182,7 @@ class ADPSGD(Algorithm):
                        for group in at_replica if group.get("weight_decay")]
         for group in groups:
             group["weight_decay"] = 0.0
-        self.optimizer_x = torch.optim.SGD(groups, lr=optimizer.defaults["lr"])
+        self.optimizer_x = SGD(groups, lr=optimizer.defaults["lr"])
         world_mpi = self.comm.mpi_comm
         leaders = world_mpi.Split(0 if self.is_leader else mpi().UNDEFINED, self.world.rank)
         self.averager = None

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from ..config.section import require
+from ..train.optim import SGD
 from .base import AlgoConfig, Algorithm
 from .registry import ALGORITHMS
 
@@ -50,9 +51,9 @@ class DiLoCoConfig(AlgoConfig):
                 f"must be in [0, 1), got {self.outer_momentum}", f"{prefix}.outer_momentum=0.5")
 
 
-def outer_optimizer(theta: list[torch.Tensor], cfg: DiLoCoConfig) -> torch.optim.SGD:
+def outer_optimizer(theta: list[torch.Tensor], cfg: DiLoCoConfig) -> SGD:
     """The outer SGD over theta (both engines use it)."""
-    return torch.optim.SGD(theta, lr=cfg.outer_lr, momentum=cfg.outer_momentum,
+    return SGD(theta, lr=cfg.outer_lr, momentum=cfg.outer_momentum,
                            nesterov=cfg.outer_momentum > 0)
 
 

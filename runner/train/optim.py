@@ -74,3 +74,33 @@ def flat_param_groups(param_groups: list[dict[str, Any]], params: list[nn.Parame
             views.append(view)
         groups.append({**{k: v for k, v in group.items() if k != "params"}, "params": views})
     return groups
+
+
+def _unguarded(method: Any) -> Any:
+    """The function under torch's no-compile guard (the guard keeps it as ``__wrapped__``)."""
+    return getattr(method, "__wrapped__", method)
+
+
+class SGD(torch.optim.SGD):
+    """``torch.optim.SGD`` that never imports ``torch._dynamo``: the optimizer of every rank.
+
+    torch guards ``step``, ``zero_grad``, ``add_param_group``, ``state_dict`` and
+    ``load_state_dict`` against torch.compile tracing them, and each guard imports
+    torch._dynamo on its first call: about 3 s of CPU per rank, a third of a rank's start on
+    a 2-core machine, spent before its first step. No rank compiles an optimizer
+    (``trainer.compile`` compiles the model's forward and backward only), so these methods
+    run unguarded here: the same update, state and hooks (step pre/post hooks, the profiler's
+    record_function) as torch's SGD. Step runs under ``torch.no_grad()``, as torch's guard
+    does for a non-differentiable optimizer. tests/test_optim.py checks both the equality and
+    the import.
+    """
+
+    add_param_group = _unguarded(torch.optim.Optimizer.add_param_group)
+    zero_grad = _unguarded(torch.optim.Optimizer.zero_grad)
+    state_dict = _unguarded(torch.optim.Optimizer.state_dict)
+    load_state_dict = _unguarded(torch.optim.Optimizer.load_state_dict)
+    _update = _unguarded(torch.optim.SGD.step)
+
+    def step(self, closure: Any = None) -> Any:
+        with torch.no_grad():
+            return self._update(closure)
