@@ -54,7 +54,7 @@ class DiLoCoConfig(AlgoConfig):
 def outer_optimizer(theta: list[torch.Tensor], cfg: DiLoCoConfig) -> SGD:
     """The outer SGD over theta (both engines use it)."""
     return SGD(theta, lr=cfg.outer_lr, momentum=cfg.outer_momentum,
-                           nesterov=cfg.outer_momentum > 0)
+               nesterov=cfg.outer_momentum > 0)
 
 
 @ALGORITHMS.register("diloco")
