@@ -6,8 +6,9 @@ global numbers (runner/recipe.py).
 
 from __future__ import annotations
 
-import torch
-import torch.nn.functional as F
+from runner.lazy import lazy_import, torch
+
+F = lazy_import("torch.nn.functional")
 
 
 def topk_hits(logits: torch.Tensor, labels: torch.Tensor, ks: tuple[int, ...]) -> torch.Tensor:

@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import math
 
-import torch
-import torch.nn.functional as F
+from runner.lazy import lazy_import, torch
+
+F = lazy_import("torch.nn.functional")
+
 
 # How far a distortion may go. An 8x8 digit has about 6 pixels of ink across, so one pixel of
 # shift or ~15 degrees of rotation changes many pixels while a person still reads the digit.

@@ -14,17 +14,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import torch
-import torch.nn.functional as F
-from torch import nn
-from torch.utils.data import TensorDataset
 
 from runner.config.section import require
 from runner.errors import ConfigError, UserError
+from runner.lazy import lazy_import, torch
 from runner.recipe import RECIPES, Recipe, RecipeConfig
 
 from .classification import classification_metrics, classification_sums
 from .digit_augment import distorted_copies
+
+F = lazy_import("torch.nn.functional")
 
 
 @dataclass
@@ -98,23 +97,6 @@ def grown(images: torch.Tensor, labels: torch.Tensor, size: int, seed: int, key:
     return torch.cat([images, copies]), torch.cat([labels, labels[source]])
 
 
-class DigitCNN(nn.Module):
-    def __init__(self, channels: list[int], hidden: int, dropout: float, classes: int = 10):
-        super().__init__()
-        c1, c2 = channels
-        self.conv1 = nn.Conv2d(1, c1, 3, padding=1)
-        self.conv2 = nn.Conv2d(c1, c2, 3, padding=1)
-        self.fc1 = nn.Linear(c2 * 4 * 4, hidden)
-        self.fc2 = nn.Linear(hidden, classes)
-        self.dropout = nn.Dropout(dropout)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = F.relu(self.conv1(x))
-        x = F.max_pool2d(F.relu(self.conv2(x)), 2)  # 8x8 -> 4x4
-        x = self.dropout(F.relu(self.fc1(x.flatten(1))))
-        return self.fc2(x)
-
-
 @RECIPES.register("digit_images")
 class DigitImages(Recipe):
     Config = DigitImagesConfig
@@ -137,10 +119,12 @@ class DigitImages(Recipe):
         heldout_images, heldout_labels = grown(images[heldout], labels[heldout],
                                                self.cfg.heldout_size, seed + 1_000_003,
                                                "recipe.heldout_size")
-        return (TensorDataset((train_images - mean) / std, train_labels),
-                TensorDataset((heldout_images - mean) / std, heldout_labels))
+        return (torch.utils.data.TensorDataset((train_images - mean) / std, train_labels),
+                torch.utils.data.TensorDataset((heldout_images - mean) / std, heldout_labels))
 
     def build_model(self):
+        from .digit_model import DigitCNN  # a subclass of nn.Module: imports torch
+
         return DigitCNN(list(self.cfg.channels), self.cfg.hidden, self.cfg.dropout)
 
     def loss(self, model, batch):

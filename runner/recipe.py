@@ -14,13 +14,14 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar
-
-import torch
-from torch.utils.data import Dataset, default_collate
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from .config.registry import Registry
 from .config.section import Section
+from .lazy import torch
+
+if TYPE_CHECKING:
+    from torch.utils.data import Dataset
 
 
 @dataclass
@@ -108,7 +109,7 @@ class Recipe(ABC):
     def build_model(self) -> torch.nn.Module: ...
 
     def collate(self, samples: list[Any]) -> Any:
-        return default_collate(samples)
+        return torch.utils.data.default_collate(samples)
 
     def to_device(self, batch: Any, device: torch.device, dtype: torch.dtype) -> Any:
         """Move a batch to the device; floating tensors take the model's dtype."""

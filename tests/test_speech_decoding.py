@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from recipes.speech.decoding import CTCDecoder, DecodeConfig, write_lexicon
-from recipes.speech.model import CharTokenizer
+from recipes.speech.tokens import CharTokenizer
 from runner.errors import ConfigError
 
 TOKENIZER = CharTokenizer()

@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from recipes.speech.model import BLSTMAcousticModel, CharTokenizer, greedy_decode, parameter_count
+from recipes.speech.model import BLSTMAcousticModel, parameter_count
+from recipes.speech.tokens import CharTokenizer, greedy_decode
 
 from conftest import run_cli
 

@@ -20,9 +20,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
-import torch
 from PIL import Image
-from torch.utils.data import Dataset
+
+from runner.lazy import torch
 
 # torchvision's ImageFolder suffixes (checked lower-case).
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
@@ -82,8 +82,10 @@ def eval_transform(image_size: int, resize: int) -> Callable[[Any], torch.Tensor
                        v2.PILToTensor()])
 
 
-class ImageFiles(Dataset):
-    """Decoded, transformed images as uint8 CHW tensors, or :class:`BadImage`."""
+class ImageFiles:
+    """Decoded, transformed images as uint8 CHW tensors, or :class:`BadImage`. A map-style
+    dataset (``__len__`` and ``__getitem__`` are all a DataLoader needs), not a subclass of
+    torch's ``Dataset``, so that importing the recipe does not import torch."""
 
     def __init__(self, samples: list[tuple[str, int]],
                  transform: Callable[[Any], torch.Tensor]):

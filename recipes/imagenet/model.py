@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from torch import nn
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from torch import nn
 
 # torchvision.models.resnet's builders; listed here so that validating a command line does
 # not import torchvision.models (tests/test_imagenet_recipe.py checks the list).

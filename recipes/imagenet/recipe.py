@@ -16,11 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-import torch
-import torch.nn.functional as F
-
 from runner.config.section import require
 from runner.errors import UserError
+from runner.lazy import lazy_import, torch
 from runner.recipe import RECIPES, Recipe, RecipeConfig
 
 from ..classification import classification_metrics, classification_sums
@@ -37,6 +35,8 @@ from .data import (
     train_transform,
 )
 from .model import RESNETS, build_resnet
+
+F = lazy_import("torch.nn.functional")
 
 log = logging.getLogger("adpsgd")
 SORT_FIX = "adpsgd-imagenet sort-val {val} --devkit DEVKIT_DIR (docs/imagenet.md)"

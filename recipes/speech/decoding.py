@@ -17,11 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-import torch
-
 from runner.config.section import require
+from runner.lazy import torch
 
-from .model import CharTokenizer, greedy_decode
+from .tokens import CharTokenizer, greedy_decode
 
 SILENCE = "|"  # flashlight's word boundary token: our space
 INSTALL_FIX = "pip install 'adpsgd[beam]' (flashlight-text)"

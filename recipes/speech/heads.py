@@ -16,14 +16,15 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
-import torch.nn.functional as F
 
 from runner.errors import UserError
+from runner.lazy import lazy_import, torch
 
 from .decoding import CTCDecoder
-from .model import CharTokenizer
 from .scoring import edit_ops, normalize_switchboard, subset_of
+from .tokens import CharTokenizer
+
+F = lazy_import("torch.nn.functional")
 
 SUBSETS = ("swb", "ch")
 IGNORE = -100  # padding of frame targets, skipped by the loss and the accuracy

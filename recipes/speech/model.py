@@ -1,4 +1,4 @@
-"""BLSTM acoustic model with a CTC head over characters, and greedy CTC decoding.
+"""BLSTM acoustic model with a CTC head over characters (tokens: recipes/speech/tokens.py).
 
 Shape of the IBM Switchboard models (docs/algorithms.md, H-ADPSGD; a reconstruction): ``num_layers``
 bidirectional LSTM layers of ``hidden_size`` cells per direction, a linear bottleneck, then the
@@ -13,26 +13,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
-
-BLANK = 0
-
-
-class CharTokenizer:
-    """Characters of normalised transcripts: index 0 is the CTC blank, 1 the word space."""
-
-    def __init__(self, alphabet: str = "abcdefghijklmnopqrstuvwxyz'"):
-        self.symbols = ["<blank>", " ", *alphabet]
-        self.index = {s: i for i, s in enumerate(self.symbols)}
-
-    def __len__(self) -> int:
-        return len(self.symbols)
-
-    def encode(self, words: list[str]) -> list[int]:
-        """Token ids of ``words`` joined by spaces; characters outside the alphabet drop out."""
-        return [self.index[c] for c in " ".join(words) if c in self.index]
-
-    def decode(self, ids: list[int]) -> list[str]:
-        return "".join(self.symbols[i] for i in ids if i != BLANK).split()
 
 
 class BLSTMAcousticModel(nn.Module):
@@ -69,16 +49,6 @@ class BLSTMAcousticModel(nn.Module):
         hidden, _ = pad_packed_sequence(hidden, batch_first=True)
         logits = self.output(self.bottleneck(hidden))
         return logits.log_softmax(dim=-1), out_lengths
-
-
-def greedy_decode(log_probs: torch.Tensor, lengths: torch.Tensor) -> list[list[int]]:
-    """Best path: the most likely token per frame, repeats merged, blanks removed."""
-    best = log_probs.argmax(dim=-1).cpu()
-    hypotheses = []
-    for row, length in zip(best, lengths.tolist()):
-        ids = torch.unique_consecutive(row[:length]).tolist()
-        hypotheses.append([i for i in ids if i != BLANK])
-    return hypotheses
 
 
 def parameter_count(model: nn.Module) -> int:

@@ -17,17 +17,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-import torch
-from torch.nn.utils.rnn import pad_sequence
-from torch.utils.data import Dataset
-
 from runner.config.section import require
 from runner.errors import UserError
+from runner.lazy import torch
 from runner.recipe import RECIPES, Recipe, RecipeConfig
 
 from .decoding import DecodeConfig
 from .heads import HEADS
-from .model import BLSTMAcousticModel
 
 
 @dataclass
@@ -130,11 +126,13 @@ def cache_root(cfg: SpeechConfig) -> Path:
     return Path(root).expanduser()
 
 
-class Utterances(Dataset):
+class Utterances:
     """(utterance id, normalised features, targets) read lazily from a feats.scp; the targets
     come from the model's head (characters of the transcript, or aligned frame labels). A
     damaged ark is found only here, while training reads it: ``damaged_fix`` is the fix its
-    error names (it depends on who wrote the features)."""
+    error names (it depends on who wrote the features). A map-style dataset (``__len__`` and
+    ``__getitem__``), not a subclass of torch's ``Dataset``, so that the launcher, which
+    imports this module to check a command line, does not import torch."""
 
     def __init__(self, feats_scp: Path, cmvn_scp: Path | None, utt2spk: dict[str, str],
                  utts: list[str], targets: Callable[[str, int], torch.Tensor], damaged_fix: str):
@@ -280,9 +278,9 @@ class SpeechRecipe(Recipe):
 
     def collate(self, samples):
         utts, feats, targets = zip(*samples)
-        return (pad_sequence(list(feats), batch_first=True),
+        return (torch.nn.utils.rnn.pad_sequence(list(feats), batch_first=True),
                 torch.tensor([len(f) for f in feats]),
-                pad_sequence(list(targets), batch_first=True,
+                torch.nn.utils.rnn.pad_sequence(list(targets), batch_first=True,
                              padding_value=self.head.pad_value()),
                 torch.tensor([len(t) for t in targets]),
                 list(utts))
@@ -297,6 +295,8 @@ class SpeechRecipe(Recipe):
         return self.cfg.features.num_mel_bins * (1 + self.cfg.features.deltas)
 
     def build_model(self):
+        from .model import BLSTMAcousticModel  # a subclass of nn.Module: imports torch
+
         m = self.cfg.model
         return BLSTMAcousticModel(self.input_dim(), self.head.output_size(), m.num_layers,
                                   m.hidden_size, m.bottleneck, m.subsample, m.dropout)

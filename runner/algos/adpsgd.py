@@ -53,7 +53,6 @@ import threading
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
 from ..comm.buffers import flatten_gradients
 from ..comm.communicator import Communicator
@@ -62,9 +61,9 @@ from ..comm.pairwise import PairwiseAverager
 from ..comm.world import mpi
 from ..config.section import require
 from ..errors import ConfigError
+from ..lazy import torch
 from ..topology import TOPOLOGIES
 from ..topology.pairing import is_active, passive_peers, peer_schedule
-from ..train.optim import SGD, flat_param_groups
 from .base import AlgoConfig, Algorithm, sample_weight
 from .registry import ALGORITHMS
 
@@ -174,6 +173,8 @@ class ADPSGD(Algorithm):
         # replica the gradient was computed on (part of g, see the docstring), so that every
         # rank of a super learner computes the same update whether or not its leader's x has
         # changed by an averaging since.
+        from ..train.optim import SGD, flat_param_groups  # a subclass of torch's: imports it
+
         params = list(model.parameters())
         groups = flat_param_groups(optimizer.param_groups, params, self.x, self.grads)
         at_replica = flat_param_groups(optimizer.param_groups, params, self.replica, self.grads)

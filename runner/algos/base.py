@@ -28,11 +28,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-import torch
 from omegaconf import DictConfig
 
 from ..comm import Communicator, World
 from ..config.section import Section
+from ..lazy import torch
 from ..train.timers import Timers
 
 
@@ -59,12 +59,10 @@ class TrainContext:
 
 def wire_dtype(cfg: DictConfig) -> torch.dtype | None:
     """``comm.exchange_dtype`` as a torch dtype; None when unset or equal to the model's."""
-    from ..comm.communicator import WIRE_DTYPES
-
     name = getattr(cfg.comm, "exchange_dtype", None)  # absent from configs saved before it
     if name is None or name == getattr(cfg.trainer, "dtype", None):
         return None
-    return WIRE_DTYPES[name]
+    return getattr(torch, name)  # float32, bfloat16 or float16 (run_schema.py checks)
 
 
 def sample_weight(count: int, members: int, total: int) -> float:

@@ -33,10 +33,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-import torch
-
 from ..comm.communicator import Handle
 from ..config.section import require
+from ..lazy import torch
 from .base import AlgoConfig, Algorithm
 from .registry import ALGORITHMS
 

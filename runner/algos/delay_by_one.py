@@ -23,9 +23,9 @@ stored, so the resumed run mixes it in at the next step as the uninterrupted run
 from __future__ import annotations
 
 import numpy as np
-import torch
 
 from ..comm.communicator import Handle
+from ..lazy import torch
 from .base import Algorithm
 
 MIX = 0.5  # w

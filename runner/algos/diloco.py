@@ -24,13 +24,15 @@ cover.
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from ..config.section import require
-from ..train.optim import SGD
+from ..lazy import torch
 from .base import AlgoConfig, Algorithm
 from .registry import ALGORITHMS
+
+if TYPE_CHECKING:
+    from ..train.optim import SGD
 
 
 @dataclass
@@ -53,6 +55,8 @@ class DiLoCoConfig(AlgoConfig):
 
 def outer_optimizer(theta: list[torch.Tensor], cfg: DiLoCoConfig) -> SGD:
     """The outer SGD over theta (both engines use it)."""
+    from ..train.optim import SGD  # a subclass of torch's: imports it
+
     return SGD(theta, lr=cfg.outer_lr, momentum=cfg.outer_momentum,
                nesterov=cfg.outer_momentum > 0)
 

@@ -27,10 +27,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 from ..config.section import require
 from ..errors import ConfigError
+from ..lazy import torch
 from ..topology import TOPOLOGIES
 from .base import AlgoConfig, Algorithm
 from .registry import ALGORITHMS

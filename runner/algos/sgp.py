@@ -32,8 +32,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import torch
-
+from ..lazy import torch
 from .base import AlgoConfig, Algorithm
 from .registry import ALGORITHMS
 

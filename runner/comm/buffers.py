@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable, Sequence
 
-import torch
+from ..lazy import torch
 
 
 def flatten(tensors: Sequence[torch.Tensor]) -> torch.Tensor:

@@ -36,8 +36,8 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 import numpy as np
-import torch
 
+from ..lazy import torch
 from .deadline import DEADLINES, CommTimeout
 from .traffic import Traffic
 from .ulfm import GarbledMessage, free_quietly, track
@@ -47,7 +47,6 @@ TENSOR_BACKENDS = ("mpi", "nccl", "gloo")
 log = logging.getLogger("adpsgd")
 EXCHANGE = 11  # MPI tag of model exchanges
 RING = 12  # MPI tag of the lower-precision ring allreduce
-WIRE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DEFAULT_TIMEOUT_S = 900.0
 
 

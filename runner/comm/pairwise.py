@@ -31,8 +31,8 @@ import time
 from collections.abc import Callable
 
 import numpy as np
-import torch
 
+from ..lazy import torch
 from .progress import ProgressTable
 from .traffic import Traffic
 from .ulfm import free_quietly, track

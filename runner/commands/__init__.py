@@ -12,7 +12,7 @@ Ranks are started as ``python -m runner.worker RUN_DIR`` (by a launcher, never b
 
 
 def run() -> None:
-    """adpsgd-run's entry point. Its modules take seconds to load (torch, Hydra): a Ctrl-C
+    """adpsgd-run's entry point. Its modules take a second to load (Hydra, NumPy): a Ctrl-C
     then ends it with one line, not a traceback; and it takes Ctrl-C also where SIGINT came
     ignored (a job started with & from a script), as every later stage of the command does."""
     import signal
