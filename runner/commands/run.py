@@ -28,6 +28,7 @@ from ..config.compose import (
     check_override_spacing,
     compose_all,
     config_dirs,
+    job_config,
     sweep_jobs,
     validate_job,
 )
@@ -166,11 +167,13 @@ def preflight(argv: list[str]) -> None:
                             "e.g. -cd myconf for myconf/cluster/NAME.yaml")
     check_output_dir(overrides, multirun)
     jobs = sweep_jobs(overrides, multirun)
-    for job, cfg in zip(jobs, compose_all(overrides, multirun, config_name)):
+    single = single_run_dir(argv)  # a single run's one compose serves both
+    configs = ([job_config(_single_run_config(tuple(argv)))] if single
+               else compose_all(overrides, multirun, config_name))
+    for job, cfg in zip(jobs, configs):
         typed = validate_job(cfg)
         check_keys_used(typed, job)
         check_resume(typed, None)
-    single = single_run_dir(argv)
     if single and single[1] is None and single[0].is_dir():  # main() checks again, locked
         from ..launch.run_dir import check_fresh_start
 
@@ -294,22 +297,27 @@ def claim_run_dir(run_dir: Path, resume: str | None) -> None:
 def single_run_dir(argv: list[str]) -> tuple[Path, str | None] | None:
     """(the run dir Hydra will use, ``resume``) for a single run, resolved now (``${now:...}``
     included); None for a sweep or a command that only prints. The check before the job and
-    the job itself ask for the same command line: composed once (half a second), and both see
-    the same ``${now:...}``."""
+    the job itself ask for the same command line: composed once (a quarter of a second), and both
+    see the same ``${now:...}``."""
     return _single_run_dir(tuple(argv))
 
 
 @lru_cache(maxsize=2)
 def _single_run_dir(argv: tuple[str, ...]) -> tuple[Path, str | None] | None:
-    from hydra import compose, initialize_config_module
+    cfg = _single_run_config(argv)
+    return None if cfg is None else (Path(str(cfg.hydra.run.dir)), cfg.get("resume"))
 
+
+@lru_cache(maxsize=2)
+def _single_run_config(argv: tuple[str, ...]) -> DictConfig | None:
+    """The composed config of a single run, Hydra's node included (None for a sweep or a
+    command that only prints)."""
     overrides, multirun, config_name, info = split_argv(list(argv))
     if multirun or info:
         return None
-    with initialize_config_module(config_module=CONFIG_MODULE, version_base=None):
-        cfg = compose(config_name=config_name, overrides=overrides, return_hydra_config=True)
-        HydraConfig.instance().set_config(cfg)
-        return Path(str(cfg.hydra.run.dir)), cfg.get("resume")
+    [cfg] = compose_all(overrides, False, config_name, with_hydra=True)
+    HydraConfig.instance().set_config(cfg)  # ${now:...} and ${hydra:...} resolve from here
+    return cfg
 
 
 def pin_run_dir(run_dir: Path) -> None:

@@ -211,8 +211,11 @@ def sweep_jobs(overrides: list[str], multirun: bool) -> list[list[str]]:
         else [list(overrides)]
 
 
-def compose_all(overrides: list[str], multirun: bool, config_name: str) -> list[DictConfig]:
-    """Compose every job of the command line (every sweep combination with -m)."""
+def compose_all(overrides: list[str], multirun: bool, config_name: str,
+                with_hydra: bool = False) -> list[DictConfig]:
+    """Compose every job of the command line (every sweep combination with -m).
+    ``with_hydra``: keep Hydra's own node (``hydra.run.dir``...), which :func:`job_config`
+    removes again."""
     from hydra import compose, initialize_config_module
 
     RECIPES.require_entries()
@@ -222,11 +225,17 @@ def compose_all(overrides: list[str], multirun: bool, config_name: str) -> list[
     with initialize_config_module(config_module=CONFIG_MODULE, version_base=None):
         for job in jobs:
             try:
-                configs.append(compose(config_name=config_name, overrides=list(job)))
+                configs.append(compose(config_name=config_name, overrides=list(job),
+                                       return_hydra_config=with_hydra))
             except Exception as ex:  # noqa: BLE001
                 raise hydra_error(ex, _chosen_groups(compose, config_name, job),
                                   config_dirs(list(job))) from None
     return configs
+
+
+def job_config(cfg: DictConfig) -> DictConfig:
+    """The job's own config out of one composed with Hydra's node."""
+    return OmegaConf.masked_copy(cfg, [key for key in cfg if key != "hydra"])
 
 
 def _chosen_groups(compose, config_name: str, overrides) -> DictConfig:
