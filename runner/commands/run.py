@@ -299,12 +299,7 @@ def single_run_dir(argv: list[str]) -> tuple[Path, str | None] | None:
     included); None for a sweep or a command that only prints. The check before the job and
     the job itself ask for the same command line: composed once (a quarter of a second), and both
     see the same ``${now:...}``."""
-    return _single_run_dir(tuple(argv))
-
-
-@lru_cache(maxsize=2)
-def _single_run_dir(argv: tuple[str, ...]) -> tuple[Path, str | None] | None:
-    cfg = _single_run_config(argv)
+    cfg = _single_run_config(tuple(argv))  # Hydra caches ${now:...} in the config it resolves
     return None if cfg is None else (Path(str(cfg.hydra.run.dir)), cfg.get("resume"))
 
 
