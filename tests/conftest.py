@@ -122,12 +122,15 @@ def is_readme_simulation(command: str) -> bool:
 
 def pytest_sessionstart(session) -> None:
     """matplotlib lists the system's fonts on its first use on a machine (it runs fc-list and
-    caches the list): done here, so that a fast-tier test that plots finds the cache instead
-    of being refused for starting a process (a fresh machine failed that way)."""
+    caches the list), and torch's first import in a process runs ``ldconfig -p`` (CUDA's
+    library lookup): both done here, so that a fast-tier test that plots or is the first to
+    touch torch (the project's modules import it lazily) is not refused for starting a
+    process (a fresh machine, and a test file run alone, failed that way)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.font_manager  # noqa: F401 - builds and caches the font list
+    import torch  # noqa: F401
 
 
 def pytest_collection_modifyitems(config, items) -> None:

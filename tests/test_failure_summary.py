@@ -26,6 +26,18 @@ def test_a_job_that_died_without_a_summary_gets_one_that_says_failed(tmp_path):
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert (summary["status"], summary["exit_status"], summary["nprocs"]) == ("failed", 137, 4)
     assert summary["checkpoint"] is None and summary["last_eval"] is None
+    assert (summary["steps"], summary["samples"]) == (0, 0)  # stopped before its first step
+
+
+def test_a_failed_job_says_how_far_its_run_dir_shows_it_got(tmp_path):
+    session_started(tmp_path)
+    evals = [{"epoch": e, "step": 20 * e, "samples": 640 * e, "split": "eval", "loss": 1.0}
+             for e in (1, 2)]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in evals))
+    write_failure_summary(tmp_path, CFG, 137)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert (summary["steps"], summary["samples"]) == (40, 1280)
+    assert summary["last_eval"]["step"] == 40
 
 
 def test_ranks_stopped_by_the_runtime_keep_their_summary_but_not_their_status(tmp_path):
@@ -48,4 +60,5 @@ def test_a_summary_from_an_earlier_session_is_replaced(tmp_path):
     session_started(tmp_path)
     write_failure_summary(tmp_path, CFG, 1)
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert (summary["status"], summary["exit_status"]) == ("failed", 1) and "steps" not in summary
+    assert (summary["status"], summary["exit_status"]) == ("failed", 1)
+    assert summary["steps"] == 0  # not the 9 of the earlier session

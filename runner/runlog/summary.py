@@ -188,12 +188,13 @@ def session_summary(run_dir: str | Path) -> dict[str, Any] | None:
 def write_failure_summary(run_dir: str | Path, cfg: Any, exit_status: int,
                           status: str = "failed") -> None:
     """summary.json of a job that ended without a summary of its own (a rank failed or died,
-    or a second Ctrl-C stopped it at once): ``status``, the exit status and the checkpoint to
-    resume from, so that a script scanning run dirs sees every run's outcome; and its
-    TensorBoard hparams session, with the last evaluation's metrics. A summary the ranks
-    wrote in this session is kept (then they got far enough to say more), with the job's
-    status and exit status: ranks that the MPI runtime stopped as it ended a failed job
-    wrote "preempted", but the job failed."""
+    or a second Ctrl-C stopped it at once): ``status``, the exit status, the checkpoint to
+    resume from and how far the run got by its newest checkpoint or evaluation (``steps``,
+    ``samples``; 0 before the first step), so that a script scanning run dirs sees every
+    run's outcome; and its TensorBoard hparams session, with the last evaluation's metrics.
+    A summary the ranks wrote in this session is kept (then they got far enough to say
+    more), with the job's status and exit status: ranks that the MPI runtime stopped as it
+    ended a failed job wrote "preempted", but the job failed."""
     from torch.utils.tensorboard.writer import FileWriter
 
     from ..checkpoint.files import complete_checkpoints
@@ -207,9 +208,14 @@ def write_failure_summary(run_dir: str | Path, cfg: Any, exit_status: int,
     evals = [r for r in read_metrics(run_dir) if r.get("split") == "eval"]
     events = read_events(run_dir)
     nprocs = cfg.launcher.nprocs
+    # How far the run dir shows the run got: its newest checkpoint or evaluation (0 for a
+    # job stopped before its first step), so that every summary.json has steps and samples.
+    reached = [(c.step, c.samples) for c in checkpoints[-1:]]
+    reached += [(int(e.get("step", 0)), int(e.get("samples", 0))) for e in evals[-1:]]
+    steps, samples = max(reached, default=(0, 0))
     write_json_atomic(Path(run_dir) / "summary.json", {
         "status": status, "exit_status": exit_status, "algo": cfg.algo.name,
-        "recipe": cfg.recipe.name, "nprocs": nprocs,
+        "recipe": cfg.recipe.name, "nprocs": nprocs, "steps": steps, "samples": samples,
         "checkpoint": str(checkpoints[-1].path) if checkpoints else None,
         "last_eval": evals[-1] if evals else None, "logs": str(Path(run_dir) / "logs"),
         "restarts": read_restarts(run_dir), "events": events,
