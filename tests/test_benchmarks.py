@@ -171,17 +171,20 @@ def test_simulator_speed(tmp_path):
 @pytest.mark.mpi
 def test_elastic(tmp_path):
     """--quick: ssgd on 4 ranks plain, elastic, and elastic with learner 2 killed a third of
-    the way, without and with a spare; the kill's and the join's cost are measured and every
-    epoch used each sample once."""
+    the way with a spare (the same kill without one, through the same killed_run(), is the
+    full mode's); the kill's and the join's cost are measured and every epoch used each
+    sample once."""
     r, rows = run_quick(tmp_path, "bench_elastic", "--runs", str(tmp_path / "runs"))
     (case,) = r["cases"]
     assert (case["algo"], case["nprocs"], case["killed_learner"]) == ("ssgd", 4, 2)
     assert positive(case["plain_samples_per_s"]) and positive(case["elastic_samples_per_s"])
     assert positive(case["plain_openmpi_samples_per_s"])
-    assert positive(case["kill_to_training_s"]) and positive(case["recovered_s"])
-    assert positive(case["samples_per_s_before"]) and positive(case["samples_per_s_after"])
-    assert case["every_sample_once"] is True and case["killed_top1"] > 50
-    rejoined = case["rejoined"]  # the same kill with a spare, which joins
+    assert case["killed_top1"] is None and case["kill_to_training_s"] is None  # no such job
+    rejoined = case["rejoined"]  # learner 2 killed, and the spare joins
+    assert positive(rejoined["kill_to_training_s"]) and positive(rejoined["recovered_s"])
+    assert positive(rejoined["samples_per_s_before"])
+    assert positive(rejoined["samples_per_s_after"])
+    assert case["every_sample_once"] is True
     assert rejoined["learners_at_end"] == 4 and rejoined["top1"] > 50
     assert positive(rejoined["joined_s"])
     assert rejoined["kill_to_joined_s"] > rejoined["joined_s"]

@@ -180,14 +180,26 @@ def test_a_helper_process_that_outlives_mpiexec_is_ended_with_the_job(tmp_path):
     assert left == [], "the helper outlived the job"
 
 
-def test_the_failing_ranks_line_reaches_the_terminal(tmp_path):
+@pytest.fixture(scope="module")
+def nonfinite_run(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
+    """The SSGD job on 4 ranks whose rank 2 gets a non-finite loss at step 6, checkpointing
+    every 4 steps, with restarts allowed; the two tests below read it (one job, not a 4-rank
+    and a 2-rank one: each holds for any number of ranks, and all 4 ranks' checkpoints are
+    checked where 2 were)."""
+    work = tmp_path_factory.mktemp("nonfinite")
+    run_dir = work / "run"
+    proc = run_cli([*EXACT[:2], "launcher.nprocs=4", *EXACT[3:], "trainer.epochs=2",
+                    "trainer.checkpoint_every=4", "faults.nonfinite_loss.ranks=[2]",
+                    "faults.nonfinite_loss.steps=[6]", "launcher.max_restarts=2",
+                    f"hydra.run.dir={run_dir}"], cwd=work, check=False, timeout=120)
+    return proc, run_dir
+
+
+def test_the_failing_ranks_line_reaches_the_terminal(nonfinite_run):
     """A rank's one-line error used to die with MPI_Abort before mpiexec forwarded it (3 of 4
     NaN runs, so one run catches it coming back most of the time; tests/test_cli.py's failing
     rank is a second): the launcher prints it from the rank's exit record, every time."""
-    proc = run_cli([*EXACT[:2], "launcher.nprocs=4", *EXACT[3:], "trainer.epochs=2",
-                    "trainer.checkpoint_every=4", "faults.nonfinite_loss.ranks=[2]",
-                    "faults.nonfinite_loss.steps=[6]", f"hydra.run.dir={tmp_path / 'run'}"],
-                   cwd=tmp_path, check=False, timeout=120)
+    proc, _ = nonfinite_run
     errors = [line for line in proc.stderr.splitlines() if line.startswith("adpsgd-run: error:")]
     assert proc.returncode == 2 and len(errors) == 1, proc.stderr
     assert "non-finite training loss or weights at step 8 on ranks 0, 1, 2, 3" in errors[0]
@@ -278,13 +290,10 @@ def assert_like_uninterrupted(algo: str, top1: float, how: str) -> None:
     assert top1 >= mean - 3 * sd, f"{top1:.2f}% against uninterrupted {spread}"
 
 
-def test_a_nonfinite_loss_stops_with_one_line_and_keeps_the_last_good_checkpoint(tmp_path):
+def test_a_nonfinite_loss_stops_with_one_line_and_keeps_the_last_good_checkpoint(
+        nonfinite_run):
     """...and is not restarted (a user's error: it would fail again), restarts or not."""
-    run_dir = tmp_path / "run"
-    proc = run_cli([*EXACT, "trainer.epochs=2", "trainer.checkpoint_every=4",
-                    "faults.nonfinite_loss.ranks=[1]", "faults.nonfinite_loss.steps=[6]",
-                    "launcher.max_restarts=2", f"hydra.run.dir={run_dir}"], cwd=tmp_path,
-                   check=False, timeout=120)
+    proc, run_dir = nonfinite_run
     assert proc.returncode == 2, proc.stderr
     assert "restart" not in proc.stderr, proc.stderr
     errors = [line for line in proc.stderr.splitlines() if line.startswith("adpsgd-run: error:")]
@@ -292,7 +301,7 @@ def test_a_nonfinite_loss_stops_with_one_line_and_keeps_the_last_good_checkpoint
     assert "Fix: lower optim.lr" in errors[0] and "Traceback" not in proc.stderr
     [checkpoint] = complete_checkpoints(run_dir)  # the step-4 one; none of a poisoned model
     assert checkpoint.step == 4 and str(checkpoint.path) in errors[0]
-    for rank in range(2):
+    for rank in range(4):
         model = load_rank_state(checkpoint, rank)["model"]
         assert all(torch.isfinite(v).all() for v in model.values())
     summary = json.loads((run_dir / "summary.json").read_text())

@@ -158,13 +158,15 @@ def test_resume_auto_says_what_it_continues(tmp_path):
     trained crashed a rank before: the schedule's rate was 0 there)."""
     job = [str(BIN / "adpsgd-run"), "recipe=digit_images", "algo=ssgd", "launcher.nprocs=1",
            "trainer.progress=false"]
-    fresh = subprocess.run([*job, "trainer.epochs=1", "resume=auto"], cwd=tmp_path,
+    fresh = subprocess.run([*job, "trainer.epochs=2", "resume=auto"], cwd=tmp_path,
                            capture_output=True, text=True, timeout=300)
     assert fresh.returncode == 0, fresh.stderr[-2000:]
-    assert fresh.stdout.startswith("adpsgd-run: resume=auto without hydra.run.dir: "), fresh.stdout
-    run_dir = tmp_path / "run"
-    subprocess.run([*job, "trainer.epochs=2", f"hydra.run.dir={run_dir}"], cwd=tmp_path,
-                   check=True, capture_output=True, timeout=300)
+    said = re.match(r"adpsgd-run: resume=auto without hydra.run.dir: (\S+) is a new run dir",
+                    fresh.stdout)
+    assert said, fresh.stdout
+    # That fresh run is the finished run the rest continues (one training job, not two).
+    run_dir = tmp_path / said.group(1)  # (as printed: absolute, or under the cwd)
+    assert run_dir.is_relative_to(tmp_path / "runs") and (run_dir / "summary.json").exists()
     log = (run_dir / "logs" / "rank0.log").read_text()
     for epochs in (2, 1):
         done = subprocess.run([*job, f"trainer.epochs={epochs}", "resume=auto",

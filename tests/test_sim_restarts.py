@@ -5,6 +5,8 @@ run (runner/sim/timing.py), the others go on without the failed node."""
 
 from __future__ import annotations
 
+import copy
+import functools
 import json
 import math
 import re
@@ -15,6 +17,7 @@ import sys
 import numpy as np
 import pytest
 import torch
+from omegaconf import OmegaConf, read_write
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from runner.errors import UserError
@@ -35,9 +38,20 @@ TIMING = ["recipe=swb2000", "launcher=sim", "launcher.timing_only=true",
           "launcher.samples_per_epoch=2560", "trainer.epochs=1", "trainer.progress=false"]
 
 
+@functools.cache
+def composed(overrides: tuple[str, ...]):
+    """compose_config, once per distinct job in this module (composing costs far more than a
+    timing-only run); callers get a copy of their own."""
+    return compose_config(list(overrides))
+
+
+def timing_config(*overrides: str, algo: str = "ssgd", n: int = 8):
+    return copy.deepcopy(composed((*TIMING, f"algo={algo}", f"launcher.nprocs={n}",
+                                   *overrides)))
+
+
 def timing(tmp_path, *overrides: str, algo: str = "ssgd", n: int = 8) -> dict:
-    return TimingSimulation(compose_config([*TIMING, f"algo={algo}", f"launcher.nprocs={n}",
-                                            *overrides]), tmp_path).run()
+    return TimingSimulation(timing_config(*overrides, algo=algo, n=n), tmp_path).run()
 
 
 def test_a_restart_costs_the_training_since_the_checkpoint_and_the_downtime(tmp_path):
@@ -135,10 +149,23 @@ def test_random_failures_cost_what_the_failure_model_expects(tmp_path):
     checkpoint_s = free["failures"]["checkpoint_s"]
     step_s = (free["virtual_s"] - 5 * checkpoint_s) / 10  # writes after every 2 steps
     mtbf_s, restart_s = free["virtual_s"] / 2, 0.5
-    walls = [timing(tmp_path / f"s{seed}", *ckpt, f"seed={seed}",
-                    f"cluster.failures.node_mtbf_hours={2 * mtbf_s / 3600!r}",  # 2 nodes
-                    f"cluster.failures.restart_s={restart_s}",
-                    "launcher.max_restarts=1000")["virtual_s"] for seed in range(150)]
+    job = [*ckpt, f"cluster.failures.node_mtbf_hours={2 * mtbf_s / 3600!r}",  # 2 nodes
+           f"cluster.failures.restart_s={restart_s}", "launcher.max_restarts=1000"]
+
+    # The job composed once (read-only: no run can change it for the next), its seed set per
+    # run: what composing it with seed= gives.
+    cfg = timing_config(*job)
+    OmegaConf.set_readonly(cfg, True)
+
+    def seeded(seed: int):
+        with read_write(cfg):
+            cfg.seed = seed
+        return cfg
+
+    assert seeded(3) == compose_config([*TIMING, "algo=ssgd", "launcher.nprocs=8", *job,
+                                        "seed=3"])
+    walls = [TimingSimulation(seeded(seed), tmp_path / f"s{seed}").run()["virtual_s"]
+             for seed in range(150)]
     model = FailureModel(2 * mtbf_s, 2, checkpoint_s, restart_s, 0.0)
     rng = np.random.default_rng(7)
     # The model writes no checkpoint after the last interval; the run does, at the epoch's end.

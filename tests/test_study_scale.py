@@ -3,6 +3,8 @@ structure (numbers are not asserted: --quick is the wiring, not a measurement)."
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import json
 import subprocess
 import sys
@@ -16,14 +18,23 @@ pytestmark = pytest.mark.slow
 SCRIPT = REPO / "benchmarks" / "study_scale.py"
 
 
+@functools.cache
+def load_script():
+    """The script as a module: the studies run in this process (they simulate in-process
+    anyway), sparing each a fresh interpreter's imports; test_a_bad_study_option_is_one_line
+    runs the file itself."""
+    spec = importlib.util.spec_from_file_location("study_scale", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def run_study(study: str, tmp_path, *options: str) -> dict:
     out = tmp_path / f"{study}.json"
     markdown = tmp_path / f"{study}.md"
-    proc = subprocess.run([sys.executable, str(SCRIPT), study, "--quick", "--json", str(out),
-                           "--markdown", str(markdown), "--runs", str(tmp_path / "runs"),
-                           *options],
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    # main's status: 0, or 2 with the one-line error on stderr (pytest shows it)
+    assert load_script().main([study, "--quick", "--json", str(out), "--markdown",
+                               str(markdown), "--runs", str(tmp_path / "runs"), *options]) == 0
     result = json.loads(out.read_text())
     assert result["study"] == study and result["quick"] is True
     assert {"date", "command", "machine", "load_before", "load_after"} <= set(result)

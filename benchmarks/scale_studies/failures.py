@@ -41,8 +41,10 @@ from .common import bench, simulate
 FULL = {"nprocs": [64, 1024], "epochs": 16, "node_mtbf_hours": [100.0, 1000.0],
         "intervals_min": [5.0, 15.0, 60.0], "draws": 2000, "samples_per_epoch": 0,
         "event_loop_draws": 0}
+# --quick: epochs of 10 steps at n=8 and 5 at n=16, so that the event loop's runs take both
+# branches of PER_EPOCH (checkpoints 1 and 2 per epoch at n=8, 1 where 5 steps do not divide)
 QUICK = {"nprocs": [8, 16], "epochs": 1, "node_mtbf_hours": [1.0, 10.0],
-         "intervals_min": [5.0], "draws": 50, "samples_per_epoch": 8 * 32 * 40,
+         "intervals_min": [5.0], "draws": 50, "samples_per_epoch": 16 * 32 * 5,
          "event_loop_draws": 2}
 PER_EPOCH = (1, 2, 4)  # checkpoints per epoch in the event loop's runs
 GPUS_PER_NODE = 4  # the P9 cluster's
