@@ -34,6 +34,11 @@ def start_hogs(count: int, max_s: float) -> list[int]:
         pid = os.fork()
         if pid == 0:
             signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C stops the command; we stop these
+            # A session of its own, as another user's job has: where the kernel shares the
+            # CPU between sessions first (sched_autogroup), hogs in the command's session
+            # would only compete with it and with the ranks that share it (Open MPI's), not
+            # with MPICH's ranks, each of which hydra starts in a session of its own.
+            os.setsid()
             try:
                 spin(parent, max_s)
             finally:

@@ -56,6 +56,10 @@ def test_killing_the_script_stops_its_hogs():
                                       capture_output=True, text=True).stdout.splitlines()
             hogs = [int(c.split()[0]) for c in children if "under_load" in c]
             command = [int(c.split()[0]) for c in children if c.split()[1] == "sleep"]
+        # Each hog leads a session of its own, as another user's job does, so that a kernel
+        # that shares the CPU by session (autogroup) sets it against every rank, not only
+        # against the command's own session.
+        assert all(os.getsid(h) == h for h in hogs) and os.getsid(command[0]) != hogs[0]
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)
         assert gone_soon(hogs), "a busy process outlived the script"
