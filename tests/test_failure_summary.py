@@ -6,7 +6,11 @@ import json
 import os
 import time
 
+import pytest
+
 from runner.config.compose import compose_all, validate
+from runner.errors import UserError
+from runner.runlog.records import drop_torn_tail, read_metrics
 from runner.runlog.summary import write_failure_summary
 
 CFG = validate(compose_all(["recipe=digit_images", "algo=dpsgd", "launcher.nprocs=4"], False,
@@ -62,3 +66,32 @@ def test_a_summary_from_an_earlier_session_is_replaced(tmp_path):
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert (summary["status"], summary["exit_status"]) == ("failed", 1)
     assert summary["steps"] == 0  # not the 9 of the earlier session
+
+
+def test_an_append_cut_short_is_left_out_and_the_next_one_starts_its_own_line(tmp_path):
+    """A rank killed (or a disk filled) while it appended an evaluation leaves a last line
+    without its newline: the failed job's summary still comes out, and the next session's
+    writer cuts that line off before it appends."""
+    session_started(tmp_path)
+    whole = json.dumps({"epoch": 1, "step": 20, "samples": 640, "split": "eval"}) + "\n"
+    (tmp_path / "metrics.jsonl").write_text(whole + '{"epoch": 2, "step": 4')
+    write_failure_summary(tmp_path, CFG, 137)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert (summary["status"], summary["steps"], summary["samples"]) == ("failed", 20, 640)
+    assert [r["step"] for r in read_metrics(tmp_path)] == [20]
+    drop_torn_tail(tmp_path / "metrics.jsonl")
+    assert (tmp_path / "metrics.jsonl").read_text() == whole
+    drop_torn_tail(tmp_path / "nothing.jsonl")  # no file: nothing to do
+
+
+def test_a_damaged_line_inside_metrics_is_named(tmp_path):
+    """Not an append cut short (more lines follow it): damage, named with its line, for the
+    commands that read the file; the failed job's summary leaves the evaluations out."""
+    session_started(tmp_path)
+    good = json.dumps({"epoch": 1, "step": 20, "samples": 640, "split": "eval"})
+    (tmp_path / "metrics.jsonl").write_text(f"{good}\n{good[:-9]}\x00\n{good}\n")
+    with pytest.raises(UserError, match=r"metrics.jsonl line 2 is not a JSON record"):
+        read_metrics(tmp_path)
+    write_failure_summary(tmp_path, CFG, 1)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert (summary["status"], summary["steps"], summary["last_eval"]) == ("failed", 0, None)

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..errors import one_line
+from ..errors import UserError, one_line
 
 # The launcher's record of the restarts of a run (launcher.max_restarts, runner/launch/
 # restarts.py); summary.json repeats it as ``restarts``.
@@ -64,8 +64,38 @@ def write_json_atomic(path: Path, payload: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
+def drop_torn_tail(path: Path) -> None:
+    """Cut a last line that has no newline (an append that a kill or a full disk cut short)
+    off a JSON-lines file, so that the next append starts a line of its own."""
+    try:
+        with open(path, "r+b") as f:
+            data = f.read()
+            if data and not data.endswith(b"\n"):
+                f.truncate(data.rfind(b"\n") + 1)
+    except FileNotFoundError:
+        pass
+
+
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
+    """metrics.jsonl's records. A last line without its newline that does not parse is an
+    append that a kill or a full disk cut short: left out. Any other line that is not a JSON
+    object is damage: UserError naming the file and the line."""
     path = Path(run_dir) / "metrics.jsonl"
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    text = path.read_text(errors="replace")
+    lines = text.splitlines()
+    records = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError:
+            record = None
+        if isinstance(record, dict):
+            records.append(record)
+        elif not (number == len(lines) and not text.endswith("\n")):
+            raise UserError(f"{path} line {number} is not a JSON record (the file is damaged)",
+                            "restore the file, or delete that line")
+    return records

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..errors import UserError
 from .events import read_events, write_events_text
 from .learners import learners_of, slowest_learner_line
 from .records import read_metrics, read_restarts, write_json_atomic
@@ -205,13 +206,17 @@ def write_failure_summary(run_dir: str | Path, cfg: Any, exit_status: int,
                               {**written, "status": status, "exit_status": exit_status})
         return
     checkpoints = complete_checkpoints(run_dir)
-    evals = [r for r in read_metrics(run_dir) if r.get("split") == "eval"]
+    try:
+        evals = [r for r in read_metrics(run_dir) if r.get("split") == "eval"]
+    except UserError:  # a damaged file must not hide why the job failed: left out here
+        evals = []
     events = read_events(run_dir)
     nprocs = cfg.launcher.nprocs
     # How far the run dir shows the run got: its newest checkpoint or evaluation (0 for a
     # job stopped before its first step), so that every summary.json has steps and samples.
     reached = [(c.step, c.samples) for c in checkpoints[-1:]]
-    reached += [(int(e.get("step", 0)), int(e.get("samples", 0))) for e in evals[-1:]]
+    reached += [(e["step"], e["samples"]) for e in evals[-1:]
+                if isinstance(e.get("step"), int) and isinstance(e.get("samples"), int)]
     steps, samples = max(reached, default=(0, 0))
     write_json_atomic(Path(run_dir) / "summary.json", {
         "status": status, "exit_status": exit_status, "algo": cfg.algo.name,

@@ -18,7 +18,7 @@ import numpy as np
 
 from .events import write_events_text
 from .learners import learner_times
-from .records import finite_json, write_json_atomic
+from .records import drop_torn_tail, finite_json, write_json_atomic
 
 
 class RunLog:
@@ -34,6 +34,7 @@ class RunLog:
         self.run_dir = Path(run_dir)
         self.writer = SummaryWriter(log_dir=str(self.run_dir / "tb"), purge_step=purge_step)
         self.metrics_path = self.run_dir / "metrics.jsonl"
+        drop_torn_tail(self.metrics_path)  # an earlier session's, cut by its end
         if purge_step is None:  # a resumed run has these in its first session's events
             self.writer.add_custom_scalars(custom_scalars_layout(metric))
             self.text("config", config_markdown(cfg), 0)
