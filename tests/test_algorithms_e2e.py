@@ -17,6 +17,13 @@ VARIANTS = {
     "local-sgd": ["algo=local_sgd", "algo.period=4"],  # 5 epochs are only ~60 steps
 }
 ASYNC_STATS = {"exchanges", "staleness_mean", "staleness_max"}
+ASYNCHRONOUS = ("adpsgd-fixed", "adpsgd-random", "hadpsgd")
+# Asynchronous learners train on whatever interleaving the machine gives them. On a loaded
+# machine one adpsgd-random run in about a dozen diverged for a while: consensus distance 749
+# at epoch 2 (1.6 at epoch 1), the averaged model at chance, back to 88% by epoch 4, when a
+# 5-epoch cosine schedule had already cooled the rate to a tenth. Twice the epochs keep the
+# rate up long enough to recover from such a detour.
+ASYNCHRONOUS_EPOCHS = 10
 
 
 def tensorboard_tags(run_dir):
@@ -30,8 +37,9 @@ def tensorboard_tags(run_dir):
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_reaches_90_percent_on_4_ranks_and_reports_decentralized_metrics(tmp_path, variant):
     run_dir = tmp_path / "run"
+    epochs = ASYNCHRONOUS_EPOCHS if variant in ASYNCHRONOUS else 5
     run_cli([*VARIANTS[variant], "recipe=digit_images", "launcher.nprocs=4",
-             "trainer.epochs=5", f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+             f"trainer.epochs={epochs}", f"hydra.run.dir={run_dir}"], cwd=tmp_path)
     metrics, summary = read_run(run_dir)
     assert summary["status"] == "completed" and summary["nprocs"] == 4
     assert summary["top1"] >= 90.0, summary["final"]
@@ -53,7 +61,7 @@ def test_reaches_90_percent_on_4_ranks_and_reports_decentralized_metrics(tmp_pat
             "time/idle_s/rank3"} | {f"{split}/top1" for split in splits} <= tags
     if variant == "hadpsgd":  # the two ranks of each node hold one super learner's model
         assert summary["node_replicas_identical"]
-    if variant.startswith(("adpsgd-fixed", "adpsgd-random", "hadpsgd")):
+    if variant in ASYNCHRONOUS:
         assert ASYNC_STATS <= set(summary["algo_stats"])
         # hadpsgd: the node leaders (local rank 0) own the gossip; the other ranks report none.
         gossiping = [0, 2] if variant == "hadpsgd" else [0, 1, 2, 3]
