@@ -17,6 +17,7 @@ from runner.launch.watchdog import (
     LauncherLink,
     RankWatchdog,
     datagram_sender,
+    process_alive,
     write_exit_record,
 )
 from runner.runlog.events import record_event
@@ -184,3 +185,32 @@ def test_mpiexec_is_not_waited_for_on_lost_learners_behind_a_cut_once_the_others
     finally:
         watchdog.stop()
         listener.close()
+
+
+def test_the_ranks_it_kills_have_exited_when_the_launcher_returns(tmp_path, capsys):
+    """A SIGKILLed process still runs its exit: one that touched 1 GiB is alive for ~0.25 s
+    after the signal here, longer on a loaded machine. The job returns only once its killed
+    ranks are gone (a loaded run of test_dead_rank found one left); one that outlasts the
+    wait is named."""
+    touched_1gib = "import time; block = b'x' * (1 << 30); print(flush=True); time.sleep(120)"
+    for exit_wait_s in (10.0, 0.0):
+        run_dir = tmp_path / f"wait{exit_wait_s:g}"
+        (run_dir / "logs").mkdir(parents=True)
+        rank = subprocess.Popen([sys.executable, "-c", touched_1gib], stdout=subprocess.PIPE)
+        rank.stdout.readline()
+        (run_dir / "logs" / "rank0.pid").write_text(f"{rank.pid} {socket.gethostname()}\n")
+        watchdog = RankWatchdog(run_dir, 1)
+        try:
+            assert watchdog.kill_leftovers(exit_wait_s) == [0]
+            gone = not process_alive(rank.pid)
+        finally:
+            rank.kill()
+            rank.wait()
+            watchdog.stop()
+        stderr = capsys.readouterr().err
+        if exit_wait_s:
+            assert gone and stderr == ""
+        else:  # no wait: still exiting, and said so
+            assert not gone
+            assert stderr.startswith(f"adpsgd-run: rank 0 (pid {rank.pid}) was killed but has "
+                                     "not exited after 0 s"), stderr

@@ -37,6 +37,7 @@ import os
 import select
 import signal
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -463,6 +464,10 @@ def process_alive(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
+# How long the launcher waits for the ranks it killed to exit before it returns.
+LEFTOVER_EXIT_S = 10.0
+
+
 @dataclass(frozen=True)
 class StalledRank:
     rank: int
@@ -670,11 +675,24 @@ class RankWatchdog:
             except (ProcessLookupError, PermissionError):
                 pass
 
-    def kill_leftovers(self) -> list[int]:
-        """SIGKILL every rank process still alive; return their ranks."""
+    def kill_leftovers(self, exit_wait_s: float = LEFTOVER_EXIT_S) -> list[int]:
+        """SIGKILL every rank process still alive and wait, up to ``exit_wait_s``, until they
+        are gone; return their ranks. A killed process still has to run its exit (unmap its
+        memory, close its files), and on a busy machine that waits for a core: without the
+        wait the job returned while a rank still held its memory (a test saw it as an
+        orphan). One that outlasts the wait (stuck in the kernel) is named on stderr."""
         self.refresh()
         alive = [rank for rank, pid in self.pids.items() if process_alive(pid)]
         self.signal_ranks(signal.SIGKILL, alive)
+        deadline = time.monotonic() + exit_wait_s
+        while (left := [rank for rank in alive if process_alive(self.pids[rank])]) \
+                and time.monotonic() < deadline:
+            time.sleep(0.01)
+        for rank in left:
+            print(f"adpsgd-run: rank {rank} (pid {self.pids[rank]}) was killed but has not "
+                  f"exited after {exit_wait_s:g} s (stuck in the kernel: I/O to a hung "
+                  f"file system?); look at it with: ps -o pid,stat,wchan -p "
+                  f"{self.pids[rank]}", file=sys.stderr, flush=True)
         return alive
 
     def exit_statuses(self) -> dict[int, int | None]:
