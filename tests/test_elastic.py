@@ -544,6 +544,58 @@ def test_a_job_that_is_not_elastic_runs_on_open_mpi_too(not_elastic_on_open_mpi)
     assert "MPI_" not in proc.stderr
 
 
+# Open MPI 5 keeps a job's session files in TMPDIR/ompi.<mpiexec's pid>, and a killed mpiexec
+# leaves them there. In a pid namespace of its own a job's processes get the first pids, so
+# files under all of these stand in the way of whichever pid its mpiexec gets.
+STALE_SESSION_PIDS = 3000
+FRESH_PIDS = ["unshare", "--pid", "--fork", "--mount-proc"]
+
+
+def in_fresh_pids(command: list[str], tmpdir: Path, timeout: float = 240
+                  ) -> subprocess.CompletedProcess:
+    """Run ``command`` with TMPDIR=``tmpdir`` in a pid namespace of its own (pids from 1)."""
+    return subprocess.run([*FRESH_PIDS, *command], capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, "TMPDIR": str(tmpdir)})
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_the_session_files_of_a_killed_mpiexec_do_not_stop_a_later_job(tmp_path):
+    """Pids come round again (at 32768 here): an Open MPI job whose mpiexec got the pid of one
+    killed earlier failed to start ("The PMIx server's listener thread failed to start",
+    exit status 213) in a loaded run of the suite. Here every pid a job can get holds the
+    files a killed mpiexec left: a bare mpiexec fails on them, adpsgd-run's job completes
+    (its Open MPI keeps its session files in a directory of the job's own) and leaves no
+    session files behind."""
+    mpiexec = str(ULFM_PREFIX / "bin" / "mpiexec")
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir()
+    if subprocess.run([*FRESH_PIDS, "true"], capture_output=True).returncode != 0:
+        pytest.skip("unshare cannot make a pid namespace here (it needs root)")
+    bare = [mpiexec, "--oversubscribe", *(["--allow-run-as-root"] if os.geteuid() == 0
+                                          else []), "-n", "1"]
+    killed = in_fresh_pids(["bash", "-c", f"{' '.join(bare)} sleep 60 & "
+                            f"until ls {tmpdir}/ompi.*/pmix.*.tool >/dev/null 2>&1; "
+                            "do sleep 0.05; done; kill -9 $!"], tmpdir, timeout=60)
+    assert killed.returncode == 0, killed.stderr
+    (left,) = tmpdir.glob("ompi.*")
+    rendezvous = next(left.glob("pmix.*.tool"))
+    for pid in range(1, STALE_SESSION_PIDS):
+        (tmpdir / f"ompi.{pid}").mkdir(exist_ok=True)
+        (tmpdir / f"ompi.{pid}" / rendezvous.name).write_bytes(rendezvous.read_bytes())
+    failed = in_fresh_pids([*bare, "true"], tmpdir, timeout=60)
+    assert failed.returncode != 0 and "listener thread failed to start" in failed.stdout + \
+        failed.stderr, failed
+
+    run_dir = tmp_path / "run"
+    proc = in_fresh_pids([str(BIN / "adpsgd-run"), "recipe=digit_images", "algo=ssgd",
+                          "launcher.nprocs=2", "launcher.elastic=true", "trainer.epochs=1",
+                          "trainer.progress=false", f"hydra.run.dir={run_dir}"], tmpdir)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert read_run(run_dir)[1]["status"] == "completed"
+    assert list(tmpdir.glob("adpsgd-ompi-*")) == []
+
+
 @pytest.mark.mpi
 @pytest.mark.slow
 def test_a_learner_killed_during_the_final_evaluation_is_undone_and_the_run_completes(tmp_path):

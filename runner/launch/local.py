@@ -53,6 +53,7 @@ from .ulfm_mpi import (
     open_mpi_args,
     open_mpi_link_args,
     open_mpi_remote_args,
+    session_base,
     ulfm_environment,
 )
 from .watchdog import (
@@ -436,15 +437,21 @@ class LocalLauncher(Launcher):
         """The job's MPI processes: its learners and their spares (launcher.spares)."""
         return self.cfg.nprocs + self.cfg.spares
 
-    def command(self, run_dir: Path) -> list[str]:
-        return self.mpiexec_command(["-m", "runner.worker", str(run_dir)])
+    def command(self, run_dir: Path, session_dirs: str | None = None) -> list[str]:
+        return self.mpiexec_command(["-m", "runner.worker", str(run_dir)],
+                                    session_dirs=session_dirs)
 
-    def mpiexec_command(self, program: list[str], cleanup_by_watchdog: bool = True
-                        ) -> list[str]:
+    def mpiexec(self) -> str:
+        """The mpiexec the job starts with: Open MPI 5's for an elastic job."""
+        return (find_ulfm_mpiexec(self.cfg.mpiexec) if self.cfg.elastic else
+                find_mpiexec(self.cfg.mpiexec))
+
+    def mpiexec_command(self, program: list[str], cleanup_by_watchdog: bool = True,
+                        session_dirs: str | None = None) -> list[str]:
         """``mpiexec -n N [hosts] python PROGRAM...`` as this launcher places ranks (the
-        benchmarks' jobs too, benchmarks/harness.py)."""
-        mpiexec = (find_ulfm_mpiexec(self.cfg.mpiexec) if self.cfg.elastic else
-                   find_mpiexec(self.cfg.mpiexec))
+        benchmarks' jobs too, benchmarks/harness.py); ``session_dirs``: Open MPI's base for
+        them (ulfm_mpi.session_base)."""
+        mpiexec = self.mpiexec()
         hosts = (hostfile_args(mpiexec, self.cfg.hostfile,
                                remote_shell_path(self.cfg.remote_shell, "launcher.remote_shell"),
                                self.cfg.procs_per_node) if self.cfg.hostfile else [])
@@ -454,8 +461,9 @@ class LocalLauncher(Launcher):
                     name for name in ("PYTHONPATH",) if name in os.environ)])
                 if self.cfg.elastic:
                     hosts += open_mpi_link_args()
-            return [mpiexec, "-n", str(self.processes), *open_mpi_args(self.cfg.elastic),
-                    *hosts, *self.cfg.mpiexec_args, sys.executable, *program]
+            return [mpiexec, "-n", str(self.processes),
+                    *open_mpi_args(self.cfg.elastic, session_dirs), *hosts,
+                    *self.cfg.mpiexec_args, sys.executable, *program]
         cleanup = self.cleanup_args(mpiexec) if cleanup_by_watchdog else []
         if self.cfg.hostfile and mpi_flavor(mpiexec) == "hydra":
             # How each rank on another host ended: the watchdog sees no pid there.
@@ -486,8 +494,7 @@ class LocalLauncher(Launcher):
         # (With a hostfile, each host is taken to have this machine's cores.)
         env.setdefault("OMP_NUM_THREADS",
                        str(max(1, (os.cpu_count() or 1) // self.ranks_per_machine())))
-        mpiexec = (find_ulfm_mpiexec(self.cfg.mpiexec) if self.cfg.elastic else
-                   find_mpiexec(self.cfg.mpiexec))
+        mpiexec = self.mpiexec()
         if has_ulfm(mpiexec):  # mpi4py loads that Open MPI's libmpi, not the venv's MPICH
             env.update(ulfm_environment(mpiexec, env))
         return env
@@ -524,7 +531,14 @@ class LocalLauncher(Launcher):
 
     def run_job(self, run_dir: Path) -> tuple[int, JobFailure | None]:
         """Run the MPI job once; its exit status, and how it failed (None: it completed or
-        stopped as asked)."""
+        stopped as asked). Open MPI's session directories go in a base of the job's own."""
+        if not has_ulfm(self.mpiexec()):
+            return self._run_job(run_dir, None)
+        with session_base() as base:
+            return self._run_job(run_dir, base)
+
+    def _run_job(self, run_dir: Path, session_dirs: str | None
+                 ) -> tuple[int, JobFailure | None]:
         clear_rank_files(run_dir, self.processes)
         # Ranks on other hosts send their heartbeats over the network (runner/launch/
         # watchdog.py): a host that hangs or loses its link falls silent.
@@ -544,9 +558,9 @@ class LocalLauncher(Launcher):
         with StopForwarding(watchdog) as forwarding:
             stderr_read, stderr_write = os.pipe()
             try:
-                proc = subprocess.Popen(self.command(run_dir), env=env, start_new_session=True,
-                                        stdout=subprocess.PIPE, stderr=stderr_write, text=True,
-                                        errors="replace")
+                proc = subprocess.Popen(self.command(run_dir, session_dirs), env=env,
+                                        start_new_session=True, stdout=subprocess.PIPE,
+                                        stderr=stderr_write, text=True, errors="replace")
             finally:
                 os.close(stderr_write)
             if self.cfg.hostfile:

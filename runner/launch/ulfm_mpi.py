@@ -9,9 +9,12 @@ Any job whose mpiexec is Open MPI 5's (``launcher.mpiexec``) starts the same way
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 from ..errors import ConfigError
@@ -51,15 +54,34 @@ def ulfm_environment(mpiexec: str, env: dict[str, str]) -> dict[str, str]:
             "LD_LIBRARY_PATH": os.pathsep.join(paths)}
 
 
-def open_mpi_args(elastic: bool) -> list[str]:
+def open_mpi_args(elastic: bool, session_base: str | None = None) -> list[str]:
     """Open MPI 5's mpiexec arguments: ``elastic``: failures are the application's to
     handle (ULFM); ranks may outnumber cores (as MPICH allows); root may run it (containers,
-    CI)."""
+    CI); ``session_base``: where its session directories go (:func:`session_base`)."""
     args = ["--with-ft", "ulfm"] if elastic else []
     args.append("--oversubscribe")
     if os.geteuid() == 0:
         args.append("--allow-run-as-root")
+    if session_base:
+        args += ["--prtemca", "prte_tmpdir_base", session_base]
     return args
+
+
+@contextlib.contextmanager
+def session_base() -> Iterator[str]:
+    """A fresh directory for one Open MPI job's session directories, removed after the job.
+
+    Open MPI 5 keeps them in TMPDIR/ompi.<mpiexec's pid> (prted.<pid> for its daemons on
+    other hosts), and a killed mpiexec leaves its own behind. Pids come round again (at 32768
+    on many Linux systems): a later mpiexec given the same pid found the old rendezvous files
+    there and failed before starting a rank ("The PMIx server's listener thread failed to
+    start", exit status 213; seen in a test suite that kills jobs). A base of each job's own
+    cannot hold another job's files. Other hosts keep an empty base directory."""
+    base = tempfile.mkdtemp(prefix="adpsgd-ompi-")
+    try:
+        yield base
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def open_mpi_remote_args(mpiexec: str, names: list[str]) -> list[str]:
