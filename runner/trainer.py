@@ -32,6 +32,7 @@ from .recipe import RECIPES
 from .runlog.progress import ProgressBar, evaluation_postfix
 from .runlog.records import record_training_again
 from .runlog.summary import gather_summary, rank_report
+from .runlog.throughput import Throughput
 from .runlog.writer import RunLog
 from .train.compute_path import ComputePath
 from .train.data import BatchFetcher, ShardedBatches
@@ -144,7 +145,7 @@ class Trainer:
         self.stop_status = self.stop.at_start()
         first_step = state.step
         self.start_time = time.perf_counter() - state.elapsed_before
-        self._last_log = (time.perf_counter(), state.samples)
+        self.throughput = Throughput(time.perf_counter(), state.samples)
         self.membership = Membership.of(self)  # None unless launcher.elastic; spares wait
         if self.membership is not None and self.membership.waiting:  # a spare not needed
             return {}
@@ -236,6 +237,8 @@ class Trainer:
         """After a collective milestone: the algorithm goes on, unless it has finished or
         another collective milestone is due at this same count (an epoch's evaluation, then
         its checkpoint): gossip resumed between the two would be waited for again at once."""
+        # The count may have been corrected downwards, and the pause was not training.
+        self.throughput.restart(time.perf_counter(), self.state.samples)
         if not (self.algo_finished or self.milestones.collective_due(self.state.samples)):
             self.algo.resume()
             self.paused = False
@@ -294,9 +297,7 @@ class Trainer:
         if not np.isfinite(mean_loss):
             raise nonfinite_error("non-finite training loss", self.state.step,
                                   [self.world.rank], self.checkpointer.last)
-        now = time.perf_counter()
-        rate = (self.state.samples - self._last_log[1]) / max(now - self._last_log[0], 1e-9)
-        self._last_log = (now, self.state.samples)
+        rate = self.throughput.read(time.perf_counter(), self.state.samples)
         if self.runlog:
             self.runlog.scalars({"train/loss": mean_loss, "train/lr": self.lr,
                                  "train/samples_per_s": rate}, self.state.step)

@@ -35,6 +35,7 @@ from ..errors import ConfigError, UserError
 from ..recipe import RECIPES
 from ..runlog.progress import ProgressBar, evaluation_postfix
 from ..runlog.summary import build_summary
+from ..runlog.throughput import Throughput
 from ..runlog.writer import RunLog
 from ..train.compute_path import ComputePath
 from ..train.data import BatchFetcher, ShardedBatches
@@ -159,7 +160,7 @@ class Simulation:
         self.resumed_from, saved = self.checkpointer.resolve(len(self.train_set))
         if self.resumed_from:
             self._restore(saved)
-        self._last_log = (self.clocks.now(), self.samples)  # train/samples_per_s
+        self.throughput = Throughput(self.clocks.now(), self.samples)  # in virtual seconds
         # A resumed run continues the same TensorBoard run and metrics.jsonl.
         self.runlog = RunLog(self.run_dir, cfg, self.recipe.primary_metric,
                              purge_step=self.step + 1 if self.resumed_from else None)
@@ -324,6 +325,7 @@ class Simulation:
         self.write_checkpoint()
         if self.standing is not None:
             self.standing = self.snapshot()
+        self.throughput.restart(self.clocks.now(), self.samples)  # the write was no training
         return True
 
     def write_checkpoint(self) -> None:
@@ -378,7 +380,7 @@ class Simulation:
         """After a restart: the run log forgets what came after the checkpoint."""
         self.runlog.restart_at(self.step)
         self.runlog.rewrite_metrics(self.history)
-        self._last_log = (self.clocks.now(), self.samples)
+        self.throughput.restart(self.clocks.now(), self.samples)
 
     def failures_summary(self) -> dict[str, Any]:
         """What failures cost the run (summary.json ``failures``); {} without any."""
@@ -435,9 +437,7 @@ class Simulation:
         mean = float(np.mean(self.losses))
         self.losses = []
         now = self.clocks.now()
-        # Throughput in the modelled cluster's seconds (the tag real runs write).
-        rate = (self.samples - self._last_log[1]) / max(now - self._last_log[0], 1e-9)
-        self._last_log = (now, self.samples)
+        rate = self.throughput.read(now, self.samples)  # the modelled cluster's seconds
         self.runlog.scalars({"train/loss": mean, "train/lr": self.lr,
                              "train/virtual_s": now, "train/samples_per_s": rate}, self.step)
         self.progress.update(self.samples, loss=f"{mean:.4f}", lr=f"{self.lr:.4g}")

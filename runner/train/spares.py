@@ -246,7 +246,7 @@ def take_job_state(m: Any, job: dict[str, Any], donated: dict[str, Any],
     t.model.load_state_dict(donated["model"])
     t.optimizer.load_state_dict(donated["optimizer"])
     t.start_time = time.perf_counter() - state.elapsed_before
-    t._last_log = (time.perf_counter(), state.samples)
+    t.throughput.restart(time.perf_counter(), state.samples)
     # Its own faults and random streams, by the number it was launched with.
     t.faults = FaultInjector(t.cfg.faults, me, t.cfg.seed)
     seed_everything(rank_seed(t.cfg.seed, me, state.samples))
