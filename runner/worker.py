@@ -105,6 +105,23 @@ def comm_timeout_line(what: str) -> str:
             "resume=auto")
 
 
+def mpi_failure_line(rank: int, ex: Exception, log_path: Path) -> str:
+    """The line for an MPI call that failed on this rank, which mostly means that a peer died
+    or its connection broke. MPI's own text can say nothing of use (for MPI_ERR_IN_STATUS,
+    MPICH's answer to a peer lost in a collective, it is "See the MPI_ERROR field in
+    MPI_Status for the error code"), so the line names the error class and its likely cause;
+    the launcher's next line names the rank that ended, where it knows it."""
+    from mpi4py import MPI
+
+    code = ex.Get_error_class()
+    name = next((f"MPI_{n}" for n in sorted(dir(MPI)) if n.startswith("ERR_")
+                 and n != "ERR_LASTCODE" and getattr(MPI, n) == code), f"MPI error class {code}")
+    detail = "" if code == MPI.ERR_IN_STATUS else f": {one_line(ex)[:200]}"
+    return (f"adpsgd-run: rank {rank} gave up: an MPI call failed ({name}{detail}), most "
+            "often because a peer rank died or its connection broke; the launcher names the "
+            f"rank that ended where it can (traceback in {log_path})")
+
+
 def start_failure(ex: OSError, run_dir: Path) -> str:
     """The line for a rank that cannot even open its log or records."""
     full = disk_full(ex, run_dir)
@@ -319,11 +336,13 @@ def _run_rank(run_dir: Path, in_process: bool) -> int:
         if (full := disk_full(ex, run_dir)) is not None:
             last = trainer.checkpointer.last if trainer else None
             message, status = f"adpsgd-run: error: {full.with_checkpoint(last)}", 2
+        elif isinstance(ex, MPI.Exception):  # a lost connection to a peer, mostly
+            message = mpi_failure_line(rank, ex, run_dir / "logs" / f"rank{rank}.log")
+            status = EXIT_PEER_LOST
         else:
             message = (f"adpsgd-run: rank {rank} failed: {type(ex).__name__}: {one_line(ex)} "
                        f"(traceback in {run_dir / 'logs' / f'rank{rank}.log'})")
-            # The MPI library's own errors here mean a lost connection to a peer, mostly.
-            status = EXIT_PEER_LOST if isinstance(ex, MPI.Exception) else 1
+            status = 1
     write_exit_record(run_dir, rank, status, message)
     if message is not None:
         progress = getattr(trainer, "progress", None)

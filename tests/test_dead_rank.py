@@ -23,7 +23,7 @@ from runner.checkpoint.files import complete_checkpoints, load_rank_state
 from runner.errors import EXIT_PREEMPTED
 from runner.launch.watchdog import rank_operation
 
-from conftest import BIN, REPO, read_run, run_cli
+from conftest import BIN, REPO, read_run, run_cli, run_mpi
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow]
 
@@ -81,6 +81,7 @@ def test_a_killed_rank_ends_the_job_naming_it(tmp_path, algo, nprocs):
     assert f"--- last lines of {result['run_dir']}/logs/rank{victim}.log ---" in stderr
     assert "resume=auto" in stderr  # how to continue
     assert "Traceback" not in stderr, stderr
+    assert "MPI_ERROR field" not in stderr, stderr  # a peer's failed call says what it means
     assert result["leftover_pids"] == [], "orphan rank processes"
     assert result["checkpoint"], "the newest complete checkpoint does not load"
     # A peer whose call failed on the lost connection before the launcher saw the death is
@@ -89,6 +90,19 @@ def test_a_killed_rank_ends_the_job_naming_it(tmp_path, algo, nprocs):
     assert (event["event"], event["learner"]) == ("died", victim), event
     assert [(e["event"], e["learner"] != victim) for e in peers] in ([], [("gave up", True)]), peers
     assert event["host"] and event["operation"].startswith("step "), event
+
+
+def test_a_failed_mpi_call_names_its_error_class_and_its_likely_cause():
+    """The peer of a killed rank often fails first, in a collective, with MPICH's
+    MPI_ERR_IN_STATUS, whose own text is "See the MPI_ERROR field in MPI_Status": its line
+    says instead what failed and why, and keeps MPI's text where that says something."""
+    in_status, other = run_mpi(1, "mpi_failure_line.py").stdout.splitlines()
+    for line in (in_status, other):
+        assert line.startswith("adpsgd-run: rank 0 gave up: an MPI call failed (MPI_ERR_"), line
+        assert "a peer rank died or its connection broke" in line, line
+        assert line.endswith("(traceback in /runs/x/logs/rank0.log)"), line
+    assert "(MPI_ERR_IN_STATUS)" in in_status and "MPI_ERROR field" not in in_status
+    assert "(MPI_ERR_OTHER: " in other
 
 
 @pytest.mark.parametrize("algo", ["ssgd", "adpsgd"])
