@@ -279,6 +279,7 @@ class Simulation:
                         final_scored = final_scored or milestone.final
                 elif milestone.kind == CHECKPOINT and not self.checkpoint_milestone():
                     break  # a node failed during the write: the run went back
+            self.throughput.restart(self.clocks.now(), self.samples)  # writes are no training
         if not final_scored:
             self.driver.finish()
         self.progress.close()
@@ -325,7 +326,6 @@ class Simulation:
         self.write_checkpoint()
         if self.standing is not None:
             self.standing = self.snapshot()
-        self.throughput.restart(self.clocks.now(), self.samples)  # the write was no training
         return True
 
     def write_checkpoint(self) -> None:
