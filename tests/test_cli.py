@@ -222,6 +222,25 @@ def test_a_failing_rank_ends_the_job_with_one_line_and_a_non_zero_status(tmp_pat
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.mpi
+@pytest.mark.parametrize("mpi,overrides,said", [
+    ("mpich", ["launcher.mpiexec_args=[-nonsense]"], "unrecognized argument nonsense"),
+    ("open-mpi", ["launcher.elastic=true", "launcher.mpiexec_args=[--map-by,nonsense]"],
+     "The specified mapby directive is not recognized: Directive: nonsense"),
+])
+def test_an_mpiexec_that_fails_before_any_rank_starts_is_quoted_in_one_line(
+        tmp_path, mpi, overrides, said):
+    run_dir = tmp_path / "run"
+    proc = run_cli(["recipe=digit_images", "algo=ssgd", "launcher.nprocs=2", *overrides,
+                    f"hydra.run.dir={run_dir}"], cwd=tmp_path, check=False, timeout=120)
+    lines = proc.stderr.splitlines()
+    assert proc.returncode != 0 and len(lines) == 2, proc.stderr
+    assert lines[0].startswith(f"adpsgd-run: mpiexec exited with status {proc.returncode} "
+                               f"before any rank started; it said: {said}"), lines
+    assert lines[0].endswith(f"(all of it in {run_dir}/logs/mpiexec.log)"), lines
+    assert lines[1].startswith("adpsgd-run: job failed"), lines
+
+
 @pytest.mark.slow
 def test_non_editable_install_ships_the_configs(tmp_path):
     site = tmp_path / "site"

@@ -41,7 +41,7 @@ from typing import IO, Optional
 from ..checkpoint.files import complete_checkpoints, remove_partial_checkpoints
 from ..comm.hostfile import ranks_per_host, read_hostfile
 from ..config.section import require
-from ..errors import EXIT_PEER_LOST, EXIT_PREEMPTED, EXIT_STOPPED, ConfigError
+from ..errors import EXIT_PEER_LOST, EXIT_PREEMPTED, EXIT_STOPPED, ConfigError, one_line
 from ..runlog.progress import CONSOLE_IS_TERMINAL
 from .base import Launcher, LauncherConfig
 from .hosts import hostfile_args, mpi_flavor, remote_shell_path, unanswered_host
@@ -189,6 +189,32 @@ def find_mpiexec(requested: str | None, key: str = "launcher.mpiexec") -> str:
                           "run `make install` (installs the mpich wheel) or set "
                           "launcher.mpiexec=/path/to/mpiexec")
     return found
+
+
+# MPICH's mpiexec: "[mpiexec@HOST] function (file:line): what went wrong".
+HYDRA_LINE = re.compile(r"^\[mpiexec@[^\]]*\]\s*(?:\S+ \([^)]*\):\s*)?(.+)$")
+
+
+def mpiexec_notice(run_dir: Path, limit: int = 400) -> str | None:
+    """What mpiexec said first in logs/mpiexec.log, as one line of at most ``limit``
+    characters: Open MPI's first notice (framed in lines of dashes), else MPICH's first line
+    of its own; None without either."""
+    try:
+        lines = (run_dir / "logs" / "mpiexec.log").read_text(errors="replace").splitlines()
+    except OSError:
+        return None
+    frame: list[str] | None = None
+    for line in lines:
+        if DASHES.match(line.strip()):
+            if frame:  # the frame's end
+                break
+            frame = []
+        elif frame is not None:
+            frame.append(line)
+    notice = one_line("\n".join(frame or []))
+    if not notice:
+        notice = next((m.group(1).strip() for m in map(HYDRA_LINE.match, lines) if m), "")
+    return (notice[:limit - 3] + "...") if len(notice) > limit else (notice or None)
 
 
 def log_tail(run_dir: Path, rank: int, lines: int = 12) -> str:
@@ -860,6 +886,15 @@ class LocalLauncher(Launcher):
             which = ", ".join(f"logs/rank{rank}.log" for rank in later)
             print(f"adpsgd-run: {len(later)} more rank(s) failed after it with lines of their "
                   f"own: see {which}", file=sys.stderr, flush=True)
+        started = any((run_dir / "logs" / f"rank{r}.log").exists()
+                      for r in range(self.processes))
+        if not lines and not started and (notice := mpiexec_notice(run_dir)):
+            # mpiexec itself gave up before starting a rank (a bad mpiexec argument, its
+            # runtime failing to start): its own notice is the cause.
+            print(f"adpsgd-run: mpiexec exited with status {status} before any rank "
+                  f"started; it said: {notice} (all of it in {run_dir}/logs/mpiexec.log)",
+                  file=sys.stderr, flush=True)
+            return
         if not lines:
             print(f"--- last lines of {run_dir}/logs/rank0.log ---\n{log_tail(run_dir, 0)}",
                   file=sys.stderr)
