@@ -59,8 +59,9 @@ def test_reaches_90_percent_on_4_ranks_and_reports_decentralized_metrics(tmp_pat
     scalars = tensorboard_scalars(run_dir)
     tags = set(scalars)
     # Throughput between training logs: an asynchronous count made exact at an evaluation
-    # (lower where the estimate ran ahead) must not read as a negative rate.
-    assert min(scalars["train/samples_per_s"]) > 0, scalars["train/samples_per_s"]
+    # (lower where the estimate ran ahead) must not read as a negative rate. (It may read 0:
+    # rank 0's count holds at a milestone another learner announced until they meet.)
+    assert min(scalars["train/samples_per_s"]) >= 0, scalars["train/samples_per_s"]
     assert {"consensus/distance", "time/compute_s/rank3", "time/comm_s/rank3",
             "time/idle_s/rank3"} | {f"{split}/top1" for split in splits} <= tags
     if variant == "hadpsgd":  # the two ranks of each node hold one super learner's model
