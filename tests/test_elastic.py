@@ -596,6 +596,36 @@ def test_the_session_files_of_a_killed_mpiexec_do_not_stop_a_later_job(tmp_path)
     assert list(tmpdir.glob("adpsgd-ompi-*")) == []
 
 
+@pytest.mark.slow
+def test_a_full_tmpdir_for_open_mpis_session_files_is_one_line(tmp_path, monkeypatch):
+    """A TMPDIR whose file system is full (here: a tmpfs out of inodes) ends the job's start
+    with one line naming the directory and the fix."""
+    import tempfile
+
+    from runner.errors import UserError
+    from runner.launch.ulfm_mpi import session_base
+
+    full = tmp_path / "full"
+    full.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k,nr_inodes=3", "tmpfs",
+                       str(full)], capture_output=True).returncode != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    try:
+        for name in ("a", "b", "c"):  # every inode taken
+            try:
+                (full / name).touch()
+            except OSError:
+                break
+        monkeypatch.setattr(tempfile, "tempdir", str(full))
+        with pytest.raises(UserError) as error, session_base():
+            pass
+    finally:
+        subprocess.run(["umount", str(full)], check=True)
+    assert str(error.value) == (f"cannot make a directory for Open MPI's session files in "
+                                f"{full} (No space left on device). Fix: free space there, or "
+                                "point TMPDIR at a writable directory")
+
+
 @pytest.mark.mpi
 @pytest.mark.slow
 def test_a_learner_killed_during_the_final_evaluation_is_undone_and_the_run_completes(tmp_path):

