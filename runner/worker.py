@@ -111,8 +111,9 @@ def mpi_failure_line(rank: int, ex: Exception, log_path: Path) -> str:
     MPICH's answer to a peer lost in a collective, it is "See the MPI_ERROR field in
     MPI_Status for the error code"), so the line names the error class and its likely cause;
     the launcher's next line names the rank that ended, where it knows it."""
-    from mpi4py import MPI
+    from .comm.world import mpi
 
+    MPI = mpi()
     code = ex.Get_error_class()
     name = next((f"MPI_{n}" for n in sorted(dir(MPI)) if n.startswith("ERR_")
                  and n != "ERR_LASTCODE" and getattr(MPI, n) == code), f"MPI error class {code}")
