@@ -266,14 +266,17 @@ def test_kill_during_a_checkpoint_write_keeps_the_previous_one_and_ssgd_resumes_
     assert summary["bytes_sent"] == reference_summary["bytes_sent"]
 
 
-# Held-out top-1 (%) of uninterrupted runs of the jobs below, 9 each (5 with seed 0, seeds
-# 1-4), measured 2026-11-23 (docs/RESULTS.md, "Resuming an asynchronous run"): mean, standard
-# deviation, range. A resumed run must land within 3 standard deviations of the mean (one
-# held-out sample is 0.28%); the 4 killed-and-resumed runs measured then gave 96.10-97.49
-# (adpsgd) and 96.10-97.21 (hadpsgd).
-UNINTERRUPTED_TOP1 = {"adpsgd": (97.25, 0.49, "96.66-98.05"),
-                      "hadpsgd": (95.85, 1.14, "93.87-97.49")}
-ASYNC_KILLS = {"adpsgd": (2, 0, []), "hadpsgd": (4, 2, ["launcher.procs_per_node=2"])}
+# Held-out top-1 (%) of uninterrupted runs of the jobs below (docs/RESULTS.md, "Resuming an
+# asynchronous run"): mean, standard deviation, range of 18 runs each (seed 0 five times, seeds
+# 1-4; once on a quiet machine and once beside 2 busy processes, as make test-loaded runs),
+# 2026-11-28. A resumed run must land within 3 standard deviations of the mean (one held-out
+# sample is 0.28%). hadpsgd runs at half the recipe's rate: at the recipe's, its own
+# uninterrupted runs sometimes lose many points mid-run and end low (80.8% in one of 9 runs of
+# 6 epochs under load), and a resumed run that did so failed a loaded suite (91.36%).
+UNINTERRUPTED_TOP1 = {"adpsgd": (96.89, 0.53, "95.82-98.05"),
+                      "hadpsgd": (94.26, 0.83, "92.20-95.26")}
+ASYNC_KILLS = {"adpsgd": (2, 0, []),
+               "hadpsgd": (4, 2, ["launcher.procs_per_node=2", "optim.lr=0.2"])}
 
 
 @pytest.mark.parametrize("algo", sorted(ASYNC_KILLS))
