@@ -43,6 +43,7 @@ from .launch.watchdog import (
     LAUNCHER_PID,
     launcher_here,
     start_heartbeat,
+    stop_requests,
     watch_launcher,
     write_exit_record,
     write_pid_file,
@@ -308,6 +309,11 @@ def _run_rank(run_dir: Path, in_process: bool) -> int:
         node_comm = Communicator(node_mpi, backend, torch_group=node_group, name="node",
                                  timeout_s=timeout, traffic=traffic)
         trainer = Trainer(cfg, run_dir, world, comm, node_comm, device, progress_stream=console)
+        if not in_process:
+            # A signal the launcher took before this rank wrote its pid file may still be on
+            # its way here: its note decides, and the ranks agree on it before the first step.
+            for signum in stop_requests(run_dir):
+                request_stop(signum)
         trainer.run()
         if trainer.membership is not None:
             trainer.membership.close()  # the spares still waiting go

@@ -11,13 +11,17 @@ import time
 
 import pytest
 
+from runner.checkpoint.preemption import install_stop_handlers, request_stop, stop_reason
+from runner.launch.local import StopForwarding
 from runner.launch.watchdog import (
     HEARTBEAT_S,
     HeartbeatListener,
     LauncherLink,
     RankWatchdog,
+    clear_rank_files,
     datagram_sender,
     process_alive,
+    stop_requests,
     write_exit_record,
 )
 from runner.runlog.events import record_event
@@ -214,3 +218,30 @@ def test_the_ranks_it_kills_have_exited_when_the_launcher_returns(tmp_path, caps
             assert not gone
             assert stderr.startswith(f"adpsgd-run: rank 0 (pid {rank.pid}) was killed but has "
                                      "not exited after 0 s"), stderr
+
+
+def test_a_ctrl_c_before_any_rank_can_take_it_reaches_the_ranks_through_the_run_dir(tmp_path):
+    """A rank can go from its pid file to its first step faster than the launcher looks for
+    pid files (a CI machine's rank trained 22 steps after a Ctrl-C at start-up): the launcher
+    notes the signal in the run dir, and the rank takes the note as its stop, not as a press
+    of its own, so that the forwarded Ctrl-C that follows is not a second one."""
+    watchdog = RankWatchdog(tmp_path, 2)
+    try:
+        with StopForwarding(watchdog):
+            signal.raise_signal(signal.SIGINT)  # no rank has a pid file yet
+    finally:
+        watchdog.stop()
+    assert stop_requests(tmp_path) == [signal.SIGINT]
+    restore = install_stop_handlers()  # what a rank does, then reads the note
+    try:
+        for signum in stop_requests(tmp_path):
+            request_stop(signum)
+        assert stop_reason() == "stopped"
+        signal.raise_signal(signal.SIGINT)  # the launcher's forwarded Ctrl-C: still graceful
+        with pytest.raises(KeyboardInterrupt):  # a second press: at once
+            signal.raise_signal(signal.SIGINT)
+    finally:
+        restore()
+    assert stop_reason() is None
+    clear_rank_files(tmp_path, 2)  # the next job in this run dir starts without it
+    assert stop_requests(tmp_path) == []

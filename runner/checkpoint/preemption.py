@@ -17,8 +17,9 @@ right there, and so does every other rank, at the same check. At an evaluation o
 checkpoint, where the ranks meet anyway, they agree at once (a blocking MAX-allreduce), so a
 signal that arrived during one is acted on right after it. Elsewhere a signal is acted on
 within two checks (``STOP_CHECK_STEPS`` steps' worth of samples each); one that arrived while
-the ranks were still starting is acted on before the first step. The flag says
-why: a user's stop outranks a preemption.
+the ranks were still starting is acted on before the first step (the launcher also notes it in
+the run dir, runner/launch/watchdog.py, for a rank quicker to its first step than the
+launcher to its pid file). The flag says why: a user's stop outranks a preemption.
 """
 
 from __future__ import annotations
@@ -35,6 +36,10 @@ REASONS = {signal.SIGUSR1: PREEMPTED, signal.SIGTERM: PREEMPTED, signal.SIGINT: 
 LEVELS = {PREEMPTED: 1, STOPPED: 2}
 STOP_CHECK_STEPS = 16  # lockstep steps' worth of global samples between preemption checks
 _received: list[int] = []  # signals received by this process
+# Stops asked for otherwise: the launcher's note of a signal that came before this rank could
+# take one, or the rank's own decision. Kept apart, so that the forwarded signal that follows
+# the note is not taken for a second Ctrl-C.
+_requested: list[int] = []
 
 
 def _on_signal(signum: int, frame) -> None:
@@ -55,19 +60,21 @@ def install_stop_handlers() -> Callable[[], None]:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         _received.clear()
+        _requested.clear()
 
     return restore
 
 
 def stop_reason() -> str | None:
     """``stopped`` (Ctrl-C), ``preempted`` (a scheduler's signal) or None."""
-    reasons = [REASONS[s] for s in _received]
+    reasons = [REASONS[s] for s in (*_received, *_requested)]
     return max(reasons, key=LEVELS.__getitem__) if reasons else None
 
 
 def request_stop(signum: int = signal.SIGUSR1) -> None:
-    """What the signal handler does (for code that decides to stop by itself)."""
-    _received.append(signum)
+    """Stop as ``signum`` asks, without it being a press of its own (for code that decides to
+    stop by itself, or learns of a signal the launcher received)."""
+    _requested.append(signum)
 
 
 def _level(reason: str | None) -> float:

@@ -72,6 +72,7 @@ from .watchdog import (
     failure_times,
     rank_host,
     rank_progress,
+    write_stop_request,
 )
 
 POLL_S = 0.25  # how often the watchdog looks at the ranks
@@ -335,8 +336,10 @@ class StopForwarding:
     """While the job runs, SIGUSR1/SIGTERM (a scheduler's warning) and SIGINT (Ctrl-C)
     received here go to every rank, which checkpoint and stop (runner/checkpoint/preemption.py);
     ranks whose pid file appears later get them then (a rank writes it once it can take the signal,
-    so a rank still importing never sees a signal it would print a traceback for). A second
-    Ctrl-C raises :class:`ForcedStop`; any after it are ignored."""
+    so a rank still importing never sees a signal it would print a traceback for), and find
+    them noted in the run dir before their first step (``write_stop_request``), in case they
+    get there before this process next looks for pid files. A second Ctrl-C raises
+    :class:`ForcedStop`; any after it are ignored."""
 
     SIGNALS = (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT)
 
@@ -373,6 +376,7 @@ class StopForwarding:
             raise ForcedStop
         if signum not in self.received:
             self.received.append(signum)
+            write_stop_request(self.watchdog.run_dir, self.received)
         self.announce(signum)
         self.deliver()
 

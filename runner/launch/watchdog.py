@@ -346,6 +346,36 @@ def clear_rank_files(run_dir: str | Path, nprocs: int) -> None:
     for rank in range(nprocs):
         for suffix in ("pid", "exit"):
             _path(run_dir, rank, suffix).unlink(missing_ok=True)
+    _stop_request_path(run_dir).unlink(missing_ok=True)
+
+
+def _stop_request_path(run_dir: str | Path) -> Path:
+    return Path(run_dir) / LOGS / "stop.request"
+
+
+def write_stop_request(run_dir: str | Path, signums: list[int]) -> None:
+    """The launcher's note of the stop signals it received. A rank reads it before its first
+    step (:func:`stop_requests`): a signal that came while the ranks started reaches every
+    rank in time, however little time passed between a rank's pid file and its first step
+    (a fifth of a second on a fast machine, less than the launcher's poll). A note that
+    cannot be written is left out: the signals still follow the pid files."""
+    path = _stop_request_path(run_dir)
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text("".join(f"{signal.Signals(s).name}\n" for s in signums))
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+
+
+def stop_requests(run_dir: str | Path) -> list[int]:
+    """The stop signals the launcher of this job noted (none when it noted none)."""
+    try:
+        names = _stop_request_path(run_dir).read_text().split()
+    except OSError:
+        return []
+    return [signal.Signals[name] for name in names if name in signal.Signals.__members__]
 
 
 def exit_record(run_dir: str | Path, rank: int) -> dict | None:
