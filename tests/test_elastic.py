@@ -478,7 +478,9 @@ def test_asynchronous_learners_go_on_without_one_killed_from_outside(tmp_path, k
 def test_super_learners_go_on_without_a_leader_and_without_a_whole_node(tmp_path):
     """H-ADPSGD, 3 super learners of 2 ranks: learners 0 (node 0's leader), 4 and 5 (all of
     node 2) die at their step 5. Node 0 goes on with learner 1 leading it (its model
-    broadcast to the node from there), and averages with node 1 as before."""
+    broadcast to the node from there), and averages with node 1 as before. The nodes step
+    asynchronously, so node 2 may reach its step 5 a few steps after node 0 (a CI machine
+    saw it 128 samples later): then the losses are two, each named when it happens."""
     run_dir = tmp_path / "run"
     proc = run_cli([*DIGITS, "launcher.nprocs=6", "algo=hadpsgd", "launcher.procs_per_node=2",
                     "faults.sigkill.ranks=[0,4,5]", "faults.sigkill.step=5",
@@ -486,14 +488,17 @@ def test_super_learners_go_on_without_a_leader_and_without_a_whole_node(tmp_path
                    timeout=240)
     lines = [line for line in proc.stderr.splitlines() if " lost at " in line]
     host = os.uname().nodename
-    assert len(lines) == 1, lines
-    assert lines[0].startswith(f"adpsgd-run: learner 0 ({host}), learner 4 ({host}), learner 5 "
-                               f"({host}) lost at "), lines
-    assert "3 learner(s) go on" in lines[0], lines
+    named = [[int(learner) for learner in re.findall(rf"learner (\d+) \({host}\)", line)]
+             for line in lines]
+    assert sorted(sum(named, [])) == [0, 4, 5] and [4, 5] in named, lines
+    assert all(line.startswith("adpsgd-run: learner ") for line in lines), lines
+    going_on = [6 - len(sum(named[:i + 1], [])) for i in range(len(named))]
+    assert [f"{n} learner(s) go on" in line for n, line in zip(going_on, lines)] == \
+        [True] * len(lines), lines
     history, summary = read_run(run_dir)
     assert summary["status"] == "completed" and summary["learners_at_end"] == 3
     assert [(m["learner"], m["learners"]) for m in summary["membership"]] == [
-        (0, 3), (4, 3), (5, 3)]
+        (learner, n) for group, n in zip(named, going_on) for learner in group]
     # Two super learners left, node 0 of learner 1 and node 1 of learners 2-3: each node's
     # ranks hold one model (the two nodes' may be equal too, after a last averaging).
     assert summary["node_replicas_identical"]
