@@ -245,3 +245,7 @@ def test_a_ctrl_c_before_any_rank_can_take_it_reaches_the_ranks_through_the_run_
     assert stop_reason() is None
     clear_rank_files(tmp_path, 2)  # the next job in this run dir starts without it
     assert stop_requests(tmp_path) == []
+    note = tmp_path / "logs" / "stop.request"
+    for damaged in (b"SIGINT\xff\n", b"SIGNIT\n"):  # a flipped byte: no stop, no traceback
+        note.write_bytes(damaged)
+        assert stop_requests(tmp_path) == []

@@ -373,7 +373,7 @@ def stop_requests(run_dir: str | Path) -> list[int]:
     """The stop signals the launcher of this job noted (none when it noted none)."""
     try:
         names = _stop_request_path(run_dir).read_text().split()
-    except OSError:
+    except (OSError, UnicodeDecodeError):  # a damaged note asks for nothing
         return []
     return [signal.Signals[name] for name in names if name in signal.Signals.__members__]
 
