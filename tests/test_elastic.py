@@ -490,7 +490,8 @@ def test_super_learners_go_on_without_a_leader_and_without_a_whole_node(tmp_path
     host = os.uname().nodename
     named = [[int(learner) for learner in re.findall(rf"learner (\d+) \({host}\)", line)]
              for line in lines]
-    assert sorted(sum(named, [])) == [0, 4, 5] and [4, 5] in named, lines
+    assert sorted(sum(named, [])) == [0, 4, 5], lines
+    assert any({4, 5} <= set(group) for group in named), lines  # node 2's ranks die together
     assert all(line.startswith("adpsgd-run: learner ") for line in lines), lines
     going_on = [6 - len(sum(named[:i + 1], [])) for i in range(len(named))]
     assert [f"{n} learner(s) go on" in line for n, line in zip(going_on, lines)] == \
