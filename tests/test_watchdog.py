@@ -11,8 +11,9 @@ import time
 
 import pytest
 
+from runner import ctrl_c
 from runner.checkpoint.preemption import install_stop_handlers, request_stop, stop_reason
-from runner.launch.local import StopForwarding
+from runner.launch.local import ForcedStop, StopForwarding
 from runner.launch.watchdog import (
     HEARTBEAT_S,
     HeartbeatListener,
@@ -249,3 +250,35 @@ def test_a_ctrl_c_before_any_rank_can_take_it_reaches_the_ranks_through_the_run_
     for damaged in (b"SIGINT\xff\n", b"SIGNIT\n"):  # a flipped byte: no stop, no traceback
         note.write_bytes(damaged)
         assert stop_requests(tmp_path) == []
+
+
+def test_a_ctrl_c_whose_keyboardinterrupt_was_lost_is_taken_when_the_job_starts(
+        tmp_path, capsys):
+    """A CI run's Ctrl-C, pressed while adpsgd-run prepared the run, had no effect: its
+    KeyboardInterrupt was cleared on the way up, and the run went on to its end. The press
+    was noted: the launcher takes it as the first Ctrl-C once it takes the signals over, so
+    the ranks stop before their first step, and a second press stops at once."""
+    previous = signal.getsignal(signal.SIGINT)
+    ctrl_c.install()
+    watchdog = RankWatchdog(tmp_path, 2)
+    try:
+        try:  # library code that swallows every error
+            signal.raise_signal(signal.SIGINT)
+        except KeyboardInterrupt:
+            pass
+        with StopForwarding(watchdog) as forwarding:
+            assert forwarding.received == [signal.SIGINT]
+            assert stop_requests(tmp_path) == [signal.SIGINT]
+            with pytest.raises(ForcedStop):
+                signal.raise_signal(signal.SIGINT)
+        assert capsys.readouterr().err.count("adpsgd-run: Ctrl-C: every rank checkpoints") == 1
+        # One the command acted on is not taken again by the next job (a sweep's).
+        try:
+            signal.raise_signal(signal.SIGINT)
+        except KeyboardInterrupt:
+            ctrl_c.answered()
+        with StopForwarding(watchdog) as forwarding:
+            assert forwarding.received == []
+    finally:
+        watchdog.stop()
+        signal.signal(signal.SIGINT, previous)

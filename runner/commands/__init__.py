@@ -14,13 +14,19 @@ Ranks are started as ``python -m runner.worker RUN_DIR`` (by a launcher, never b
 def run() -> None:
     """adpsgd-run's entry point. Its modules take a second to load (Hydra, NumPy): a Ctrl-C
     then ends it with one line, not a traceback; and it takes Ctrl-C also where SIGINT came
-    ignored (a job started with & from a script), as every later stage of the command does."""
+    ignored (a job started with & from a script), as every later stage of the command does
+    (runner/ctrl_c.py: also a Ctrl-C whose KeyboardInterrupt got lost on its way up)."""
     import signal
     import sys
 
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    from .. import ctrl_c
+
+    ctrl_c.install()
     try:
         from .run import main
+
+        if ctrl_c.unanswered():  # pressed during the imports, and lost on the way up
+            raise KeyboardInterrupt
     except KeyboardInterrupt:
         print("\nadpsgd-run: interrupted (Ctrl-C) while starting; nothing was run",
               file=sys.stderr)

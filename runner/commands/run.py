@@ -22,6 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 
 import recipes  # noqa: F401 - fills the recipe registry (runner/recipe.py)
 
+from .. import ctrl_c
 from ..config.compose import (
     CONFIG_MODULE,
     CONFIG_NAME,
@@ -233,6 +234,7 @@ def run_job(cfg: DictConfig) -> None:
         # A Ctrl-C before the launcher took the signals over (between the line above and the
         # start of mpiexec: no rank has started) is a stop like the others, at once; in the
         # instant after it let them go, the run may have completed already.
+        ctrl_c.answered()
         from ..launch.local import FIRST_CTRL_C
         from ..runlog.summary import session_summary
 
@@ -369,6 +371,8 @@ def main() -> None:
         except UserError as ex:
             print(f"adpsgd-run: error: {ex}", file=sys.stderr)
             raise SystemExit(2) from None
+        if ctrl_c.unanswered():  # pressed while checking the command line, and lost
+            raise KeyboardInterrupt
         run_job()
     except KeyboardInterrupt:  # outside a running job (composing, preparing data)
         print("\nadpsgd-run: interrupted (Ctrl-C) while no rank was running", file=sys.stderr)

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Optional
 
+from .. import ctrl_c
 from ..checkpoint.files import complete_checkpoints, remove_partial_checkpoints
 from ..comm.hostfile import ranks_per_host, read_hostfile
 from ..config.section import require
@@ -357,6 +358,8 @@ class StopForwarding:
 
     def __enter__(self) -> StopForwarding:
         self.previous = {sig: signal.signal(sig, self._received) for sig in self.SIGNALS}
+        if ctrl_c.unanswered():  # a Ctrl-C pressed earlier, whose KeyboardInterrupt was lost
+            self._received(signal.SIGINT, None)
         return self
 
     def __exit__(self, *exc) -> None:
@@ -554,6 +557,7 @@ class LocalLauncher(Launcher):
             try:
                 restarting = restarts.decide(failure, progress)
             except KeyboardInterrupt:  # between two jobs: no rank to forward it to
+                ctrl_c.answered()
                 return EXIT_STOPPED
             if not restarting:
                 failure.report()
