@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import signal
 
-_presses: list[int] = []  # one entry per Ctrl-C taken by :func:`interrupt`
+_pressed = 0  # Ctrl-Cs taken by :func:`interrupt`
 _answered = 0  # how many of them an ``except KeyboardInterrupt`` of the command acted on
 
 
 def interrupt(signum: int, frame) -> None:
     """SIGINT's handler: note the press, then raise KeyboardInterrupt where the command is."""
-    _presses.append(signum)
+    global _pressed
+    _pressed += 1
     raise KeyboardInterrupt
 
 
@@ -34,12 +35,12 @@ def install() -> None:
 def answered() -> None:
     """Called where the command acts on a KeyboardInterrupt: every press so far is dealt with."""
     global _answered
-    _answered = len(_presses)
+    _answered = _pressed
 
 
 def unanswered() -> bool:
     """Whether a Ctrl-C was pressed whose KeyboardInterrupt nobody acted on (it was lost on
     its way up); the press counts as answered from now on."""
-    lost = len(_presses) > _answered
+    lost = _pressed > _answered
     answered()
     return lost
