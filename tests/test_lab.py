@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from runner.checkpoint.files import complete_checkpoints
 from runner.launch.watchdog import HEARTBEAT_S
 
 from conftest import BIN, REPO, run_cli
@@ -76,11 +77,23 @@ def start(args: list[str], cwd: Path) -> subprocess.Popen:
 
 
 def wait_for_an_evaluation(run_dir: Path, proc: subprocess.Popen, timeout: float = 120) -> None:
+    wait_until(lambda: (run_dir / "metrics.jsonl").exists()
+               and (run_dir / "metrics.jsonl").read_text().strip(), proc, timeout,
+               "no evaluation within the time allowed")
+
+
+def wait_for_a_checkpoint(run_dir: Path, proc: subprocess.Popen, timeout: float = 120) -> None:
+    """Until one checkpoint is complete: on a busy machine the first one can still be being
+    written well after the first evaluation."""
+    wait_until(lambda: complete_checkpoints(run_dir), proc, timeout,
+               "no complete checkpoint within the time allowed")
+
+
+def wait_until(ready, proc: subprocess.Popen, timeout: float, why: str) -> None:
     deadline = time.monotonic() + timeout
-    metrics = run_dir / "metrics.jsonl"
-    while not (metrics.exists() and metrics.read_text().strip()):
+    while not ready():
         assert proc.poll() is None, proc.communicate()
-        assert time.monotonic() < deadline, "no evaluation within the time allowed"
+        assert time.monotonic() < deadline, why
         time.sleep(0.5)
 
 
@@ -274,7 +287,7 @@ def test_a_host_whose_processes_are_all_killed_ends_an_elastic_job_naming_it(lab
                   "launcher.procs_per_node=2", "launcher.elastic=true", "trainer.epochs=40",
                   "trainer.progress=false", *lab_overrides, f"hydra.run.dir={run_dir}"],
                  tmp_path)
-    wait_for_an_evaluation(run_dir, proc)
+    wait_for_a_checkpoint(run_dir, proc)  # so that the line can say where to continue from
     # Every process of the host, its MPI daemon among them (the hosts share this machine's
     # process table: their processes are those in the host's network namespace).
     pids = subprocess.run(["ip", "netns", "pids", "lab2"], capture_output=True, text=True,
