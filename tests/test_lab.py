@@ -13,6 +13,7 @@ import re
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -89,7 +90,8 @@ def wait_for_a_checkpoint(run_dir: Path, proc: subprocess.Popen, timeout: float 
                "no complete checkpoint within the time allowed")
 
 
-def wait_until(ready, proc: subprocess.Popen, timeout: float, why: str) -> None:
+def wait_until(ready: Callable[[], object], proc: subprocess.Popen, timeout: float,
+               why: str) -> None:
     deadline = time.monotonic() + timeout
     while not ready():
         assert proc.poll() is None, proc.communicate()
