@@ -3,7 +3,8 @@
 # bridge over shaped links, for running adpsgd jobs across real network links (docs/lab.md).
 #
 #   scripts/lab_cluster.sh up N [RATE]     hosts lab1..labN, every link shaped to RATE (1gbit)
-#   scripts/lab_cluster.sh down            remove everything `up` made
+#   scripts/lab_cluster.sh down            remove everything `up` made, and the shared
+#                                          memory of ranks killed on the hosts
 #   scripts/lab_cluster.sh status          the hosts, their addresses, links and rates
 #   scripts/lab_cluster.sh rate HOST RATE  reshape one host's link while a job runs
 #   scripts/lab_cluster.sh link HOST down|up   cut a host's link, or mend it
@@ -178,7 +179,18 @@ down() {
     ip link del "$BRIDGE" 2>/dev/null || true
     rm -rf "$DIR"
     rmdir /etc/netns 2>/dev/null || true  # when no other namespace keeps files there
+    remove_stale_segments
     say "down: hosts, links, bridge and $DIR removed"
+}
+
+remove_stale_segments() {  # the shared memory that Open MPI's ranks killed on a host left
+    local segment removed=0  # (the hosts share this machine's /dev/shm; named after the host)
+    while IFS= read -r segment; do
+        grep -qsF "$segment" /proc/[0-9]*/maps && continue
+        rm -f "$segment" && removed=$((removed + 1))
+    done < <(find /dev/shm -maxdepth 1 -regextype posix-extended \
+                  -regex "/dev/shm/sm_segment\.$PREFIX[0-9]+\..*" 2>/dev/null)
+    [ "$removed" -eq 0 ] || say "removed $removed shared-memory segment(s) that killed ranks left in /dev/shm"
 }
 
 link_state() {  # up, down or missing: the head's end of the host's link, as `link` sets it

@@ -130,8 +130,16 @@ def test_the_lab_is_idempotent_repairs_itself_and_goes_away(tmp_path):
         assert cut.returncode == 255 and "Network is unreachable" in cut.stderr
         bad = lab("rate", "tlab1", "fast", env=own, check=False)
         assert bad.returncode == 1 and len(bad.stderr.strip().splitlines()) == 1
+        # What Open MPI's ranks killed on tlab2 leave, and a segment of another host's.
+        stale, other = Path("/dev/shm/sm_segment.tlab2.0.5f850001.0"), \
+            Path("/dev/shm/sm_segment.tlab-head.0.5f850001.0")
+        stale.write_bytes(b"\0" * 4096)
+        other.write_bytes(b"\0" * 4096)
     finally:
-        lab("down", env=own)
+        down = lab("down", env=own)
+    assert "removed 1 shared-memory segment(s)" in down.stdout, down.stdout
+    assert not stale.exists() and other.exists()
+    other.unlink()
     namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
     assert "tlab" not in namespaces and "tlab" not in links
