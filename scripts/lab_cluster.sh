@@ -37,6 +37,7 @@ DIR=${LAB_DIR:-/run/adpsgd-lab}
 BRIDGE=${PREFIX}br0
 HEAD_IP=$SUBNET.254
 SELF=$(readlink -f "$0")
+. "$(dirname "$SELF")/shm_segments.sh"
 
 say() { echo "lab_cluster: $*"; }
 die() { echo "lab_cluster: error: $*" >&2; exit 1; }
@@ -184,12 +185,9 @@ down() {
 }
 
 remove_stale_segments() {  # the shared memory that Open MPI's ranks killed on a host left
-    local segment removed=0  # (the hosts share this machine's /dev/shm; named after the host)
-    while IFS= read -r segment; do
-        grep -qsF "$segment" /proc/[0-9]*/maps && continue
-        rm -f "$segment" && removed=$((removed + 1))
-    done < <(find /dev/shm -maxdepth 1 -regextype posix-extended \
-                  -regex "/dev/shm/sm_segment\.$PREFIX[0-9]+\..*" 2>/dev/null)
+    local removed  # (the hosts share this machine's /dev/shm; named after the host)
+    removed=$(remove_unmapped_segments -regextype posix-extended \
+                  -regex "/dev/shm/sm_segment\.$PREFIX[0-9]+\..*")
     [ "$removed" -eq 0 ] || say "removed $removed shared-memory segment(s) that killed ranks left in /dev/shm"
 }
 

@@ -25,6 +25,7 @@
 set -euo pipefail
 
 HERE=$(cd "$(dirname "$0")" && pwd)
+. "$HERE/shm_segments.sh"
 NODES=0  # 0: the single-node cluster on this machine; N: N nodes on the lab's hosts
 COMMAND=${1:-}
 shift || true
@@ -77,11 +78,8 @@ lab_address() {  # a lab host's address, from its hosts file
 alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
 
 remove_stale_mpi_segments() {  # MPICH's /dev/shm segments that no process maps, older than 1 min
-    local segment removed=0
-    while IFS= read -r segment; do
-        grep -qsF "$segment" /proc/[0-9]*/maps && continue
-        rm -f "$segment" && removed=$((removed + 1))
-    done < <(find /dev/shm -maxdepth 1 -name 'mpich_*' -mmin +1 2>/dev/null)
+    local removed
+    removed=$(remove_unmapped_segments -name 'mpich_*' -mmin +1)
     [ "$removed" -eq 0 ] || say "removed $removed stale MPICH segment(s) from /dev/shm (killed ranks leave them)"
 }
 

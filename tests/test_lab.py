@@ -78,8 +78,8 @@ def start(args: list[str], cwd: Path) -> subprocess.Popen:
 
 
 def wait_for_an_evaluation(run_dir: Path, proc: subprocess.Popen, timeout: float = 120) -> None:
-    wait_until(lambda: (run_dir / "metrics.jsonl").exists()
-               and (run_dir / "metrics.jsonl").read_text().strip(), proc, timeout,
+    metrics = run_dir / "metrics.jsonl"
+    wait_until(lambda: metrics.exists() and metrics.read_text().strip(), proc, timeout,
                "no evaluation within the time allowed")
 
 
@@ -105,6 +105,9 @@ def test_the_lab_is_idempotent_repairs_itself_and_goes_away(tmp_path):
     up, a host's rate changed, a cut link makes the host unreachable, down removes it all."""
     needs_root()
     own = {"LAB_PREFIX": "tlab", "LAB_SUBNET": "10.215.9", "LAB_DIR": str(tmp_path / "lab")}
+    # What Open MPI's ranks killed on tlab2 leave, and a segment of another host's.
+    stale = Path("/dev/shm/sm_segment.tlab2.0.5f850001.0")
+    other = Path("/dev/shm/sm_segment.tlab-head.0.5f850001.0")
     try:
         first = lab("up", "2", "100mbit", env=own)
         assert first.stdout.strip().splitlines()[-1] == (
@@ -130,16 +133,16 @@ def test_the_lab_is_idempotent_repairs_itself_and_goes_away(tmp_path):
         assert cut.returncode == 255 and "Network is unreachable" in cut.stderr
         bad = lab("rate", "tlab1", "fast", env=own, check=False)
         assert bad.returncode == 1 and len(bad.stderr.strip().splitlines()) == 1
-        # What Open MPI's ranks killed on tlab2 leave, and a segment of another host's.
-        stale, other = Path("/dev/shm/sm_segment.tlab2.0.5f850001.0"), \
-            Path("/dev/shm/sm_segment.tlab-head.0.5f850001.0")
         stale.write_bytes(b"\0" * 4096)
         other.write_bytes(b"\0" * 4096)
     finally:
         down = lab("down", env=own)
-    assert "removed 1 shared-memory segment(s)" in down.stdout, down.stdout
-    assert not stale.exists() and other.exists()
-    other.unlink()
+    try:
+        assert "removed 1 shared-memory segment(s)" in down.stdout, down.stdout
+        assert not stale.exists() and other.exists()
+    finally:
+        stale.unlink(missing_ok=True)
+        other.unlink(missing_ok=True)
     namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
     assert "tlab" not in namespaces and "tlab" not in links
