@@ -92,6 +92,37 @@ def test_a_killed_rank_ends_the_job_naming_it(tmp_path, algo, nprocs):
     assert event["host"] and event["operation"].startswith("step "), event
 
 
+def test_ranks_that_die_in_one_wakeup_of_the_launcher_are_told_apart_by_their_order(tmp_path):
+    """MPICH ends a job within a millisecond of a rank's death (a peer reading the dead rank's
+    memory aborts, and mpiexec kills the rest), and on a busy machine the launcher's watchdog
+    wakes to find every rank dead (CI once named rank 0 for a kill of rank 1 so). Held with
+    SIGSTOP while rank 1 is killed and then rank 0, the launcher must still name rank 1."""
+    run_dir = tmp_path / "run"
+    job = subprocess.Popen([str(BIN / "adpsgd-run"), *EXACT, "trainer.epochs=200",
+                            "trainer.checkpoint_every=4", f"hydra.run.dir={run_dir}"],
+                           cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                           text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not reported_its_operation(1)(run_dir):
+            assert job.poll() is None and time.monotonic() < deadline, job.stderr.read()
+            time.sleep(0.05)
+        pids = [int((run_dir / "logs" / f"rank{r}.pid").read_text().split()[0]) for r in (1, 0)]
+        job.send_signal(signal.SIGSTOP)
+        for pid in pids:  # the dead rank first, then the one the teardown kills
+            os.kill(pid, signal.SIGKILL)
+            time.sleep(0.05)
+        job.send_signal(signal.SIGCONT)
+        stderr = job.communicate(timeout=DEAD_RANK_BOUND_S)[1]
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+    assert job.returncode == 128 + signal.SIGKILL, stderr
+    assert f"adpsgd-run: rank 1 (pid {pids[0]}) died without reporting an error" in stderr, stderr
+    assert "rank 0 (pid" not in stderr, stderr
+    assert bench.worker_pids(run_dir) == []
+
+
 def test_a_failed_mpi_call_names_its_error_class_and_its_likely_cause():
     """The peer of a killed rank often fails first, in a collective, with MPICH's
     MPI_ERR_IN_STATUS, whose own text is "See the MPI_ERROR field in MPI_Status": its line

@@ -3,6 +3,7 @@ with the ranks', on real processes: which ended first decides the line a user re
 was killed from outside" or "rank N died"), and a loaded machine once made the launcher's own
 clock name a rank for a kill of mpiexec."""
 
+import os
 import signal
 import socket
 import subprocess
@@ -16,6 +17,7 @@ from runner.checkpoint.preemption import install_stop_handlers, request_stop, st
 from runner.launch.local import ForcedStop, StopForwarding
 from runner.launch.watchdog import (
     HEARTBEAT_S,
+    ExitPoller,
     HeartbeatListener,
     LauncherLink,
     RankWatchdog,
@@ -91,6 +93,24 @@ def test_without_mpiexec_seen_ending_the_order_is_unknown(job):
     watchdog, _, rank = job
     kill(rank)  # mpiexec still runs
     assert watchdog.mpiexec_ended_first(first_death(watchdog)) is None
+
+
+def test_processes_that_end_between_two_waits_are_returned_in_the_order_they_ended():
+    """Registered in rank order and killed in the reverse one before the watcher looks (a
+    teardown on a busy machine): the first to end comes first, not the first registered."""
+    sleepers = [sleeper() for _ in range(4)]
+    poller = ExitPoller()
+    fds = {os.pidfd_open(proc.pid): rank for rank, proc in enumerate(sleepers)}
+    for fd in fds:
+        poller.register(fd)
+    try:
+        for proc in reversed(sleepers):
+            kill(proc)  # reaped: the next one ends strictly after it
+        assert [fds[fd] for fd in poller.ended(1.0)] == [3, 2, 1, 0]
+    finally:
+        poller.close()
+        for fd in fds:
+            os.close(fd)
 
 
 def test_the_launcher_answers_heartbeats_with_the_lost_and_its_silence_cuts_a_rank_off():

@@ -10,8 +10,9 @@ milliseconds when that happens (even with ``-disable-auto-cleanup``), killing ev
 the same signal; not every MPI does it at all; and mpiexec starts each rank in a session of its
 own, so a job that is simply killed can leave ranks behind. The watchdog therefore waits on
 every rank's pidfd (Linux: readable the moment the process ends) in a thread of its own and
-records the order of the deaths: the first rank to end without an exit record is the culprit,
-whoever killed the others afterwards. The launcher then kills what is left of the job.
+records the order of the deaths, as the kernel signalled them (:class:`ExitPoller`): the first
+rank to end without an exit record is the culprit, whoever killed the others afterwards. The
+launcher then kills what is left of the job.
 
 A rank that is alive but silent (a stopped process, a hung node) is found by its heartbeat: a
 thread of every rank touches its pid file every few seconds, and the launcher ends a job whose
@@ -516,6 +517,40 @@ class DeadRank:
     wakeup: int = -1
 
 
+class ExitPoller:
+    """Waits on pidfds and returns the ended processes in the order they ended.
+
+    Several processes often end between two wake-ups of the watcher: MPICH tears a job down
+    within a millisecond of a peer's death (a rank that reads from the dead one's memory
+    aborts, and mpiexec kills the rest), which on a busy machine is sooner than this thread is
+    scheduled. poll() then reports them in the order they were registered, rank 0 first;
+    epoll's ready list keeps the order in which the kernel signalled the exits, so the first
+    rank to die stays first. poll() where epoll does not exist."""
+
+    def __init__(self) -> None:
+        self._epoll = select.epoll() if hasattr(select, "epoll") else None
+        self._poll = None if self._epoll else select.poll()
+
+    def register(self, fd: int) -> None:
+        if self._epoll is not None:
+            self._epoll.register(fd, select.EPOLLIN)
+        else:
+            self._poll.register(fd, select.POLLIN)
+
+    def unregister(self, fd: int) -> None:
+        (self._poll if self._epoll is None else self._epoll).unregister(fd)
+
+    def ended(self, timeout_s: float) -> list[int]:
+        """The fds of the processes that ended, first-ended first; [] after ``timeout_s``."""
+        if self._epoll is not None:
+            return [fd for fd, _ in self._epoll.poll(timeout_s)]
+        return [fd for fd, _ in self._poll.poll(timeout_s * 1000)]
+
+    def close(self) -> None:
+        if self._epoll is not None:
+            self._epoll.close()
+
+
 class RankWatchdog:
     """Watches the ranks of one job while it runs (see the module docstring)."""
 
@@ -563,12 +598,12 @@ class RankWatchdog:
             return self.mpiexec_wakeup <= dead.wakeup
 
     def _watch(self) -> None:
-        poller, fds, watched = select.poll(), {}, set()
+        poller, fds, watched = ExitPoller(), {}, set()
         mpiexec_fd = None
         while self._running:
             if mpiexec_fd is None and self._mpiexec_fd is not None:
                 mpiexec_fd = self._mpiexec_fd
-                poller.register(mpiexec_fd, select.POLLIN)
+                poller.register(mpiexec_fd)
             self.refresh()
             for rank, pid in list(self.pids.items()):
                 if rank in watched:
@@ -582,17 +617,18 @@ class RankWatchdog:
                     continue
                 watched.add(rank)
                 fds[fd] = rank
-                poller.register(fd, select.POLLIN)
-            ready = poller.poll(self.POLL_MS)
+                poller.register(fd)
+            ready = poller.ended(self.POLL_MS / 1000)
             self.wakeups += 1
             wakeup = self.wakeups
-            for fd, _ in ready:
+            for fd in ready:
                 poller.unregister(fd)
                 if fd == mpiexec_fd:
                     with self._lock:
                         self.mpiexec_wakeup = wakeup
                 else:
                     self._died(fds[fd], wakeup)
+        poller.close()
         for fd in fds:
             os.close(fd)
 
