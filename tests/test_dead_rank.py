@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import select
 import signal
 import subprocess
 import time
@@ -92,6 +93,22 @@ def test_a_killed_rank_ends_the_job_naming_it(tmp_path, algo, nprocs):
     assert event["host"] and event["operation"].startswith("step "), event
 
 
+def kill_and_wait(pid: int) -> None:
+    """kill -9 and return once the process has ended (however busy the machine), so that
+    what is killed next ends after it; at once if it has already gone."""
+    try:
+        ended = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    try:
+        signal.pidfd_send_signal(ended, signal.SIGKILL)
+        select.select([ended], [], [], 60)  # readable once the process has ended
+    except ProcessLookupError:  # it ended between the two calls
+        pass
+    finally:
+        os.close(ended)
+
+
 def test_ranks_that_die_in_one_wakeup_of_the_launcher_are_told_apart_by_their_order(tmp_path):
     """MPICH ends a job within a millisecond of a rank's death (a peer reading the dead rank's
     memory aborts, and mpiexec kills the rest), and on a busy machine the launcher's watchdog
@@ -110,8 +127,7 @@ def test_ranks_that_die_in_one_wakeup_of_the_launcher_are_told_apart_by_their_or
         pids = [int((run_dir / "logs" / f"rank{r}.pid").read_text().split()[0]) for r in (1, 0)]
         job.send_signal(signal.SIGSTOP)
         for pid in pids:  # the dead rank first, then the one the teardown kills
-            os.kill(pid, signal.SIGKILL)
-            time.sleep(0.05)
+            kill_and_wait(pid)
         job.send_signal(signal.SIGCONT)
         stderr = job.communicate(timeout=DEAD_RANK_BOUND_S)[1]
     finally:
