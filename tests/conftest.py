@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 import recipes  # noqa: F401 - fills the recipe registry, as the commands and the worker do
+from runner.comm.world import oversubscribed_environment
 
 BIN = Path(sys.executable).parent
 REPO = Path(__file__).resolve().parents[1]
@@ -58,7 +59,9 @@ def run_mpi(nprocs: int, script: str, *args: str, timeout: float = 180, check: b
     """Run tests/mpi/SCRIPT on ``nprocs`` real ranks with the venv's mpiexec."""
     cmd = [str(BIN / "mpiexec"), "-n", str(nprocs), sys.executable, str(MPI_SCRIPTS / script),
            *args]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
+    # As the launcher starts ranks that share cores (runner/comm/world.py).
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
+           **oversubscribed_environment(nprocs, os.cpu_count() or 1), **(env or {})}
     # A session of its own: on a time-out the whole job (mpiexec, its proxies, the ranks) is
     # killed, not mpiexec alone, and what the ranks printed so far is shown.
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -133,8 +136,16 @@ def pytest_sessionstart(session) -> None:
     import torch  # noqa: F401
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups off the marks
 def pytest_collection_modifyitems(config, items) -> None:
-    """Tests marked ``gpu`` need a CUDA GPU: skipped, with the reason, where none is visible."""
+    """Tests marked ``gpu`` need a CUDA GPU: skipped, with the reason, where none is visible.
+    Under ``pytest -n N --dist loadgroup`` (make test), each test gets the xdist group that
+    keeps it on one worker with the tests it must not run beside or apart from
+    (:func:`worker_groups`)."""
+    for item, group in worker_groups(items).items():
+        item.add_marker(pytest.mark.xdist_group(group))
+    if hasattr(config, "workerinput"):  # an xdist worker: the order is the schedule's
+        items.sort(key=schedule_rank)
     gpu_tests = [item for item in items if item.get_closest_marker("gpu")]
     if not gpu_tests:
         return
@@ -146,6 +157,56 @@ def pytest_collection_modifyitems(config, items) -> None:
                                    "here; run make test-gpu on a GPU machine")
     for item in gpu_tests:
         item.add_marker(skip)
+
+
+def worker_groups(items) -> dict:
+    """The xdist group of each test that must share a worker with others; tests left out
+    run on whichever worker is free.
+
+    Two reasons bind tests to one worker, and a test bound by both joins both groups:
+    * a resource that one test at a time may use, named by ``pytest.mark.resource(NAME)``:
+      the lab's hosts and links (a test cuts them), the local SLURM, the GPU;
+    * a module- or session-scoped fixture of a test file (one job whose results several
+      tests check): on two workers it would run twice.
+    Groups are the connected parts of the tests and their resources and fixtures."""
+    parent: dict[str, str] = {}
+
+    def find(key: str) -> str:
+        while parent.setdefault(key, key) != key:
+            parent[key] = parent[parent[key]]
+            key = parent[key]
+        return key
+
+    bound = {}
+    for item in items:
+        keys = [f"resource {mark.args[0]}" for mark in item.iter_markers("resource")]
+        fixtures = getattr(item, "_fixtureinfo", None)
+        for name in fixtures.names_closure if fixtures else ():
+            for definition in fixtures.name2fixturedefs.get(name, ()):
+                if definition.scope in ("module", "session") and \
+                        Path(str(definition.baseid).split("::")[0]).name.startswith("test_"):
+                    keys.append(f"fixture {definition.baseid}::{name}")
+        if keys:
+            bound[item] = keys
+            for key in keys[1:]:
+                parent[find(key)] = find(keys[0])
+    members: dict[str, set[str]] = {}
+    for keys in bound.values():
+        members.setdefault(find(keys[0]), set()).update(keys)
+    # A group is named by its resource ("lab"), else by its fixture ("test_x.py.job").
+    names = {root: min(keys, key=lambda k: (not k.startswith("resource "), k)).split(" ", 1)[1]
+             .split("/")[-1].replace("::", ".") for root, keys in members.items()}
+    return {item: names[find(keys[0])] for item, keys in bound.items()}
+
+
+def schedule_rank(item) -> int:
+    """Where a test goes in make test's queue (``--no-loadscope-reorder``: xdist hands the
+    workers groups in this order): the longest chains first, so that none is left running
+    alone at the end: tests on a shared resource (one after another on one worker), then those
+    that start processes, then the unit tests, which fill the gaps."""
+    if item.get_closest_marker("resource"):
+        return 0
+    return 1 if item.get_closest_marker("slow") or item.get_closest_marker("mpi") else 2
 
 
 # Test tiers: `make test-fast` runs every test not marked with one of these; `make test` runs

@@ -219,3 +219,23 @@ def test_node_traffic(tmp_path):
     model_bytes = 4 * shape["parameters"]
     assert shape["allreduce_bytes_per_step"] == [model_bytes] and len(rows) == 1
     assert 0 < shape["model_broadcasts_per_step"][0] <= 1, shape
+
+
+@pytest.mark.mpi
+def test_startup(tmp_path):
+    """--quick: the import floors, adpsgd-run --help, a 2-rank job split into its phases, and
+    4 ranks of ssgd with MPICH's polling throttled (as the launcher sets it for ranks that
+    share cores) and spinning."""
+    r, rows = run_quick(tmp_path, "bench_startup", "--runs", str(tmp_path / "runs"))
+    res = r["results"]
+    for name in ("python", "import_torch", "rank_imports", "help"):
+        assert positive(res[name]["wall_s"]) and positive(res[name]["cpu_s"]), name
+    assert res["import_torch"]["cpu_s"] > res["python"]["cpu_s"]
+    job = res["job"]["2"]
+    assert all(positive(job[k]) for k in ("launcher_s", "ranks_start_s", "training_s",
+                                          "total_s", "cpu_s")), job
+    assert job["launcher_s"] + job["ranks_start_s"] + job["training_s"] < job["total_s"] + 0.5
+    pair = res["oversubscribed"]["ssgd"]
+    assert set(pair) == {"throttled", "spinning"}
+    assert all(positive(m["samples_per_s"]) and m["top1"] > 0 for m in pair.values())
+    assert len(rows) == 4 + 1 + 2

@@ -30,7 +30,7 @@ from runner.train.data import BatchFetcher
 
 from conftest import read_run, run_cli, run_mpi
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.resource("gpu")]
 
 CUDA = torch.device("cuda", 0)
 CLASSES = 8

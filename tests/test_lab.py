@@ -23,7 +23,7 @@ from runner.launch.watchdog import HEARTBEAT_S
 
 from conftest import BIN, REPO, run_cli
 
-pytestmark = [pytest.mark.slow, pytest.mark.mpi]
+pytestmark = [pytest.mark.slow, pytest.mark.mpi, pytest.mark.resource("lab")]
 
 LAB = REPO / "scripts" / "lab_cluster.sh"
 HOSTS = 4

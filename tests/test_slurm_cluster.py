@@ -22,7 +22,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from conftest import BIN, MPI_SCRIPTS, REPO, read_run, run_cli
 
-pytestmark = [pytest.mark.mpi, pytest.mark.slow]
+pytestmark = [pytest.mark.mpi, pytest.mark.slow, pytest.mark.resource("slurm")]
 
 FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
                 "PREEMPTED", "BOOT_FAIL", "DEADLINE"}

@@ -25,7 +25,7 @@ from test_slurm_cluster import (
     wait_for_job,
 )
 
-pytestmark = [pytest.mark.mpi, pytest.mark.slow]
+pytestmark = [pytest.mark.mpi, pytest.mark.slow, pytest.mark.resource("lab")]
 
 SCRIPT = REPO / "scripts" / "slurm_local.sh"
 JOB = ["recipe=digit_images", "algo=adpsgd", "trainer.epochs=4", "trainer.progress=false",

@@ -355,7 +355,31 @@ def check_command_line(argv: list[str]) -> None:
         raise SystemExit(2) from None
 
 
+HELP_FLAGS = ("--help", "-h")
+
+
+def print_help(argv: list[str]) -> None:
+    """``adpsgd-run [OVERRIDES] --help``: conf/config.yaml's help template over the config the
+    overrides compose. Hydra's own --help composes every option of every config group to list
+    them (2 s of its start-up here), although the template lists the groups by their folders
+    (``adpsgd_config_groups``): one compose is enough."""
+    import string
+
+    overrides, _, config_name, _ = split_argv([a for a in argv if a not in HELP_FLAGS])
+    [cfg] = compose_all(overrides, False, config_name, with_hydra=True)
+    HydraConfig.instance().set_config(cfg)  # the template's ${hydra:...} resolve from here
+    config = OmegaConf.to_yaml(job_config(cfg), resolve="--resolve" in argv)
+    print(string.Template(cfg.hydra.help.template).safe_substitute(CONFIG=config))
+
+
 def main() -> None:
+    if any(flag in sys.argv[1:] for flag in HELP_FLAGS) and "--hydra-help" not in sys.argv:
+        try:
+            print_help(sys.argv[1:])
+        except UserError as ex:
+            print(f"adpsgd-run: error: {ex}", file=sys.stderr)
+            raise SystemExit(2) from None
+        return
     try:
         check_command_line(sys.argv[1:])
         RUN_DIR_GIVEN[0] = any(a.startswith(("hydra.run.dir=", "hydra.sweep.dir="))
