@@ -107,12 +107,17 @@ def read_run(run_dir: Path) -> tuple[list[dict], dict]:
     return metrics, json.loads((run_dir / "summary.json").read_text())
 
 
-def readme_commands() -> list[str]:
-    """The commands of README.md's bash blocks, in order (comments left out)."""
+def readme_blocks() -> list[list[str]]:
+    """The commands of each of README.md's bash blocks, in order (comments left out)."""
     text = (REPO / "README.md").read_text()
     blocks = re.findall(r"```bash\n(.*?)```", text, flags=re.S)
-    return [line.strip() for block in blocks for line in block.splitlines()
-            if line.strip() and not line.strip().startswith("#")]
+    return [[line.strip() for line in block.splitlines()
+             if line.strip() and not line.strip().startswith("#")] for block in blocks]
+
+
+def readme_commands() -> list[str]:
+    """The commands of README.md's bash blocks, in order."""
+    return [command for block in readme_blocks() for command in block]
 
 
 def is_readme_simulation(command: str) -> bool:

@@ -9,7 +9,7 @@ import urllib.request
 
 import pytest
 
-from conftest import BIN, REPO, is_readme_simulation, readme_commands
+from conftest import BIN, REPO, is_readme_simulation, readme_blocks, readme_commands
 
 pytestmark = [pytest.mark.slow, pytest.mark.mpi]
 
@@ -69,13 +69,25 @@ def check_tensorboard(command: str, cwd) -> None:
         server.wait(timeout=30)
 
 
-def test_every_readme_command_runs(tmp_path):
+def test_the_readme_has_the_commands_a_user_starts_with():
     commands = readme_commands()
-    assert "make demo" in commands and "make test" in commands
+    assert commands[:2] == ["make install", "source .venv/bin/activate"], commands[:2]
+    assert {"make demo", "make test", "make test-fast", "adpsgd-run"} <= set(commands)
+    assert all(COVERED_BY[c] in commands for c in COVERED_BY if c in commands)
+
+
+# One test per bash block: a block's commands build on each other (a report over the runs
+# above it), blocks do not, so that make test's workers can run them side by side.
+BLOCKS = {f"{i}-" + re.sub(r"[^A-Za-z0-9]+", "-", " ".join(block[0].split()[:2])): block
+          for i, block in enumerate(readme_blocks())}
+
+
+@pytest.mark.parametrize("block", list(BLOCKS))
+def test_every_readme_command_runs(tmp_path, block):
+    commands = BLOCKS[block]
     ran = []
     for command in commands:
-        if command in COVERED_BY:
-            assert COVERED_BY[command] in commands
+        if command in COVERED_BY:  # the command it is the same as runs in its own block
             ran.append(command)
             continue
         if is_readme_simulation(command):  # tests/test_sim_runs.py runs it and reads its dir
@@ -95,6 +107,13 @@ def test_every_readme_command_runs(tmp_path):
             total, fast = (int(re.search(r"(\d+)(?:/\d+)? tests? (?:collected|selected)",
                                          c.stdout).group(1)) for c in counts)
             assert 0 < fast < total and "not mpi" in tier.group(1), (fast, total)
+        elif command == "make coverage":
+            # The whole suite again under coverage: check what it runs instead of recursing.
+            dry = shell("make -n coverage", cwd=REPO)
+            assert dry.returncode == 0, dry.stderr
+            for step in ("coverage run -m pytest", "coverage combine", "coverage html",
+                         "coverage report --format=total"):
+                assert step in dry.stdout, (step, dry.stdout)
         elif command.startswith("make "):
             before = sorted((REPO / "runs").rglob("*")) if (REPO / "runs").exists() else []
             proc = shell(shrunk(command, tmp_path / "demo"), cwd=REPO)
