@@ -1,6 +1,5 @@
 """What a user waits for before and around training: ``adpsgd-run --help``, the imports every
-rank pays, a small job's time split into its phases, and ranks that share cores with and
-without MPICH's throttled polling (runner/comm/world.py, ``oversubscribed_environment``).
+rank pays, and a small job's time split into its phases.
 
     python benchmarks/bench_startup.py --json docs/results/startup.json
     python benchmarks/bench_startup.py --quick     # seconds: checks the wiring only
@@ -35,12 +34,11 @@ from runner.errors import UserError, one_line  # noqa: E402
 
 NAME = "startup"
 BIN = Path(sys.executable).parent
-FULL = {"repeats": 5, "nprocs": [2, 4], "epochs": 6, "throttle_algos": ["ssgd", "adpsgd"]}
-QUICK = {"repeats": 1, "nprocs": [2], "epochs": 1, "throttle_algos": ["ssgd"]}
+FULL = {"repeats": 5, "nprocs": [2, 4]}
+QUICK = {"repeats": 1, "nprocs": [2]}
 JOB = ["recipe=digit_images", "algo=ssgd", "trainer.epochs=1", "trainer.progress=false"]
 # What a rank imports, beyond the interpreter (runner/worker.py and what it loads to train).
 RANK_IMPORTS = "import torch, mpi4py.MPI, runner.worker, runner.trainer, recipes"
-THROTTLE = "MPIR_CVAR_CH4_PROGRESS_THROTTLE"
 MD_HEADER = ("| date | what | median s | CPU s | note |\n|---|---|---|---|---|\n")
 
 
@@ -50,22 +48,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, help=f"runs of each measure (default "
                                                  f"{FULL['repeats']})")
     p.add_argument("--nprocs", type=int, nargs="+", help="ranks of the small job (default 2 4)")
-    p.add_argument("--epochs", type=int, help="epochs of the oversubscribed jobs (default "
-                                              f"{FULL['epochs']})")
-    p.add_argument("--throttle-algos", nargs="+", help="algorithms of the oversubscribed "
-                                                       "jobs (default ssgd adpsgd)")
     args = p.parse_args(argv)
     bench.fill_defaults(args, argv, QUICK, FULL)
     return args
 
 
-def timed(command: list[str], cwd: Path, env: dict[str, str] | None = None
-          ) -> tuple[float, float, subprocess.CompletedProcess]:
+def timed(command: list[str], cwd: Path) -> tuple[float, float, subprocess.CompletedProcess]:
     """(wall seconds, CPU seconds of the command and every process it waited for, result)."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
-    proc = subprocess.run(command, cwd=cwd, capture_output=True, text=True,
-                          env={**os.environ, **(env or {})})
+    proc = subprocess.run(command, cwd=cwd, capture_output=True, text=True)
     wall = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
@@ -111,20 +103,6 @@ def job_phases(root: Path, nprocs: int, index: int) -> dict[str, float]:
             "cpu_s": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)}
 
 
-def oversubscribed(root: Path, algo: str, epochs: int, throttle: bool, index: int
-                   ) -> dict[str, float]:
-    """A 4-rank job on this machine's cores (oversubscribed on fewer than 4), with MPICH's
-    throttled polling as the launcher sets it, or turned off by the user's variable."""
-    run_dir = root / f"over-{algo}-{'throttle' if throttle else 'spin'}-{index}"
-    command = [str(BIN / "adpsgd-run"), "recipe=digit_images", f"algo={algo}",
-               "launcher.nprocs=4", f"trainer.epochs={epochs}", "trainer.progress=false",
-               f"hydra.run.dir={run_dir}"]
-    wall, cpu, _ = timed(command, root, None if throttle else {THROTTLE: "0"})
-    summary = bench.read_run(run_dir)["summary"]
-    return {"wall_s": wall, "cpu_s": cpu, "samples_per_s": summary["samples_per_s"],
-            "top1": summary["top1"]}
-
-
 def medians(runs: list[dict[str, float]]) -> dict[str, float]:
     return {key: round(bench.median([r[key] for r in runs]), 3) for key in runs[0]}
 
@@ -148,17 +126,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         results["job"][str(nprocs)] = medians([job_phases(root, nprocs, i)
                                                for i in range(args.repeats)])
         print(f"job on {nprocs} rank(s): {results['job'][str(nprocs)]}", flush=True)
-    results["oversubscribed"] = {}
-    for algo in args.throttle_algos:
-        runs: dict[bool, list[dict[str, float]]] = {True: [], False: []}
-        for i in range(args.repeats):
-            for throttle in (True, False):  # alternated: a busy moment hits both alike
-                runs[throttle].append(oversubscribed(root, algo, args.epochs, throttle, i))
-        results["oversubscribed"][algo] = {"throttled": medians(runs[True]),
-                                           "spinning": medians(runs[False])}
-        print(f"4 ranks of {algo}: {results['oversubscribed'][algo]}", flush=True)
-    return record.finish({"job_overrides": JOB, "repeats": args.repeats, "epochs": args.epochs,
-                          "results": results, "run_dirs": str(root)})
+    return record.finish({"job_overrides": JOB, "repeats": args.repeats, "results": results,
+                          "run_dirs": str(root)})
 
 
 def markdown_rows(r: dict[str, Any]) -> list[str]:
@@ -170,11 +139,6 @@ def markdown_rows(r: dict[str, Any]) -> list[str]:
                     f"{job['cpu_s']:.2f} | launcher {job['launcher_s']:.2f}, ranks start "
                     f"{job['ranks_start_s']:.2f}, training {job['training_s']:.2f}, ending "
                     f"{job['ending_s']:.2f} |")
-    for algo, pair in res["oversubscribed"].items():
-        for how, m in pair.items():
-            rows.append(f"| {date} | 4 ranks of {algo}, {r['epochs']} epochs, {how} | "
-                        f"{m['wall_s']:.2f} | {m['cpu_s']:.2f} | {m['samples_per_s']:.0f} "
-                        f"samples/s |")
     return rows
 
 

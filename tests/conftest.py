@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 
 import recipes  # noqa: F401 - fills the recipe registry, as the commands and the worker do
-from runner.comm.world import oversubscribed_environment
 
 BIN = Path(sys.executable).parent
 REPO = Path(__file__).resolve().parents[1]
@@ -59,9 +58,7 @@ def run_mpi(nprocs: int, script: str, *args: str, timeout: float = 180, check: b
     """Run tests/mpi/SCRIPT on ``nprocs`` real ranks with the venv's mpiexec."""
     cmd = [str(BIN / "mpiexec"), "-n", str(nprocs), sys.executable, str(MPI_SCRIPTS / script),
            *args]
-    # As the launcher starts ranks that share cores (runner/comm/world.py).
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
-           **oversubscribed_environment(nprocs, os.cpu_count() or 1), **(env or {})}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
     # A session of its own: on a time-out the whole job (mpiexec, its proxies, the ranks) is
     # killed, not mpiexec alone, and what the ranks printed so far is shown.
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

@@ -223,9 +223,8 @@ def test_node_traffic(tmp_path):
 
 @pytest.mark.mpi
 def test_startup(tmp_path):
-    """--quick: the import floors, adpsgd-run --help, a 2-rank job split into its phases, and
-    4 ranks of ssgd with MPICH's polling throttled (as the launcher sets it for ranks that
-    share cores) and spinning."""
+    """--quick: the import floors, adpsgd-run --help and a 2-rank job split into its
+    phases."""
     r, rows = run_quick(tmp_path, "bench_startup", "--runs", str(tmp_path / "runs"))
     res = r["results"]
     for name in ("python", "import_torch", "rank_imports", "help"):
@@ -235,7 +234,4 @@ def test_startup(tmp_path):
     assert all(positive(job[k]) for k in ("launcher_s", "ranks_start_s", "training_s",
                                           "total_s", "cpu_s")), job
     assert job["launcher_s"] + job["ranks_start_s"] + job["training_s"] < job["total_s"] + 0.5
-    pair = res["oversubscribed"]["ssgd"]
-    assert set(pair) == {"throttled", "spinning"}
-    assert all(positive(m["samples_per_s"]) and m["top1"] > 0 for m in pair.values())
-    assert len(rows) == 4 + 1 + 2
+    assert len(rows) == 4 + 1

@@ -65,26 +65,6 @@ def mpi_environment(allreduce: str) -> dict[str, str]:
             "OMPI_MCA_coll_tuned_allreduce_algorithm": "4"}
 
 
-# How many polls in a row that find nothing before an MPICH rank sleeps (MPICH's own default).
-IDLE_POLLS_BEFORE_SLEEP = 4096
-
-
-def oversubscribed_environment(ranks_on_machine: int, cores: int) -> dict[str, str]:
-    """MPICH's settings for ranks that share cores (more ranks on a machine than it has).
-
-    A rank that waits for a message (an allreduce behind a slower peer, a passive AD-PSGD
-    learner) polls MPICH's progress engine without pause; with a core to itself that costs
-    nothing, but sharing cores it takes the CPU from the peer it waits for. With
-    ``MPIR_CVAR_CH4_PROGRESS_THROTTLE`` such a rank sleeps a moment (``usleep(1)``) after
-    ``IDLE_POLLS_BEFORE_SLEEP`` empty polls in a row, which hands the core over; a message
-    that arrives meanwhile waits microseconds. Open MPI does the same by itself when it
-    knows a machine is oversubscribed. Nothing for ranks that each have a core."""
-    if ranks_on_machine <= cores:
-        return {}
-    return {"MPIR_CVAR_CH4_PROGRESS_THROTTLE": "1",
-            "MPIR_CVAR_CH4_PROGRESS_THROTTLE_NO_PROGRESS_COUNT": str(IDLE_POLLS_BEFORE_SLEEP)}
-
-
 def emulated_node(rank: int, size: int, procs_per_node: int) -> tuple[int, int]:
     """(node, num_nodes) when consecutive groups of ``procs_per_node`` ranks form a node; the
     last node is smaller when ``procs_per_node`` does not divide ``size`` (algorithms that

@@ -41,7 +41,6 @@ from typing import IO, Optional
 from .. import ctrl_c
 from ..checkpoint.files import complete_checkpoints, remove_partial_checkpoints
 from ..comm.hostfile import ranks_per_host, read_hostfile
-from ..comm.world import oversubscribed_environment
 from ..config.section import require
 from ..errors import EXIT_PEER_LOST, EXIT_PREEMPTED, EXIT_STOPPED, ConfigError, one_line
 from ..runlog.progress import CONSOLE_IS_TERMINAL
@@ -526,10 +525,8 @@ class LocalLauncher(Launcher):
         env[CONSOLE_IS_TERMINAL] = "1" if sys.stderr.isatty() else "0"
         # One BLAS/OpenMP pool per core, not per rank: oversubscribed ranks thrash otherwise.
         # (With a hostfile, each host is taken to have this machine's cores.)
-        sharing, cores = self.ranks_per_machine(), os.cpu_count() or 1
-        env.setdefault("OMP_NUM_THREADS", str(max(1, cores // sharing)))
-        for name, value in oversubscribed_environment(sharing, cores).items():
-            env.setdefault(name, value)  # a setting exported by the user wins
+        env.setdefault("OMP_NUM_THREADS",
+                       str(max(1, (os.cpu_count() or 1) // self.ranks_per_machine())))
         mpiexec = self.mpiexec()
         if has_ulfm(mpiexec):  # mpi4py loads that Open MPI's libmpi, not the venv's MPICH
             env.update(ulfm_environment(mpiexec, env))
