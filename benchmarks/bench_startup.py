@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import os
 import re
 import resource
 import subprocess
