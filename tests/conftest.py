@@ -146,8 +146,6 @@ def pytest_collection_modifyitems(config, items) -> None:
     (:func:`worker_groups`)."""
     for item, group in worker_groups(items).items():
         item.add_marker(pytest.mark.xdist_group(group))
-    if hasattr(config, "workerinput"):  # an xdist worker: the order is the schedule's
-        items.sort(key=schedule_rank)
     gpu_tests = [item for item in items if item.get_closest_marker("gpu")]
     if not gpu_tests:
         return
@@ -159,6 +157,14 @@ def pytest_collection_modifyitems(config, items) -> None:
                                    "here; run make test-gpu on a GPU machine")
     for item in gpu_tests:
         item.add_marker(skip)
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist sends the collection to its scheduler
+def pytest_collection_finish(session) -> None:
+    """On an xdist worker the collected order (after pytest's own ordering by fixtures) is
+    the order groups are handed out in (``--no-loadscope-reorder``): :func:`schedule_rank`."""
+    if hasattr(session.config, "workerinput"):
+        session.items.sort(key=schedule_rank)
 
 
 def worker_groups(items) -> dict:
