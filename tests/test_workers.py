@@ -36,7 +36,7 @@ class FakeItem:
 
 
 def test_a_shared_job_or_resource_binds_tests_to_one_group_and_others_stay_free():
-    job = ("job", "module", "tests/test_a.py")
+    job = ("job", "module", "test_a.py")
     items = {
         "alone": FakeItem("alone", fixtures=[("tmp_path", "function", "")]),
         "a1": FakeItem("a1", fixtures=[job]),
@@ -44,10 +44,10 @@ def test_a_shared_job_or_resource_binds_tests_to_one_group_and_others_stay_free(
         "lab1": FakeItem("lab1", resources=["lab"]),
         # uses the lab and a session job of its file: the job's other user joins the lab's group
         "lab2": FakeItem("lab2", resources=["lab"], fixtures=[("env", "session",
-                                                               "tests/test_b.py")]),
-        "b": FakeItem("b", fixtures=[("env", "session", "tests/test_b.py")]),
+                                                               "test_b.py")]),
+        "b": FakeItem("b", fixtures=[("env", "session", "test_b.py")]),
         # conftest.py's own fixtures bind nothing
-        "c": FakeItem("c", fixtures=[("helper", "session", "tests/conftest.py")]),
+        "c": FakeItem("c", fixtures=[("helper", "session", "conftest.py")]),
     }
     groups = worker_groups(list(items.values()))
     named = {item.name: group for item, group in groups.items()}
