@@ -41,6 +41,10 @@ BAD_COMMANDS = [
      "launcher.procs_per_node=2"),
     (["algo=hadpsgd", "launcher.nprocs=6", "launcher.procs_per_node=4"], "4 does not divide",
      "procs_per_node"),
+    # One node larger than the job: one super learner, no gossip (it ran as SSGD, rc 0).
+    (["algo=hadpsgd", "launcher.nprocs=4", "launcher.procs_per_node=8"],
+     "8 is more than launcher.nprocs=4: the ranks would form one super learner",
+     "launcher.procs_per_node=2, or algo=ssgd"),
     (["algo=hadpsgd", "launcher.procs_per_node=1", "algo.delay_by_one=true"],
      "no delay-by-one variant", "algo=adpsgd algo.delay_by_one=true"),
     (["algo=adpsgd", "algo.pattern=spiral"], "algo.pattern: must be fixed or random",
@@ -107,7 +111,7 @@ def test_every_bad_override_is_caught_by_the_command_line_check(capsys, args, ca
 
 @pytest.mark.slow
 def test_a_bad_value_in_any_sweep_combination_stops_the_sweep_before_it_starts(tmp_path):
-    proc = run_cli(["-m", "launcher.nprocs=1", "optim.lr=0.2,-1",
+    proc = run_cli(["-m", "algo=ssgd", "launcher.nprocs=1", "optim.lr=0.2,-1",
                     f"hydra.sweep.dir={tmp_path / 'sweep'}"], cwd=tmp_path, check=False)
     assert proc.returncode == 2 and "optim.lr: must be > 0" in proc.stderr
     assert not (tmp_path / "sweep").exists()

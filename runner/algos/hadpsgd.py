@@ -81,7 +81,13 @@ class HADPSGD(ADPSGD):
                               "learners", "set launcher.procs_per_node, e.g. "
                               f"launcher.procs_per_node={max(1, run_cfg.launcher.nprocs // 2)}")
         nprocs = run_cfg.launcher.nprocs
-        if nprocs % ppn and nprocs > ppn:  # fewer ranks than a node: one super learner
+        if ppn > nprocs:  # one node, not full: no gossip at all, SSGD under another name
+            raise ConfigError("launcher.procs_per_node", f"{ppn} is more than launcher.nprocs="
+                              f"{nprocs}: the ranks would form one super learner, which has "
+                              "no one to gossip with", "choose procs_per_node so that nprocs is "
+                              f"a multiple of it, e.g. launcher.procs_per_node="
+                              f"{max(1, nprocs // 2)}, or algo=ssgd")
+        if nprocs % ppn:
             raise ConfigError("launcher.procs_per_node", f"{ppn} does not divide launcher.nprocs="
                               f"{nprocs}: super learners need the same number of ranks",
                               "choose procs_per_node so that nprocs is a multiple of it")
