@@ -647,10 +647,12 @@ class LocalLauncher(Launcher):
                 f"Open MPI lost its daemon on {host}", True, ended,
                 lambda: self.report_daemon_lost(run_dir, host), event="died", host=host)
         if status == 0 and self.cfg.elastic and not finished and any(
-                r.message and r.status == 2 for r in failure_records(run_dir, self.processes)):
-            # A survivor's error line (too few learners left...) ends the job through
+                r.message and r.status == 2 and r.rank < self.cfg.nprocs
+                for r in failure_records(run_dir, self.processes)):
+            # A surviving learner's error line (too few learners left...) ends the job through
             # MPI_Abort, whose status Open MPI's mpiexec sometimes loses (0, seen under load):
-            # the line is the job's end, as when the status arrives.
+            # the line is the job's end, as when the status arrives. (A spare's line, that no
+            # learner is left, is not: every learner died.)
             status = 2
         if status == 0 and self.cfg.elastic and not finished:
             # Under ULFM a death is the job's to handle, so Open MPI's mpiexec ends with 0 when
