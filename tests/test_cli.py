@@ -27,6 +27,8 @@ BAD_COMMANDS = [
      "launcher.procs_per_node=2"),
     (["launcher.mpiexec=/no/such/mpiexec"], "mpiexec '/no/such/mpiexec' not found", "mpiexec"),
     (["+nonsense=1"], "nonsense: unknown top-level key", "remove it"),
+    (["seed=abc"], "seed: Value 'abc' of type 'str' could not be converted to Integer",
+     "seed=<int>"),
     (["recipe=digit_images", "recipe.heldout_fraction=1.5"], "recipe.heldout_fraction",
      "heldout_fraction=0.2"),
     # Decentralized algorithms: participants, nodes, options.
