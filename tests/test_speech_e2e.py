@@ -86,6 +86,13 @@ def break_missing_wav(root):
     return data
 
 
+def break_wav_is_a_directory(root):
+    data = kaldi_dir(root, "train")
+    (root / "train-audio" / "u2.wav").unlink()
+    (root / "train-audio" / "u2.wav").mkdir()
+    return data
+
+
 def break_empty_text(root):
     data = kaldi_dir(root, "train")
     (data / "text").write_text("")
@@ -106,6 +113,8 @@ def break_utterance_not_in_wav_scp(root):
 
 DATA_MISTAKES = {
     "missing wav file": (break_missing_wav, "u2.wav", "does not exist"),
+    "wav.scp entry that is a directory": (break_wav_is_a_directory, "u2.wav",
+                                          "is a directory, not an audio file"),
     "empty text": (break_empty_text, "train data dir", "has no utterances"),
     "missing text": (break_missing_text, "train data dir", "has no text"),
     "utterance not in wav.scp": (break_utterance_not_in_wav_scp, "u9", "wav.scp"),

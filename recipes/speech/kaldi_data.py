@@ -46,6 +46,11 @@ MAX_OVERSHOOT_S = 0.5
 AUDIO_SUFFIXES = (".wav", ".sph", ".flac", ".mp3", ".ogg", ".opus", ".au", ".aiff")
 
 
+def not_audio(path: str) -> str:
+    """Why a wav.scp path that is no file cannot be read: a directory, or nothing there."""
+    return "is a directory, not an audio file" if Path(path).is_dir() else "does not exist"
+
+
 class Segment(NamedTuple):
     """One line of ``segments``: the recording and the times (seconds) cut out of it."""
 
@@ -161,7 +166,7 @@ class KaldiDataDir:
             rec, first = missing[0]
             more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
             raise UserError(f"audio file {first}{relative_to_cwd(first)} of recording {rec!r} "
-                            f"in {self.path / 'wav.scp'} does not exist{more}",
+                            f"in {self.path / 'wav.scp'} {not_audio(first)}{more}",
                             f"restore the audio or correct wav.scp, {FIX_DATA_DIR}")
 
     def _check_command(self, rec: str, entry: str) -> None:
@@ -219,7 +224,8 @@ class KaldiDataDir:
         else:
             if not Path(entry).is_file():
                 raise UserError(f"audio file {entry}{relative_to_cwd(entry)} of utterance "
-                                f"{utt!r} (listed in {self.path / 'wav.scp'}) does not exist",
+                                f"{utt!r} (listed in {self.path / 'wav.scp'}) "
+                                f"{not_audio(entry)}",
                                 f"restore the audio or correct wav.scp, {FIX_DATA_DIR}")
             source, name = entry, entry
         try:
