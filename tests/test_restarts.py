@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 from test_dead_rank import EXACT, assert_like_uninterrupted, bench
 
+from runner.runlog.summary import results_table
+
 from conftest import read_run, run_cli
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow]
@@ -43,6 +45,9 @@ def test_a_rank_killed_mid_epoch_is_restarted_and_the_run_completes(tmp_path):
     print(f"restart: {restart}")
     assert_like_uninterrupted("adpsgd", last["top1"], "restarted")
     assert result["leftover_pids"] == []
+    # What the console's last lines say of it (adpsgd-run prints this table at the end).
+    assert re.search(r"samples/s, status completed \(1 restart\), run dir ",
+                     results_table(result["run_dir"])), results_table(result["run_dir"])
 
 
 def test_the_same_crash_at_the_same_step_stops_after_the_second_with_its_cause(tmp_path):

@@ -293,10 +293,12 @@ def results_table(run_dir: str | Path) -> str:
         ranks = f"{summary.get('nprocs')} ranks" + (
             f" ({', '.join(changes)}, {summary.get('learners_at_end')} at the end)"
             if changes else "")
+        restarts = len(summary.get("restarts") or [])  # a job restarted is worth a word
+        restarted = f" ({restarts} restart{'s' if restarts > 1 else ''})" if restarts else ""
         lines.append(
             f"{summary.get('algo')} on {summary.get('recipe')}, {ranks}: "
-            f"{summary.get('samples_per_s', 0):.0f} samples/s, status {summary.get('status')}, "
-            f"run dir {run_dir}")
+            f"{summary.get('samples_per_s', 0):.0f} samples/s, status {summary.get('status')}"
+            f"{restarted}, run dir {run_dir}")
         replicas = replicas_line(summary)
         if replicas:
             lines.append(replicas)
