@@ -261,7 +261,9 @@ def replicas_line(summary: dict[str, Any]) -> str | None:
         parts.append(f"held-out {metric} {averaged:.2f} (averaged model), {own:.2f} (rank 0's "
                      "own)")
     consensus = summary.get("consensus_distance")
-    if isinstance(consensus, (int, float)) and consensus > 0:
+    # Identical replicas (SSGD, a local SGD that just averaged) differ by rounding alone.
+    if isinstance(consensus, (int, float)) and consensus > 0 \
+            and not summary.get("replicas_identical"):
         parts.append(f"consensus distance {consensus:.3g}")
     return "; ".join(parts) or None
 
