@@ -23,6 +23,7 @@ import pytest
 from test_imagenet_recipe import corrupt
 from test_speech_e2e import (
     break_empty_text,
+    break_empty_transcript,
     break_missing_text,
     break_missing_wav,
     break_utterance_not_in_wav_scp,
@@ -165,6 +166,7 @@ class Placeholders:
             "no_text": break_missing_text,
             "empty_text": break_empty_text,
             "orphan": break_utterance_not_in_wav_scp,
+            "no_words": break_empty_transcript("u2"),
             "missing_wav": break_missing_wav,
             "wav_16k": lambda root: kaldi_dir(root, "train", rate=16000),
             "corrupt_wav": corrupt_wav,

@@ -99,6 +99,14 @@ def break_empty_text(root):
     return data
 
 
+def break_empty_transcript(words: str):
+    def broken(root):
+        data = kaldi_dir(root, "train")
+        (data / "text").write_text(f"u1 one\n{words}\nu3 three\n")
+        return data
+    return broken
+
+
 def break_missing_text(root):
     data = kaldi_dir(root, "train")
     (data / "text").unlink()
@@ -117,6 +125,11 @@ DATA_MISTAKES = {
                                           "is a directory, not an audio file"),
     "empty text": (break_empty_text, "train data dir", "has no utterances"),
     "missing text": (break_missing_text, "train data dir", "has no text"),
+    # An id with no words (or only spaces): scored, WER 104 %; trained, an empty CTC target.
+    "an utterance without words": (break_empty_transcript("u2"), "text:2",
+                                   "'u2' (", "has an empty transcript"),
+    "an utterance of spaces": (break_empty_transcript("u2    "), "text:2",
+                               "has an empty transcript"),
     "utterance not in wav.scp": (break_utterance_not_in_wav_scp, "u9", "wav.scp"),
     "sample-rate mismatch": (lambda root: kaldi_dir(root, "train", rate=8000), "8000",
                              "sample_rate"),

@@ -374,6 +374,10 @@ def _cross_check(data: KaldiDataDir, has_utt2spk: bool) -> None:
     root = data.path
     for utt in data.text:
         at = f"{root / 'text'}:{data.text_lines.get(utt, '?')}"
+        if not data.text[utt]:  # scored, it counts every hypothesis word as an error
+            raise UserError(f"utterance {utt!r} ({at}) has an empty transcript",
+                            f"write its words after the id, or drop it from text, "
+                            f"{FIX_DATA_DIR}")
         if data.segments is not None:
             if utt not in data.segments:
                 raise UserError(f"utterance {utt!r} ({at}) is not in {root / 'segments'}",
