@@ -86,6 +86,15 @@ def break_missing_wav(root):
     return data
 
 
+def break_truncated_wav(root):
+    """u2.wav's header intact, half its samples gone (a copy cut short)."""
+    data = kaldi_dir(root, "train")
+    wav = root / "train-audio" / "u2.wav"
+    with wav.open("r+b") as f:
+        f.truncate(44 + (wav.stat().st_size - 44) // 2)
+    return data
+
+
 def break_wav_is_a_directory(root):
     data = kaldi_dir(root, "train")
     (root / "train-audio" / "u2.wav").unlink()
@@ -121,6 +130,8 @@ def break_utterance_not_in_wav_scp(root):
 
 DATA_MISTAKES = {
     "missing wav file": (break_missing_wav, "u2.wav", "does not exist"),
+    "a wav file cut short": (break_truncated_wav, "u2.wav", "'u2' is cut short: its header "
+                             "declares"),
     "wav.scp entry that is a directory": (break_wav_is_a_directory, "u2.wav",
                                           "is a directory, not an audio file"),
     "empty text": (break_empty_text, "train data dir", "has no utterances"),

@@ -46,6 +46,33 @@ MAX_OVERSHOOT_S = 0.5
 AUDIO_SUFFIXES = (".wav", ".sph", ".flac", ".mp3", ".ogg", ".opus", ".au", ".aiff")
 
 
+# The smallest data size that WAV writers put in a header when they stream (a pipe) and do
+# not know the length (sox's 0x7FFFF000; others 0xFFFFFFFF).
+STREAMED_WAV_SIZE = 0x7FFFF000
+
+
+def wav_cut_short(path: str) -> tuple[int, int] | None:
+    """(bytes of samples the header of a WAV file declares, bytes the file holds) when the
+    file ends before its data does (a copy cut short); None for a whole WAV or another format.
+    libsndfile reads such a file without a word, as the shorter audio it holds. A size of
+    0, or one near 2 or 4 GiB (0x7FFFF000, 0xFFFFFFFF), is a streamed WAV's "unknown", not a
+    claim."""
+    with open(path, "rb") as f:
+        head = f.read(12)
+        if head[:4] != b"RIFF" or head[8:] != b"WAVE":
+            return None
+        end = os.fstat(f.fileno()).st_size
+        while True:
+            header = f.read(8)
+            if len(header) < 8:
+                return None
+            size = int.from_bytes(header[4:], "little")
+            if header[:4] == b"data":
+                held = end - f.tell()
+                return (size, held) if 0 < size < STREAMED_WAV_SIZE and held < size else None
+            f.seek(size + size % 2, os.SEEK_CUR)  # chunks are padded to an even size
+
+
 def not_audio(path: str) -> str:
     """Why a wav.scp path that is no file cannot be read: a directory, or nothing there."""
     return "is a directory, not an audio file" if Path(path).is_dir() else "does not exist"
@@ -227,6 +254,13 @@ class KaldiDataDir:
                                 f"{utt!r} (listed in {self.path / 'wav.scp'}) "
                                 f"{not_audio(entry)}",
                                 f"restore the audio or correct wav.scp, {FIX_DATA_DIR}")
+            cut = wav_cut_short(entry)
+            if cut:
+                raise UserError(f"audio file {entry}{relative_to_cwd(entry)} of utterance "
+                                f"{utt!r} is cut short: its header declares {cut[0]:,} bytes "
+                                f"of samples, the file holds {cut[1]:,}",
+                                f"copy the audio again, or drop the utterance from text, "
+                                f"{FIX_DATA_DIR}")
             source, name = entry, entry
         try:
             audio, rate = sf.read(source, dtype="float32", always_2d=True)
