@@ -257,11 +257,10 @@ def _declared_type(key: str, base: DictConfig | None) -> str | None:
     """The annotation of ``key`` in the schema that holds it (its section's dataclass, or the
     chosen algorithm's, recipe's... for a group), e.g. ``int``."""
     section, _, rest = key.partition(".")
-    if not rest:  # a top-level key (seed)
+    if not rest:  # a top-level value (seed); the sections have a default_factory
         top = {f.name: f for f in dataclasses.fields(RunConfig)}.get(section)
-        return str(top.type) if top is not None and not dataclasses.is_dataclass(
-            top.default_factory if top.default_factory is not dataclasses.MISSING else None
-        ) else None
+        plain = top is not None and top.default_factory is dataclasses.MISSING
+        return str(top.type) if plain else None
     schema = FIXED_SECTIONS.get(section)
     if schema is None and section in registries() and base is not None:
         name = OmegaConf.select(base, f"{section}.name")
