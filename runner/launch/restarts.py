@@ -97,7 +97,7 @@ class JobFailure:
                 rank: int | None, host: str | None, cause: str) -> None:
         known = [p for p in progress if p is not None]  # the job's progress, as restarts'
         record_event(run_dir, {
-            "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(self.when)),
+            "time": round(self.when, 3),  # Unix seconds, as an elastic job's membership
             "event": event, "learner": rank,
             "host": host or (rank_host(run_dir, rank) if rank is not None else None),
             "operation": rank_operation(run_dir, rank) if rank is not None else None,

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
 EVENTS = Path("logs") / "events.jsonl"
+# ``time`` is Unix seconds (a float) in every event, a failure's or an elastic job's change.
 COLUMNS = ("time", "event", "learner", "host", "operation", "at_samples", "cause")
 
 
@@ -51,12 +53,20 @@ def read_events(run_dir: str | Path) -> list[dict[str, Any]]:
     return events
 
 
+def cell(key: str, value: Any) -> str:
+    """A table cell: ``time`` (Unix seconds) as local time to the second."""
+    if value is None:
+        return "-"
+    if key == "time" and isinstance(value, (int, float)):
+        return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(value))
+    return str(value).replace("|", "/")
+
+
 def events_markdown(events: list[dict[str, Any]]) -> str:
     """The events as a markdown table (TensorBoard's text panel renders it)."""
     rows = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     for event in events:
-        cells = ["-" if event.get(key) is None else str(event[key]).replace("|", "/")
-                 for key in COLUMNS]
+        cells = [cell(key, event.get(key)) for key in COLUMNS]
         rows.append("| " + " | ".join(cells) + " |")
     return "\n".join(rows)
 
