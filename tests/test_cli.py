@@ -204,10 +204,13 @@ def test_sweep_job_dir_names_are_safe_short_and_distinct():
 def test_one_rank_runs_in_process_without_mpiexec(tmp_path):
     run_dir = tmp_path / "run"
     # An mpiexec that does not exist proves it is not used for one rank.
-    run_cli(["recipe=digit_images", "algo=ssgd", "launcher.nprocs=1",
-             "launcher.mpiexec=/no/such/mpiexec", "trainer.epochs=1",
-             "trainer.batch_size=32", "trainer.eval_every=20", f"hydra.run.dir={run_dir}"],
-            cwd=tmp_path)
+    proc = run_cli(["recipe=digit_images", "algo=ssgd", "launcher.nprocs=1",
+                    "launcher.mpiexec=/no/such/mpiexec", "trainer.epochs=1",
+                    "trainer.batch_size=32", "trainer.eval_every=20",
+                    f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+    # The console as for ranks of their own: no log records (evaluations as Python dicts).
+    console = proc.stdout + proc.stderr
+    assert "eval at epoch" not in console and "rank 0 of 1" not in console, console
     metrics, summary = read_run(run_dir)
     assert summary["nprocs"] == 1 and summary["status"] == "completed"
     steps_per_epoch = -(-summary["samples"] // 32)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Optional
@@ -74,3 +77,29 @@ class Launcher(ABC):
     def launch(self, run_cfg: DictConfig, run_dir: Path) -> int:
         """Run the job to the end (or, when not ``blocking``, submit it); return the exit
         status."""
+
+
+class QuietInfo(logging.Filter):
+    """Lets through everything but the adpsgd logger's records below WARNING."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.name.startswith("adpsgd") and record.levelno < logging.WARNING)
+
+
+@contextmanager
+def records_off_the_console() -> Iterator[None]:
+    """While a rank or a simulation runs inside adpsgd-run's own process: the console shows
+    its progress lines and results table, as for ranks of their own; the adpsgd logger's
+    records below WARNING (evaluations as Python dicts, checkpoints) go to its log file only,
+    and its warnings reach Hydra's console handler as well."""
+    quiet = QuietInfo()
+    consoles = [h for h in logging.getLogger().handlers if isinstance(h, logging.StreamHandler)
+                and not isinstance(h, logging.FileHandler)]
+    for console in consoles:
+        console.addFilter(quiet)
+    try:
+        yield
+    finally:
+        for console in consoles:
+            console.removeFilter(quiet)
+

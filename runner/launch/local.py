@@ -44,7 +44,7 @@ from ..comm.hostfile import ranks_per_host, read_hostfile
 from ..config.section import require
 from ..errors import EXIT_PEER_LOST, EXIT_PREEMPTED, EXIT_STOPPED, ConfigError, one_line
 from ..runlog.progress import CONSOLE_IS_TERMINAL
-from .base import Launcher, LauncherConfig
+from .base import Launcher, LauncherConfig, records_off_the_console
 from .hosts import hostfile_args, mpi_flavor, remote_shell_path, unanswered_host
 from .registry import LAUNCHERS
 from .restarts import JobFailure, Restarts, reported_failure
@@ -541,7 +541,8 @@ class LocalLauncher(Launcher):
                 print("adpsgd-run: note: launcher.max_restarts does not apply to "
                       "launcher.nprocs=1 (the rank runs inside adpsgd-run)", file=sys.stderr,
                       flush=True)
-            return run_rank(run_dir, in_process=True)
+            with records_off_the_console():  # they go to logs/rank0.log
+                return run_rank(run_dir, in_process=True)
         restarts = Restarts(run_dir, self.cfg.max_restarts)
         sharing, cores = self.ranks_per_machine(), os.cpu_count() or 1
         if sharing > cores:  # their start-up alone (each imports torch) takes a while

@@ -14,7 +14,7 @@ from typing import Optional
 from ..config.section import require
 from ..errors import EXIT_STOPPED, DiskFull, UserError, disk_full
 from ..runlog.summary import write_failure_summary
-from .base import Launcher, LauncherConfig
+from .base import Launcher, LauncherConfig, records_off_the_console
 from .registry import LAUNCHERS
 
 log = logging.getLogger("adpsgd")
@@ -90,20 +90,13 @@ class SimLauncher(Launcher):
         logger = logging.getLogger("adpsgd")
         logger.setLevel(logging.INFO)
         logger.addHandler(handler)
-        # The console shows the progress lines and the results table; the simulator's own
-        # records (evaluations as Python dicts, checkpoints) go to logs/sim.log only, and only
-        # its warnings reach Hydra's console handler as well.
-        quiet = QuietInfo()
-        consoles = [h for h in logging.getLogger().handlers if isinstance(h, logging.StreamHandler)
-                    and not isinstance(h, logging.FileHandler)]
-        for console in consoles:
-            console.addFilter(quiet)
         # Ctrl-C raises KeyboardInterrupt even where SIGINT came ignored (a job started with
         # `&` from a script inherits that), as the local launcher's ranks also stop on it.
         previous = signal.signal(signal.SIGINT, signal.default_int_handler)
         try:
             simulation = TimingSimulation if run_cfg.launcher.timing_only else Simulation
-            simulation(run_cfg, run_dir, progress_stream=sys.stderr).run()
+            with records_off_the_console():  # they go to logs/sim.log
+                simulation(run_cfg, run_dir, progress_stream=sys.stderr).run()
         except KeyboardInterrupt:  # adpsgd-run says it in one line (nothing to resume)
             return EXIT_STOPPED
         except (OSError, RuntimeError) as ex:  # torch.save reports a full disk as either
@@ -126,8 +119,6 @@ class SimLauncher(Launcher):
             signal.signal(signal.SIGINT, previous)
             logger.removeHandler(handler)
             handler.close()
-            for console in consoles:
-                console.removeFilter(quiet)
         return 0
 
 
@@ -153,13 +144,6 @@ def unmodelled_faults(cfg, replay: bool) -> list[tuple[str, bool, str, str]]:
         ("faults.eval_delay_s", faults.eval_delay_s > 0,
          "its evaluations take no virtual time", "faults.eval_delay_s=0"),
     ]
-
-
-class QuietInfo(logging.Filter):
-    """Lets through everything but the adpsgd logger's records below WARNING."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not (record.name.startswith("adpsgd") and record.levelno < logging.WARNING)
 
 
 def _nearly_full(run_dir: Path) -> bool:
