@@ -102,4 +102,3 @@ def records_off_the_console() -> Iterator[None]:
     finally:
         for console in consoles:
             console.removeFilter(quiet)
-

@@ -647,13 +647,15 @@ class LocalLauncher(Launcher):
             return 128 + signal.SIGKILL, JobFailure(
                 f"Open MPI lost its daemon on {host}", True, ended,
                 lambda: self.report_daemon_lost(run_dir, host), event="died", host=host)
-        if status == 0 and self.cfg.elastic and not finished and any(
-                r.message and r.status == 2 and r.rank < self.cfg.nprocs
-                for r in failure_records(run_dir, self.processes)):
-            # A surviving learner's error line (too few learners left...) ends the job through
-            # MPI_Abort, whose status Open MPI's mpiexec sometimes loses (0, seen under load):
-            # the line is the job's end, as when the status arrives. (A spare's line, that no
-            # learner is left, is not: every learner died.)
+        # An elastic job outlives its dead ranks: what ended it is a rank's own error line
+        # (too few learners left, no topology for them), if one wrote it.
+        error_lines = [r for r in failure_records(run_dir, self.processes)
+                       if r.message and r.status == 2] if self.cfg.elastic else []
+        if status == 0 and not finished and any(r.rank < self.cfg.nprocs for r in error_lines):
+            # A surviving learner's line ends the job through MPI_Abort, whose status Open
+            # MPI's mpiexec sometimes loses (0, seen under load): the line is the job's end, as
+            # when the status arrives. (A spare's line, that no learner is left, is not: every
+            # learner died.)
             status = 2
         if status == 0 and self.cfg.elastic and not finished:
             # Under ULFM a death is the job's to handle, so Open MPI's mpiexec ends with 0 when
@@ -678,11 +680,7 @@ class LocalLauncher(Launcher):
             # The user's Ctrl-C itself: a Ctrl-C while mpiexec is being spawned reaches it in
             # the instant between fork and its own session, and it dies of it at once.
             return EXIT_STOPPED, None
-        # An elastic job outlives its dead ranks: what ended it is a rank's own error line
-        # (too few learners left, no topology for them), if one wrote it.
-        dead = (None if self.cfg.elastic and any(r.message and r.status == 2 for r in
-                                                 failure_records(run_dir, self.processes))
-                else self.dead_rank(watchdog, output))
+        dead = None if error_lines else self.dead_rank(watchdog, output)
         if dead is None and (killed := killed_elsewhere(run_dir, self.processes,
                                                          output.exit_codes)):
             rank, host, signum, others = killed
