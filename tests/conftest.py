@@ -6,10 +6,12 @@ import contextlib
 import json
 import os
 import re
+import resource
 import signal
 import subprocess
 import sys
 import unittest.mock
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -237,13 +239,37 @@ def starts_no_process(item) -> contextlib.AbstractContextManager:
     return unittest.mock.patch.object(subprocess.Popen, "__init__", refuse)
 
 
+def cpu_seconds() -> float:
+    """CPU time of this process and of every process it (or they) waited for: a test's ranks,
+    mpiexec, the CLI. Daemons it leaves to others (SLURM's, the lab's) are not counted."""
+    return sum(u.ru_utime + u.ru_stime for u in (resource.getrusage(resource.RUSAGE_SELF),
+                                                 resource.getrusage(resource.RUSAGE_CHILDREN)))
+
+
+@contextlib.contextmanager
+def cpu_counted(item, phase: str) -> Iterator[None]:
+    """Record the phase's CPU seconds as the test's property ``cpu_s_PHASE``: JUnit XML
+    (``--junitxml``) carries it, and benchmarks/suite_profile.py sums it by file."""
+    before = cpu_seconds()
+    try:
+        yield
+    finally:
+        item.user_properties.append((f"cpu_s_{phase}", round(cpu_seconds() - before, 3)))
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_setup(item):
-    with starts_no_process(item):
+    with cpu_counted(item, "setup"), starts_no_process(item):
         yield
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_call(item):
-    with starts_no_process(item):
+    with cpu_counted(item, "call"), starts_no_process(item):
+        yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item):
+    with cpu_counted(item, "teardown"):
         yield

@@ -7,10 +7,13 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, cpu_seconds
 
 
 def load_script(name: str):
@@ -235,3 +238,27 @@ def test_startup(tmp_path):
                                           "total_s", "cpu_s")), job
     assert job["launcher_s"] + job["ranks_start_s"] + job["training_s"] < job["total_s"] + 0.5
     assert len(rows) == 4 + 1
+
+
+@pytest.mark.slow
+def test_suite_profile_sums_each_tests_cpu_with_the_processes_it_started(tmp_path, capsys):
+    before = cpu_seconds()
+    burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass"
+    subprocess.run([sys.executable, "-c", burn], check=True)
+    assert cpu_seconds() - before >= 0.3  # a child's CPU counts once it has been waited for
+    report = tmp_path / "suite.xml"
+    subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                    "tests/test_data.py", f"--junitxml={report}"], cwd=REPO, check=True,
+                   capture_output=True)
+    cases = list(ET.parse(report).getroot().iter("testcase"))
+    assert cases and all({"cpu_s_setup", "cpu_s_call", "cpu_s_teardown"}
+                         <= {p.get("name") for p in case.iter("property")} for case in cases)
+    profile = load_script("suite_profile")
+    rows = profile.read_tests(report)
+    assert len(rows) == len(cases) and {r["file"] for r in rows} == {"test_data.py"}
+    assert all(r["outcome"] == "passed" and r["cpu_s"] >= 0 for r in rows)
+    profile.main([str(report), "--top", "3"])
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.startswith("| test_data.py |"))
+    assert row.split("|")[2].strip() == str(len(cases))
+    assert sum(line.startswith("| test_data.py::") for line in out.splitlines()) == 3

@@ -1,7 +1,7 @@
 """Invariants of the decentralized algorithms on real ranks (docs/algorithms.md): with
 learning rate 0, gossip or averaging keeps the mean model and drives the consensus distance to
-~0; DaSGD's merge keeps the mean while training. All cases run in one MPI job (starting ranks
-costs more than a case)."""
+~0; DaSGD's merge keeps the mean while training. Every case runs in one 4-rank MPI job
+(tests/mpi/invariants.py: starting ranks costs more than a case)."""
 
 import pytest
 
@@ -9,7 +9,7 @@ from conftest import case_report, run_mpi, run_mpi_cases
 
 pytestmark = pytest.mark.mpi
 
-COMMON = ["launcher.nprocs=4", "trainer.epochs=2", "trainer.batch_size=16"]
+COMMON = ["launcher.nprocs=4", "trainer.epochs=1", "trainer.batch_size=16"]
 CASES = {
     "dpsgd-ring": ["algo=dpsgd", "topology=ring"],
     "dpsgd-random-ring": ["algo=dpsgd", "topology=random_ring"],
@@ -42,33 +42,28 @@ MERGE_CASES = {"tau3-delay1": ["algo.tau=3", "algo.delay=1"],
                "tau2-delay2": ["algo.tau=2", "algo.delay=2"]}
 
 
-@pytest.fixture(scope="module")
-def gossip_lines(tmp_path_factory):
-    cases = {name: [*overrides, *COMMON] for name, overrides in CASES.items()}
-    return run_mpi_cases(4, "gossip_invariants.py", tmp_path_factory.mktemp("gossip"), cases,
-                         timeout=400)
+# Each family of cases and the script whose checks run it (tests/mpi/invariants.py runs them
+# all in one 4-rank job).
+FAMILIES = {"gossip_invariants": {name: [*overrides, *COMMON] for name, overrides in CASES.items()},
+            "conservation": CONSERVATION_CASES, "push_sum": PUSH_SUM_CASES,
+            "dasgd_merge": MERGE_CASES}
 
 
 @pytest.fixture(scope="module")
-def conservation_lines(tmp_path_factory):
-    return run_mpi_cases(4, "conservation.py", tmp_path_factory.mktemp("conservation"),
-                         CONSERVATION_CASES, timeout=400)
+def invariant_lines(tmp_path_factory):
+    cases = {f"{script}.{name}": [f"check={script}", *overrides]
+             for script, family in FAMILIES.items() for name, overrides in family.items()}
+    return run_mpi_cases(4, "invariants.py", tmp_path_factory.mktemp("invariants"), cases,
+                         timeout=600)
 
 
-@pytest.fixture(scope="module")
-def push_sum_lines(tmp_path_factory):
-    return run_mpi_cases(4, "push_sum.py", tmp_path_factory.mktemp("push_sum"), PUSH_SUM_CASES,
-                         timeout=400)
-
-
-@pytest.fixture(scope="module")
-def merge_lines(tmp_path_factory):
-    return run_mpi_cases(4, "dasgd_merge.py", tmp_path_factory.mktemp("merge"), MERGE_CASES)
+def family_report(lines: dict[str, list[str]], script: str, case: str) -> str:
+    return case_report(lines, f"{script}.{case}", 4)
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_gossip_keeps_the_mean_and_reaches_consensus(gossip_lines, case):
-    report = case_report(gossip_lines, case, 4)
+def test_gossip_keeps_the_mean_and_reaches_consensus(invariant_lines, case):
+    report = family_report(invariant_lines, "gossip_invariants", case)
     assert report.count("mean kept") == 4, report
     if case.startswith(("adpsgd-fixed", "adpsgd-random")) or case == "hadpsgd":
         assert "exchanges" in report
@@ -77,8 +72,8 @@ def test_gossip_keeps_the_mean_and_reaches_consensus(gossip_lines, case):
 
 
 @pytest.mark.parametrize("case", sorted(MERGE_CASES))
-def test_dasgd_merge_keeps_the_mean_and_the_local_progress(merge_lines, case):
-    report = case_report(merge_lines, case, 4)
+def test_dasgd_merge_keeps_the_mean_and_the_local_progress(invariant_lines, case):
+    report = family_report(invariant_lines, "dasgd_merge", case)
     assert report.count("kept the mean and the local progress") == 4, report
 
 
@@ -90,18 +85,18 @@ def test_no_exchange_starts_after_quiesce_or_stop():
 
 
 @pytest.mark.parametrize("case", sorted(CONSERVATION_CASES))
-def test_averaging_conserves_the_sum_of_the_models_while_learning(conservation_lines, case):
+def test_averaging_conserves_the_sum_of_the_models_while_learning(invariant_lines, case):
     """sum_i x_i(end) = sum_i x_i(0) + every applied update, to 1e-10 relative, and every
     exchange averaged two snapshots that existed, the same two on both ends."""
-    report = case_report(conservation_lines, case, 4)
+    report = family_report(invariant_lines, "conservation", case)
     assert report.count("conserved to") == 4 and report.count("exchanges matched") == 4, report
     print(f"{case}: {report.splitlines()[0]}")
 
 
 @pytest.mark.parametrize("case", sorted(PUSH_SUM_CASES))
-def test_push_sum_weights_sum_to_n_and_pushing_moves_no_mass(push_sum_lines, case):
+def test_push_sum_weights_sum_to_n_and_pushing_moves_no_mass(invariant_lines, case):
     """SGP learning for real: the weights (with the share in flight) sum to n after every
     step, and sum_i x_i moves only by the updates the optimizer applied (1e-10)."""
-    report = case_report(push_sum_lines, case, 4)
+    report = family_report(invariant_lines, "push_sum", case)
     assert report.count("weights summed to n") == 4, report
     print(f"{case}: {report.splitlines()[0]}")

@@ -29,7 +29,7 @@ from harness import (
 
 TOLERANCE = 1e-10
 BASE = ["launcher.nprocs=4", "trainer.dtype=float64", "optim.momentum=0.9",
-        "optim.weight_decay=1e-4", "faults.delay_s=0.003", "trainer.epochs=2",
+        "optim.weight_decay=1e-4", "faults.delay_s=0.003", "trainer.epochs=1",
         "trainer.batch_size=32", "trainer.keep_checkpoints=100"]
 
 
@@ -70,7 +70,7 @@ def checks(world_mpi, run_dir, overrides):
         at[samples] = ([t.clone() for t in recorder.applied], len(recorder.exchanges))
 
     first, _, whole = train(world_mpi, f"{run_dir}/whole",
-                            [*BASE, *overrides, "trainer.checkpoint_every=6"], remember)
+                            [*BASE, *overrides, "trainer.checkpoint_every=4"], remember)
     middle = complete_checkpoints(f"{run_dir}/whole")
     checkpoint = middle[len(middle) // 2 - 1]
     # A mid-run checkpoint, judged by what every rank reads alike: an assertion that one

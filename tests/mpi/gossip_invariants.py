@@ -72,4 +72,5 @@ def checks(world_mpi, run_dir, overrides):
             + (f", node replicas identical at {len(node_steps)} steps" if node_steps else ""))
 
 
-run_cases_on_ranks(checks)
+if __name__ == "__main__":  # invariants.py runs its checks too
+    run_cases_on_ranks(checks)

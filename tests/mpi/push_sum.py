@@ -20,7 +20,7 @@ def checks(world_mpi, run_dir, overrides):
     comm = Communicator(world_mpi, "mpi")
     cfg = compose_config([
         *overrides, "launcher.nprocs=4", "trainer.dtype=float64", "optim.momentum=0.9",
-        "optim.weight_decay=1e-4", "trainer.epochs=2", "trainer.batch_size=32",
+        "optim.weight_decay=1e-4", "trainer.epochs=1", "trainer.batch_size=32",
         "trainer.eval_every=5", "trainer.checkpoint_every=7"])
     assert cfg.optim.lr > 0
     trainer, node = build_trainer(world_mpi, comm, run_dir, cfg)
@@ -63,4 +63,5 @@ def checks(world_mpi, run_dir, overrides):
             f"sum of x conserved to {error:.2e}")
 
 
-run_cases_on_ranks(checks)
+if __name__ == "__main__":  # invariants.py runs its checks too
+    run_cases_on_ranks(checks)

@@ -21,7 +21,7 @@ from runner.comm.communicator import Communicator
 
 from harness import build_trainer, compose_config, run_cases_on_ranks
 
-BASE = ["trainer.dtype=float64", "trainer.epochs=2", "trainer.batch_size=32",
+BASE = ["trainer.dtype=float64", "trainer.epochs=2", "trainer.batch_size=64",
         "trainer.eval_every=10"]
 
 
@@ -74,7 +74,7 @@ def exact(world_mpi, run_dir, overrides):
 
 def preempt(world_mpi, run_dir, overrides):
     rank = world_mpi.Get_rank()
-    _, _, reference = train(world_mpi, f"{run_dir}/whole", overrides)
+    whole, _, reference = train(world_mpi, f"{run_dir}/whole", overrides)
     restore = install_stop_handlers()
     try:
         def signal_rank1(trainer):
@@ -86,7 +86,7 @@ def preempt(world_mpi, run_dir, overrides):
         restore()
     assert stopped.stop_status == "preempted", "rank did not stop"
     steps = world_mpi.allgather(stopped.state.step)
-    assert len(set(steps)) == 1 and steps[0] < 92, f"stopped at steps {steps}"
+    assert len(set(steps)) == 1 and steps[0] < whole.state.step, f"stopped at steps {steps}"
     if rank == 0:
         assert summary["status"] == "preempted", summary["status"]
     [checkpoint] = [c for c in complete_checkpoints(f"{run_dir}/run") if c.step == steps[0]]

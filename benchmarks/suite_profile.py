@@ -1,0 +1,70 @@
+"""Where the test suite's time goes, by file, from a JUnit XML report of ``make test``.
+
+    make test PYTEST_ARGS="--durations=20 --junitxml=/tmp/suite.xml"
+    python benchmarks/suite_profile.py /tmp/suite.xml [--top 30]
+
+Per file: tests, the wall seconds of its tests (setup, call and teardown: a module's shared
+job counts in its first test's setup), and the CPU seconds they used, the processes they
+started and waited for included (tests/conftest.py records them as each test's ``cpu_s_*``
+properties). On 2 cores a suite cannot take less wall time than half its CPU seconds, so the
+CPU column is what a cut must lower; wall time well above CPU time is waiting (timeouts,
+SLURM, the lab's links), which the pytest workers overlap.
+"""
+
+from __future__ import annotations
+
+import argparse
+import xml.etree.ElementTree as ET
+from collections import defaultdict
+from pathlib import Path
+
+
+def read_tests(report: Path) -> list[dict]:
+    """One row per test case: file, name, wall seconds, CPU seconds, outcome."""
+    rows = []
+    for case in ET.parse(report).getroot().iter("testcase"):
+        properties = {p.get("name"): p.get("value") for p in case.iter("property")}
+        cpu = sum(float(v) for k, v in properties.items() if k.startswith("cpu_s_"))
+        outcome = next((child.tag for child in case
+                        if child.tag in ("failure", "error", "skipped")), "passed")
+        rows.append({"file": case.get("classname", "").split(".")[-1] + ".py",
+                     "name": case.get("name", ""), "wall_s": float(case.get("time", 0)),
+                     "cpu_s": cpu, "outcome": outcome})
+    return rows
+
+
+def by_file(rows: list[dict]) -> list[dict]:
+    totals: dict[str, dict] = defaultdict(lambda: {"tests": 0, "wall_s": 0.0, "cpu_s": 0.0})
+    for row in rows:
+        total = totals[row["file"]]
+        total["tests"] += 1
+        total["wall_s"] += row["wall_s"]
+        total["cpu_s"] += row["cpu_s"]
+    return sorted(({"file": name, **t} for name, t in totals.items()),
+                  key=lambda t: (-t["cpu_s"], -t["wall_s"]))
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("report", type=Path, help="pytest's --junitxml file")
+    parser.add_argument("--top", type=int, default=20, help="how many tests to list by CPU")
+    args = parser.parse_args(argv)
+    rows = read_tests(args.report)
+    files = by_file(rows)
+    wall, cpu = sum(r["wall_s"] for r in rows), sum(r["cpu_s"] for r in rows)
+    print(f"{len(rows)} tests, {wall:.0f} test-seconds of wall time, {cpu:.0f} CPU seconds\n")
+    print("| file | tests | wall s | CPU s | CPU share |")
+    print("|---|---|---|---|---|")
+    for f in files:
+        share = f["cpu_s"] / cpu if cpu else 0.0
+        print(f"| {f['file']} | {f['tests']} | {f['wall_s']:.1f} | {f['cpu_s']:.1f} "
+              f"| {share:.1%} |")
+    print(f"\nThe {args.top} tests that used the most CPU:\n")
+    print("| test | wall s | CPU s |")
+    print("|---|---|---|")
+    for row in sorted(rows, key=lambda r: -r["cpu_s"])[:args.top]:
+        print(f"| {row['file']}::{row['name']} | {row['wall_s']:.1f} | {row['cpu_s']:.1f} |")
+
+
+if __name__ == "__main__":
+    main()
