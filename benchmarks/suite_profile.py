@@ -59,6 +59,8 @@ def main(argv: list[str] | None = None) -> None:
         share = f["cpu_s"] / cpu if cpu else 0.0
         print(f"| {f['file']} | {f['tests']} | {f['wall_s']:.1f} | {f['cpu_s']:.1f} "
               f"| {share:.1%} |")
+    if args.top <= 0:
+        return
     print(f"\nThe {args.top} tests that used the most CPU:\n")
     print("| test | wall s | CPU s |")
     print("|---|---|---|")
