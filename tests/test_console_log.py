@@ -49,6 +49,18 @@ def test_a_new_label_shows_from_the_next_line(monkeypatch):
                                                                              "ssgd x3"]
 
 
+def test_the_count_shown_never_goes_back(monkeypatch):
+    """An asynchronous rank's estimate (14,045) may be undercut by the exact count (14,024)."""
+    monkeypatch.delenv(CONSOLE_IS_TERMINAL, raising=False)
+    out = io.StringIO()
+    progress = ProgressBar(out, total=20000, done=0, label="adpsgd x4", every_s=3600)
+    for done in (14045, 14024, 14100):
+        progress.update(done, force=True)
+    shown = [int(line.split()[2].split("/")[0].replace(",", ""))
+             for line in out.getvalue().splitlines()]
+    assert shown == [14045, 14045, 14100]
+
+
 def test_the_launcher_says_whether_the_console_is_a_terminal(monkeypatch):
     monkeypatch.setenv(CONSOLE_IS_TERMINAL, "1")
     assert ends_on_terminal(io.StringIO())  # a pipe to adpsgd-run, which has a terminal

@@ -63,15 +63,17 @@ class ProgressBar:
 
     def update(self, done: int, force: bool = False, **postfix: str) -> None:
         """Progress to ``done`` samples; ``postfix`` (loss, lr...) shows beside it. ``force``
-        prints a line now (an evaluation) where there is no bar."""
+        prints a line now (an evaluation) where there is no bar. The count shown never goes
+        back: an asynchronous rank's count is an estimate that a later, exact one may undercut
+        by a few samples (14,045 then 14,024), which would read as lost work."""
         if self.bar is not None:
-            self.bar.update(min(done, self.bar.total) - self.bar.n)
+            self.bar.update(max(min(done, self.bar.total) - self.bar.n, 0))
             if postfix:
                 self.bar.set_postfix(**postfix)
             return
         if self.stream is None:
             return
-        self.done = min(done, self.total)
+        self.done = max(self.done, min(done, self.total))
         self.postfix.update(postfix)
         if force or time.monotonic() - self.last_line >= self.every_s:
             self._line()
