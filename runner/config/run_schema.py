@@ -25,7 +25,10 @@ COMPILE_BACKENDS = ("inductor", "cudagraphs", "aot_eager", "eager")
 class TrainerConfig(Section):
     epochs: int = 3
     batch_size: int = 32  # per rank
-    eval_every: Optional[int] = None  # also evaluate every N steps (None: epoch ends only)
+    # Also evaluate (checkpoint) every N steps' worth of samples, N x the global batch: the
+    # count every rank shares, asynchronous ones too. After an epoch's short last batch a
+    # point falls a step later (checkpoint_every=20 at step 21). None: epoch ends only.
+    eval_every: Optional[int] = None
     eval_batch_size: int = 256
     num_workers: int = 0
     log_every: int = 10  # steps between TensorBoard training scalars
@@ -42,7 +45,7 @@ class TrainerConfig(Section):
     compile_backend: str = "inductor"  # eager / aot_eager: check graph capture, no codegen
     cudnn_benchmark: bool = False  # let cuDNN time its kernels (fixed input shapes only)
     # Reliability (runner/checkpoint/files.py, docs/failures.md).
-    checkpoint_every: Optional[int] = None  # also checkpoint every N steps (None: epoch ends)
+    checkpoint_every: Optional[int] = None  # as eval_every, for checkpoints
     keep_checkpoints: int = 2  # complete checkpoints kept in RUN_DIR/checkpoints
     on_nonfinite: str = "stop"  # NaN/Inf loss: stop (keep the last good checkpoint) | skip_batch
 
