@@ -45,8 +45,12 @@ class ProgressBar:
     every ``every_s`` seconds (and when :meth:`update` is forced) elsewhere, or nothing when
     ``stream`` is None."""
 
-    def __init__(self, stream: Any, total: int, done: int, label: str, every_s: float = 30.0):
+    def __init__(self, stream: Any, total: int, done: int, label: str, every_s: float = 30.0,
+                 rate_unit: str = "samples/s"):
+        """``rate_unit`` names the rate of the plain lines: a simulation's is samples per
+        second of the host's time ("host samples/s"), not the modelled rate it reports."""
         self.bar = None
+        self.rate_unit = rate_unit
         self.stream = None
         if stream is None:
             return
@@ -82,7 +86,8 @@ class ProgressBar:
         now = time.monotonic()
         rate = (self.done - self.first) / max(now - self.start, 1e-9)
         parts = [f"{self.label}: {self.done:,}/{self.total:,} samples "
-                 f"({100.0 * self.done / max(self.total, 1):.1f}%)", f"{rate:,.0f} samples/s"]
+                 f"({100.0 * self.done / max(self.total, 1):.1f}%)",
+                 f"{rate:,.0f} {self.rate_unit}"]
         parts += [f"{key} {value}" for key, value in self.postfix.items()]
         parts.append(f"elapsed {clock(now - self.start)}")
         if 0 < rate and self.done < self.total:

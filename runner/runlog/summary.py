@@ -295,11 +295,13 @@ def results_table(run_dir: str | Path) -> str:
         ranks = f"{summary.get('nprocs')} ranks" + (
             f" ({', '.join(changes)}, {summary.get('learners_at_end')} at the end)"
             if changes else "")
+        # A simulation's rate is in modelled seconds (its progress lines show the host's).
+        rate = "modelled samples/s" if summary.get("launcher") == "sim" else "samples/s"
         restarts = len(summary.get("restarts") or [])  # a job restarted is worth a word
         restarted = f" ({restarts} restart{'s' if restarts > 1 else ''})" if restarts else ""
         lines.append(
             f"{summary.get('algo')} on {summary.get('recipe')}, {ranks}: "
-            f"{summary.get('samples_per_s', 0):.0f} samples/s, status {summary.get('status')}"
+            f"{summary.get('samples_per_s', 0):.0f} {rate}, status {summary.get('status')}"
             f"{restarted}, run dir {run_dir}")
         replicas = replicas_line(summary)
         if replicas:

@@ -259,7 +259,7 @@ class Simulation:
         self.progress = ProgressBar(self.progress_stream if shown else None,
                                     self.milestones.budget, self.samples,
                                     f"{self.cfg.algo.name} x{self.n} (sim)",
-                                    self.cfg.trainer.progress_every_s)
+                                    self.cfg.trainer.progress_every_s, "host samples/s")
         final_scored = False
         self.setup_failures()
         while not self.milestones.done:

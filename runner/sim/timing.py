@@ -277,7 +277,7 @@ class TimingSimulation(Simulation):
         progress = ProgressBar(self.progress_stream if self.cfg.trainer.progress else None,
                                milestones.budget, 0,
                                f"{self.cfg.algo.name} x{self.n} (timing)",
-                               self.cfg.trainer.progress_every_s)
+                               self.cfg.trainer.progress_every_s, "host samples/s")
         finished = False
         self.setup_failures()
         while not milestones.done:
@@ -351,7 +351,7 @@ def one_line(s: dict[str, Any]) -> str:
             f"{s['samples_per_epoch']:,} samples/epoch, batch {s['batch_size']}, "
             f"{s['model_bytes'] / 1e6:.1f} MB model): {s['epoch_s']:.3g} s per epoch "
             f"({s['epoch_s'] / 3600:.2f} h; {s['virtual_s']:.3g} s for {s['epochs']} epoch(s)), "
-            f"{s['samples_per_s']:.0f} samples/s, {1000 * s['step_s']:.1f} ms per step; "
+            f"{s['samples_per_s']:.0f} modelled samples/s, {1000 * s['step_s']:.1f} ms per step; "
             f"compute {100 * split['compute']:.0f}% comm {100 * split['comm']:.0f}% "
             f"idle {100 * split['idle']:.0f}%{failures_phrase(s)}; host {s['host_s']:.1f} s")
 
