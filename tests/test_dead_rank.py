@@ -87,6 +87,8 @@ def test_a_killed_rank_ends_the_job_naming_it(tmp_path, algo, nprocs):
     assert "MPI_ERROR field" not in stderr, stderr  # a peer's failed call says what it means
     assert result["leftover_pids"] == [], "orphan rank processes"
     assert result["checkpoint"], "the newest complete checkpoint does not load"
+    # The killed rank wrote no exit record: none is left, not a blank one.
+    assert (Path(result["run_dir"]) / "logs" / f"rank{victim}.exit").read_bytes() == b""
     # A peer whose call failed on the lost connection before the launcher saw the death is
     # an event of its own, first (the launcher's report prints its line too).
     *peers, event = failure_events(result["run_dir"])

@@ -23,9 +23,12 @@ from runner.launch.watchdog import (
     RankWatchdog,
     clear_rank_files,
     datagram_sender,
+    empty_blank_exit_records,
+    exit_record,
     process_alive,
     stop_requests,
     write_exit_record,
+    write_pid_file,
 )
 from runner.runlog.events import record_event
 
@@ -302,3 +305,16 @@ def test_a_ctrl_c_whose_keyboardinterrupt_was_lost_is_taken_when_the_job_starts(
     finally:
         watchdog.stop()
         signal.signal(signal.SIGINT, previous)
+
+
+def test_a_record_no_rank_wrote_is_emptied_after_the_job_and_a_written_one_kept(tmp_path):
+    for rank in (0, 1):
+        write_pid_file(tmp_path, rank)
+    blank = tmp_path / "logs" / "rank0.exit"
+    assert blank.read_bytes().strip() == b"" and blank.stat().st_size > 0
+    write_exit_record(tmp_path, 1, 2, "adpsgd: error: something. Fix: this")
+    empty_blank_exit_records(tmp_path, 3)  # rank 2 never started
+    assert blank.read_bytes() == b"" and exit_record(tmp_path, 0) is None
+    assert exit_record(tmp_path, 1) == {"status": 2,
+                                        "message": "adpsgd: error: something. Fix: this"}
+    assert not (tmp_path / "logs" / "rank2.exit").exists()

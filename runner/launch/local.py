@@ -68,6 +68,7 @@ from .watchdog import (
     RankWatchdog,
     StalledRank,
     clear_rank_files,
+    empty_blank_exit_records,
     exit_status,
     failure_records,
     failure_times,
@@ -567,10 +568,13 @@ class LocalLauncher(Launcher):
     def run_job(self, run_dir: Path) -> tuple[int, JobFailure | None]:
         """Run the MPI job once; its exit status, and how it failed (None: it completed or
         stopped as asked). Open MPI's session directories go in a base of the job's own."""
-        if not has_ulfm(self.mpiexec()):
-            return self._run_job(run_dir, None)
-        with session_base() as base:
-            return self._run_job(run_dir, base)
+        try:
+            if not has_ulfm(self.mpiexec()):
+                return self._run_job(run_dir, None)
+            with session_base() as base:
+                return self._run_job(run_dir, base)
+        finally:
+            empty_blank_exit_records(run_dir, self.processes)
 
     def _run_job(self, run_dir: Path, session_dirs: str | None
                  ) -> tuple[int, JobFailure | None]:

@@ -39,6 +39,7 @@ from .restarts import CHECKPOINTS, Restarts, failure_of_batch_step, has_checkpoi
 from .watchdog import (
     HEARTBEAT_S,
     clear_rank_files,
+    empty_blank_exit_records,
     exit_statuses,
     heartbeat_age,
     process_alive,
@@ -113,7 +114,9 @@ def kill(pid: int) -> None:
 
 
 def step_status(run_dir: Path, nprocs: int, status: int) -> int:
-    """The status every rank reported, when they agree; else the step's own ``status``."""
+    """The status every rank reported, when they agree; else the step's own ``status``.
+    Records a rank never wrote are emptied (the step has ended)."""
+    empty_blank_exit_records(run_dir, nprocs)
     reported = set(exit_statuses(run_dir, nprocs).values())
     if len(reported) == 1 and None not in reported:
         return reported.pop()

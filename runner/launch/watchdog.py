@@ -89,6 +89,19 @@ def write_exit_record(run_dir: str | Path, rank: int, status: int,
             pass
 
 
+def empty_blank_exit_records(run_dir: str | Path, nprocs: int) -> None:
+    """After a job: a rank that never wrote its exit record (kill -9, a lost host) left it as
+    it was made, RECORD_BYTES of blanks; it is emptied, so that what a user opens reads as
+    what it is, no record. A written record is left alone."""
+    for rank in range(nprocs):
+        try:
+            with open(_path(run_dir, rank, "exit"), "r+b") as f:
+                if not f.read().strip():
+                    f.truncate(0)
+        except OSError:  # no record (the rank never started), or an unreadable run dir
+            pass
+
+
 # The local launcher's pid and host, in its ranks' environment: ranks on its host stop when
 # it is gone (a pid means nothing on another host).
 LAUNCHER_PID = "ADPSGD_LAUNCHER_PID"
