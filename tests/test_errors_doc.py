@@ -219,6 +219,11 @@ def test_the_page_has_one_well_formed_table_of_at_least_24_mistakes():
 @pytest.mark.parametrize("row", [row_param(row) for row in doc_rows()])
 def test_every_documented_mistake_prints_its_documented_line(row, tmp_path, request,
                                                              monkeypatch, capsys):
+    if "trainer.device=cuda" in row.overrides:
+        import torch
+
+        if torch.cuda.is_available():
+            pytest.skip("a GPU is visible here: trainer.device=cuda is no mistake")
     paths = Placeholders(tmp_path, request)
     args = [paths.fill(word) for word in shlex.split(row.overrides)]
     expected = paths.fill(row.line)

@@ -142,6 +142,12 @@ class LocalConfig(LauncherConfig):
             self.check_hosts(prefix)
         elif cfg.comm.backend == "nccl" and cfg.trainer.device != "cpu":
             check_gpus_for_nccl(self.nprocs)
+        elif cfg.trainer.device == "cuda":
+            # Every rank runs here: a missing GPU is found once, before they start (torch is
+            # imported for it only when a GPU was asked for).
+            from ..train.compute_path import require_a_visible_gpu
+
+            require_a_visible_gpu()
 
     def check_hosts(self, prefix: str) -> None:
         """A hostfile that places every rank, a command that enters its hosts, and every host

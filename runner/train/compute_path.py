@@ -40,11 +40,17 @@ def resolve_device(name: str, host_rank: int) -> torch.device:
     machine's visible GPUs are dealt round-robin, so more ranks than GPUs share them."""
     if name == "cpu" or (name == "auto" and not torch.cuda.is_available()):
         return torch.device("cpu")
-    if not torch.cuda.is_available():
-        raise UserError("trainer.device=cuda but no GPU is visible", "use trainer.device=auto")
+    require_a_visible_gpu()
     index = host_rank % torch.cuda.device_count()
     torch.cuda.set_device(index)
     return torch.device("cuda", index)
+
+
+def require_a_visible_gpu() -> None:
+    """``trainer.device=cuda``: refused where no GPU is visible. The local launcher asks
+    before its ranks start; each rank asks again on its own host."""
+    if not torch.cuda.is_available():
+        raise UserError("trainer.device=cuda but no GPU is visible", "use trainer.device=auto")
 
 
 def device_record(device: torch.device) -> str:
