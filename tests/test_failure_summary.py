@@ -44,6 +44,24 @@ def test_a_failed_job_says_how_far_its_run_dir_shows_it_got(tmp_path):
     assert summary["last_eval"]["step"] == 40
 
 
+def test_a_job_stopped_at_once_says_what_its_ranks_had_trained_beyond_its_run_dir(tmp_path):
+    """A second Ctrl-C before the first evaluation or checkpoint: the run dir shows 0 steps,
+    but the ranks' heartbeats (logs/rank<N>.pid: pid, host, global samples, operation) show
+    what they had trained, which the summary reports as samples_reached."""
+    from runner.commands.run import samples_the_ranks_reached
+
+    session_started(tmp_path)
+    (tmp_path / "logs").mkdir()
+    for rank, samples in ((0, 5120), (1, 5248), (2, None)):  # rank 2 had not trained yet
+        beat = f"{1000 + rank} host" + (f" {samples} step" if samples is not None else "")
+        (tmp_path / "logs" / f"rank{rank}.pid").write_text(beat + "\n")
+    reached = samples_the_ranks_reached(tmp_path, CFG)
+    write_failure_summary(tmp_path, CFG, 130, status="stopped", samples_reached=reached)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert (summary["steps"], summary["samples"], summary["samples_reached"]) == (0, 0, 5248)
+    assert samples_the_ranks_reached(tmp_path / "nothing", CFG) is None
+
+
 def test_ranks_stopped_by_the_runtime_keep_their_summary_but_not_their_status(tmp_path):
     """Open MPI's runtime ends a job that lost a host's daemon with SIGTERM to the ranks left,
     which checkpoint and write status "preempted": the job failed (exit 137), and a script

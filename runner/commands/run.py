@@ -252,13 +252,24 @@ def run_job(cfg: DictConfig) -> None:
         report_user_stop(typed, run_dir)
         raise SystemExit(status)
     if status != 0 and launcher.blocking:
-        write_failure_summary(run_dir, typed, status)
+        write_failure_summary(run_dir, typed, status,
+                              samples_reached=samples_the_ranks_reached(run_dir, typed))
     if status != 0:
         print(f"adpsgd-run: job failed (exit status {status}); logs in {run_dir / 'logs'}",
               file=sys.stderr)
         raise SystemExit(status)
     if launcher.blocking:  # a submitted batch job has no results yet
         print(results_table(run_dir), flush=True)
+
+
+def samples_the_ranks_reached(run_dir: Path, cfg: DictConfig) -> int | None:
+    """The most global samples a rank reported in its heartbeats (runner/launch/watchdog.py);
+    None where no rank did (a simulation, or ranks that never started)."""
+    from ..launch.watchdog import rank_progress
+
+    ranks = int(cfg.launcher.nprocs) + int(cfg.launcher.get("spares") or 0)
+    seen = [s for rank in range(ranks) if (s := rank_progress(run_dir, rank)) is not None]
+    return max(seen, default=None)
 
 
 def report_user_stop(typed: DictConfig, run_dir: Path) -> None:
@@ -271,7 +282,8 @@ def report_user_stop(typed: DictConfig, run_dir: Path) -> None:
     graceful = summary.get("status") == "stopped"
     if not graceful:  # a second Ctrl-C: nothing half-written stays behind
         remove_partial_checkpoints(run_dir)
-        write_failure_summary(run_dir, typed, EXIT_STOPPED, status="stopped")
+        write_failure_summary(run_dir, typed, EXIT_STOPPED, status="stopped",
+                              samples_reached=samples_the_ranks_reached(run_dir, typed))
     checkpoints = complete_checkpoints(run_dir)
     if not graceful:
         how = "at once"

@@ -187,7 +187,7 @@ def session_summary(run_dir: str | Path) -> dict[str, Any] | None:
 
 
 def write_failure_summary(run_dir: str | Path, cfg: Any, exit_status: int,
-                          status: str = "failed") -> None:
+                          status: str = "failed", samples_reached: int | None = None) -> None:
     """summary.json of a job that ended without a summary of its own (a rank failed or died,
     or a second Ctrl-C stopped it at once): ``status``, the exit status, the checkpoint to
     resume from and how far the run got by its newest checkpoint or evaluation (``steps``,
@@ -195,7 +195,9 @@ def write_failure_summary(run_dir: str | Path, cfg: Any, exit_status: int,
     run's outcome; and its TensorBoard hparams session, with the last evaluation's metrics.
     A summary the ranks wrote in this session is kept (then they got far enough to say
     more), with the job's status and exit status: ranks that the MPI runtime stopped as it
-    ended a failed job wrote "preempted", but the job failed."""
+    ended a failed job wrote "preempted", but the job failed. ``samples_reached``: the global
+    samples the ranks had trained by their last heartbeats (None: unknown), which a job
+    stopped at once reaches beyond its newest checkpoint; written as ``samples_reached``."""
     from torch.utils.tensorboard.writer import FileWriter
 
     from ..checkpoint.files import complete_checkpoints
@@ -221,6 +223,7 @@ def write_failure_summary(run_dir: str | Path, cfg: Any, exit_status: int,
     write_json_atomic(Path(run_dir) / "summary.json", {
         "status": status, "exit_status": exit_status, "algo": cfg.algo.name,
         "recipe": cfg.recipe.name, "nprocs": nprocs, "steps": steps, "samples": samples,
+        "samples_reached": max(samples_reached or 0, samples),
         "checkpoint": str(checkpoints[-1].path) if checkpoints else None,
         "last_eval": evals[-1] if evals else None, "logs": str(Path(run_dir) / "logs"),
         "restarts": read_restarts(run_dir), "events": events,
