@@ -180,3 +180,36 @@ def test_a_run_without_summary_is_drawn_as_incomplete(two_runs, tmp_path):
     row = (tmp_path / "out" / "table.md").read_text().splitlines()[2]
     assert f"| top1 {last['top1']:.2f} |" in row and "incomplete (no summary.json)" in row
     assert (tmp_path / "out" / "curves_epoch.png").stat().st_size > 10_000
+
+
+def test_many_runs_make_a_taller_learners_picture_and_the_time_split_is_whole(tmp_path,
+                                                                               monkeypatch):
+    """Six runs: learners.png was one row 2,808 px wide; now rows of three. throughput.png's
+    stacked seconds include loading data, evaluating and checkpointing."""
+    from matplotlib.figure import Figure
+
+    from runner.commands.report import LEARNER_COLUMNS, Run, plot_learners, plot_throughput
+
+    split = {"compute_s": 4.0, "data_s": 1.0, "comm_s": 2.0, "idle_s": 0.5, "eval_s": 1.5,
+             "checkpoint_s": 0.25}
+    learners = [{"rank": r, "host": "vm", "compute_s": 0.01, "wait_s": 0.002} for r in range(4)]
+    runs = [Run(tmp_path / f"r{i}", f"run {i}", {"samples_per_s": 100.0, "learners": learners,
+                                                  **split}) for i in range(6)]
+    plot_learners(runs, tmp_path / "learners.png")
+    width, height = Image.open(tmp_path / "learners.png").size
+    # Two rows of three panels of 5.2 x 3.8 inches at 90 dpi.
+    assert LEARNER_COLUMNS == 3
+    assert width <= 3 * 5.2 * 90 + 1 and height >= 2 * 3.8 * 90 - 1, (width, height)
+    drawn = []
+    real_savefig = Figure.savefig
+
+    def keep(fig, path, *args, **kwargs):
+        drawn.append(fig)
+        return real_savefig(fig, path, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", keep)
+    plot_throughput(runs[:1], tmp_path / "throughput.png")
+    time_ax = drawn[0].axes[1]
+    assert [h.get_label() for h in time_ax.get_legend_handles_labels()[0]] == \
+        ["compute", "data", "comm", "idle", "eval", "checkpoint"]
+    assert sum(bar.get_height() for bar in time_ax.patches) == pytest.approx(sum(split.values()))

@@ -7,9 +7,10 @@ Usage: ``adpsgd-report RUN_DIR [RUN_DIR ...] --out DIR [--rank0]``. Reads each r
   seconds, one line per run: what a user waits for;
 * ``curves_epoch.png``: the same against epochs: what an algorithm does with the data;
 * ``throughput.png``: samples/s per run, and the mean seconds per rank spent computing,
-  communicating (what overlap did not hide) and idle (waiting for slower ranks);
+  loading data, communicating (what overlap did not hide), idle (waiting for slower ranks),
+  evaluating and checkpointing;
 * ``learners.png``: per run, each learner's own work and waiting per step (which learner
-  is slow);
+  is slow), three runs to a row;
 * ``table.md``: run, algo, recipe, ranks, final metric, samples/s, compute/comm/idle seconds,
   consensus distance, status (also printed);
 * ``tb/LABEL``: a link to each run's ``tb/``, so that ``tensorboard --logdir DIR/tb`` names
@@ -265,14 +266,18 @@ def markdown_table(runs: list[Run], settings: Sequence[str] = ()) -> str:
 
 
 # ---- plots -----------------------------------------------------------------------------------
-def _figure(columns: int):
+def _figure(panels: int, max_columns: int | None = None):
+    """A figure of ``panels`` panels of one size, in rows of at most ``max_columns`` (None:
+    one row), so that many runs make a taller picture, not an ever wider one."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only, never a display
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(5.2 * columns, 3.8), dpi=90, layout="constrained")
-    return fig, [fig.add_subplot(1, columns, i + 1) for i in range(columns)]
+    columns = max(1, min(panels, max_columns or panels))
+    rows = -(-panels // columns)
+    fig = Figure(figsize=(5.2 * columns, 3.8 * rows), dpi=90, layout="constrained")
+    return fig, [fig.add_subplot(rows, columns, i + 1) for i in range(panels)]
 
 
 MARKERS = "osD^v<>ph*"  # one per run beside its colour: runs that overlap stay visible
@@ -313,7 +318,8 @@ def plot_curves(runs: list[Run], x_key: str, x_label: str, rank0: bool, out: Pat
 
 
 def plot_throughput(runs: list[Run], out: Path) -> None:
-    """Samples/s bars, and compute/comm/idle seconds (mean per rank) stacked per run."""
+    """Samples/s bars, and the seconds a rank spent (mean per rank) stacked per run: computing,
+    loading data, communicating, idle, evaluating and checkpointing."""
     fig, (rate_ax, time_ax) = _figure(2)
     labels = [r.label for r in runs]
     positions = range(len(runs))
@@ -322,7 +328,9 @@ def plot_throughput(runs: list[Run], out: Path) -> None:
     rate_ax.bar_label(bars, fmt="%.0f", fontsize=7)
     rate_ax.set(ylabel="samples/s", title="training throughput")
     bottom = [0.0] * len(runs)
-    for key, color in (("compute_s", "#4c72b0"), ("comm_s", "#dd8452"), ("idle_s", "#c44e52")):
+    for key, color in (("compute_s", "#4c72b0"), ("data_s", "#55a868"), ("comm_s", "#dd8452"),
+                       ("idle_s", "#c44e52"), ("eval_s", "#8172b3"),
+                       ("checkpoint_s", "#937860")):
         values = [r.summary.get(key) or 0.0 for r in runs]
         time_ax.bar(positions, values, bottom=bottom, color=color, label=key[:-2])
         bottom = [b + v for b, v in zip(bottom, values)]
@@ -334,11 +342,14 @@ def plot_throughput(runs: list[Run], out: Path) -> None:
     fig.savefig(out)
 
 
+LEARNER_COLUMNS = 3  # learners.png: runs side by side, then further rows
+
+
 def plot_learners(runs: list[Run], out: Path) -> None:
     """Per run, a bar per learner: its own work per step (computing, loading batches) with
     its waiting per step stacked on top, so that the slow learner stands out."""
     shown = [r for r in runs if r.summary.get("learners")]
-    fig, axes = _figure(len(shown))
+    fig, axes = _figure(len(shown), max_columns=LEARNER_COLUMNS)
     for ax, run in zip(axes, shown):
         learners = run.summary["learners"]
         ranks = [learner["rank"] for learner in learners]
