@@ -265,11 +265,10 @@ def run_job(cfg: DictConfig) -> None:
 def samples_the_ranks_reached(run_dir: Path, cfg: DictConfig) -> int | None:
     """The most global samples a rank reported in its heartbeats (runner/launch/watchdog.py);
     None where no rank did (a simulation, or ranks that never started)."""
-    from ..launch.watchdog import rank_progress
+    from ..launch.watchdog import ranks_progress
 
     ranks = int(cfg.launcher.nprocs) + int(cfg.launcher.get("spares") or 0)
-    seen = [s for rank in range(ranks) if (s := rank_progress(run_dir, rank)) is not None]
-    return max(seen, default=None)
+    return max((s for s in ranks_progress(run_dir, ranks) if s is not None), default=None)
 
 
 def report_user_stop(typed: DictConfig, run_dir: Path) -> None:

@@ -73,7 +73,7 @@ from .watchdog import (
     failure_records,
     failure_times,
     rank_host,
-    rank_progress,
+    ranks_progress,
     write_stop_request,
 )
 
@@ -560,7 +560,7 @@ class LocalLauncher(Launcher):
             status, failure = self.run_job(run_dir)
             if failure is None:
                 return status
-            progress = [rank_progress(run_dir, r) for r in range(self.processes)]
+            progress = ranks_progress(run_dir, self.processes)
             failure.record(run_dir, progress)
             try:
                 restarting = restarts.decide(failure, progress)

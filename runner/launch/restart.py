@@ -44,7 +44,7 @@ from .watchdog import (
     heartbeat_age,
     process_alive,
     rank_pid,
-    rank_progress,
+    ranks_progress,
 )
 
 STEP_LINGER_S = 20.0  # a step still running this long after every rank ended is lost
@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.after_failure is not None:
         nprocs = int(launcher.nprocs)
         failure = failure_of_batch_step(run_dir, nprocs, args.after_failure)
-        progress = [rank_progress(run_dir, r) for r in range(nprocs)]
+        progress = ranks_progress(run_dir, nprocs)
         failure.record(run_dir, progress)
         restarts = Restarts(run_dir, args.max_restarts, taken=args.taken)
         raise SystemExit(0 if restarts.decide(failure, progress) else 1)

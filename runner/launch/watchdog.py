@@ -474,6 +474,11 @@ def rank_progress(run_dir: str | Path, rank: int) -> int | None:
         return None
 
 
+def ranks_progress(run_dir: str | Path, nprocs: int) -> list[int | None]:
+    """:func:`rank_progress` of ranks 0 to ``nprocs - 1``."""
+    return [rank_progress(run_dir, rank) for rank in range(nprocs)]
+
+
 def rank_operation(run_dir: str | Path, rank: int) -> str | None:
     """What the rank was doing at its last heartbeat (None: not reported)."""
     try:
