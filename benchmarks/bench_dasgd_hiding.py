@@ -9,7 +9,7 @@ communication costs when it is not hidden.
 Three settings of the same algorithm module (runner/algos/dasgd.py), so that the step is the
 same code in each and only the averaging differs:
 
-* compute-only: ``algo.tau`` larger than the run, so no averaging ever starts;
+* compute-only: ``algo.tau=0``, so no averaging ever starts;
 * hidden: ``algo.delay=1``: every tau steps an allreduce of the model starts on the
   communication thread and is merged one step later, while that step computes;
 * blocking: ``algo.delay=0``: the same allreduce, waited for at once (local SGD, period tau).
@@ -33,7 +33,6 @@ if str(REPO) not in sys.path:  # run as a file from anywhere: this checkout's be
 from benchmarks import harness as bench  # noqa: E402
 
 NAME = "dasgd_hiding"
-NEVER = 10**9  # tau beyond any run: compute only
 FULL = {"nprocs": 2, "repeats": 3, "epochs": 3, "batch_size": 32, "taus": [1, 4],
         "overrides": ["recipe=digit_images", "recipe.hidden=4096"]}
 QUICK = {"nprocs": 2, "repeats": 1, "epochs": 1, "batch_size": 32, "taus": [4],
@@ -64,7 +63,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def settings(taus: list[int]) -> dict[str, list[str]]:
     """Setting name -> DaSGD overrides."""
-    out = {"compute": [f"algo.tau={NEVER}", "algo.delay=1"]}
+    out = {"compute": ["algo.tau=0", "algo.delay=0"]}  # never averages
     for tau in taus:
         out[f"hidden-tau{tau}"] = [f"algo.tau={tau}", "algo.delay=1"]
         out[f"blocking-tau{tau}"] = [f"algo.tau={tau}", "algo.delay=0"]

@@ -8,7 +8,7 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import NoReturn
+from typing import NoReturn, TextIO
 
 # Exit status of a job stopped by SIGUSR1/SIGTERM after writing a checkpoint: sysexits'
 # EX_TEMPFAIL ("try again later"), which tells a scheduler the job should be requeued and
@@ -51,6 +51,12 @@ class ConfigError(UserError):
 def one_line(text: str) -> str:
     """Collapse a possibly multi-line message into one line."""
     return " ".join(part.strip() for part in str(text).splitlines() if part.strip())
+
+
+def warn_user(message: str, stream: TextIO | None = None) -> None:
+    """One line for a run that goes on but may not mean what its user thinks:
+    ``adpsgd-run: warning: MESSAGE`` on ``stream`` (a rank's progress stream; stderr)."""
+    print(f"adpsgd-run: warning: {one_line(message)}", file=stream or sys.stderr, flush=True)
 
 
 class UsageError(Exception):

@@ -27,7 +27,7 @@ from .checkpoint.preemption import STOP_CHECK_STEPS, STOPPED, StopAgreement
 from .checkpoint.resize import RESIZED
 from .comm import Communicator, World
 from .comm.buffers import broadcast_model, flatten_parameters
-from .errors import UserError
+from .errors import UserError, warn_user
 from .recipe import RECIPES
 from .runlog.progress import ProgressBar, evaluation_postfix
 from .runlog.records import record_training_again
@@ -88,6 +88,13 @@ class Trainer:
                                 param_buffers=self.param_buffers,
                                 steps_per_epoch=self.shards.steps_per_epoch,
                                 run_dir=self.run_dir)
+        # An averaging every N steps against a run of fewer: refused (every rank raises the
+        # same error), or a warning when it happens only once or twice.
+        short = ALGORITHMS.get(cfg.algo.name).check_run_length(
+            cfg.algo, self.shards.steps_per_epoch * tcfg.epochs, self.shards.steps_per_epoch)
+        if short and world.is_main:
+            log.warning("%s", short)
+            warn_user(short, progress_stream)
         self.algo = ALGORITHMS.get(cfg.algo.name).build(cfg.algo, self.ctx)
         self.algo.setup(self.model, self.optimizer)
         loading = dict(num_workers=tcfg.num_workers, persistent_workers=tcfg.persistent_workers,

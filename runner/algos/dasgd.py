@@ -17,7 +17,9 @@ waits at the merge only when the reduction took longer than that. All ranks laun
 the same step numbers (the trainer's steps are lockstep), so at most one reduction is in flight
 when ``delay <= tau``. With ``delay = 0, tau = 1`` and plain SGD this is SSGD exactly. Momentum
 buffers stay local (docs/algorithms.md). At the end the reduction in flight is merged before
-the rank stops.
+the rank stops. ``tau = 0`` never averages: each rank trains alone, the compute-only baseline
+that measures what averaging costs (benchmarks/bench_dasgd_hiding.py); the run says so in a
+warning, and a ``tau`` longer than the whole run is refused (Algorithm.check_run_length).
 
 Checkpoints: a reduction in flight is completed (every rank launched it at the same step) and
 stored unmerged, with its snapshot s and launch step; the resumed run merges it at t0 + delay,
@@ -41,8 +43,8 @@ from .registry import ALGORITHMS
 
 
 def launch_due(t: int, tau: int) -> bool:
-    """Whether step ``t`` (from 0) launches an averaging: every ``tau`` steps."""
-    return (t + 1) % tau == 0
+    """Whether step ``t`` (from 0) launches an averaging: every ``tau`` steps (never for 0)."""
+    return tau > 0 and (t + 1) % tau == 0
 
 
 def merge_due(t: int, launched_at: int, delay: int) -> bool:
@@ -58,12 +60,12 @@ def merge_(x: torch.Tensor, snapshot: torch.Tensor, average: torch.Tensor) -> to
 @dataclass
 class DaSGDConfig(AlgoConfig):
     name: str = "dasgd"
-    tau: int = 4  # local steps between launches of an averaging
+    tau: int = 4  # local steps between launches of an averaging; 0: never (ranks train alone)
     delay: int = 1  # local steps between a launch and its merge (<= tau); 0 blocks (local SGD)
 
     def check(self, prefix, cfg):
-        require(self.tau >= 1, f"{prefix}.tau", f"must be >= 1, got {self.tau}",
-                f"{prefix}.tau=4")
+        require(self.tau >= 0, f"{prefix}.tau",
+                f"must be >= 1 (or 0: never average), got {self.tau}", f"{prefix}.tau=4")
         require(0 <= self.delay <= self.tau, f"{prefix}.delay",
                 f"must be between 0 and algo.tau={self.tau}, got {self.delay}",
                 f"{prefix}.delay={min(1, self.tau)}")
@@ -73,6 +75,10 @@ class DaSGDConfig(AlgoConfig):
 class DaSGD(Algorithm):
     Config = DaSGDConfig
     elastic = True
+
+    @classmethod
+    def averaging_period(cls, cfg):
+        return cfg.tau, f"algo.tau={cfg.tau}"
 
     def setup(self, model, optimizer):
         super().setup(model, optimizer)

@@ -65,6 +65,10 @@ def outer_optimizer(theta: list[torch.Tensor], cfg: DiLoCoConfig) -> SGD:
 class DiLoCo(Algorithm):
     Config = DiLoCoConfig
 
+    @classmethod
+    def averaging_period(cls, cfg):
+        return cfg.period, f"algo.period={cfg.period}"
+
     def setup(self, model, optimizer):
         super().setup(model, optimizer)
         self.x = self.ctx.param_buffers

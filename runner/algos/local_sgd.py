@@ -61,6 +61,11 @@ class LocalSGDConfig(AlgoConfig):
 class LocalSGD(SSGD):
     Config = LocalSGDConfig
 
+    @classmethod
+    def averaging_period(cls, cfg):
+        # Post-local SGD (switch_epoch > 0) averages gradients at every step before it.
+        return None if cfg.switch_epoch > 0 else (cfg.period, f"algo.period={cfg.period}")
+
     def setup(self, model, optimizer):
         super().setup(model, optimizer)
         # Lockstep: every rank computes the same switch step from the same numbers.

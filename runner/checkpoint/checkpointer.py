@@ -20,7 +20,7 @@ import torch
 from omegaconf import OmegaConf
 
 from ..comm import Communicator, World
-from ..errors import UserError
+from ..errors import UserError, warn_user
 from ..train.timers import Timers
 from .files import MARKER as CHECKPOINT_MARKER
 from .files import (
@@ -92,8 +92,7 @@ class Checkpointer:
             if self.world.is_main and self.warn is not None:
                 then = (f"trying {found.path}, the complete checkpoint before it" if found
                         else "no complete checkpoint is left before it: starting fresh")
-                print(f"adpsgd-run: warning: resume=auto: {damaged[0][2]}; {then}",
-                      file=self.warn, flush=True)
+                warn_user(f"resume=auto: {damaged[0][2]}; {then}", self.warn)
             log.warning("checkpoint %s is damaged: %s", damaged_path, damaged[0][0])
         log.info("resume=%s: no complete checkpoint in %s, starting fresh", self.cfg.resume,
                  self.run_dir)

@@ -31,7 +31,7 @@ from ..checkpoint.checkpointer import Checkpointer
 from ..comm.communicator import Communicator
 from ..comm.traffic import traffic_report
 from ..comm.world import World, mpi
-from ..errors import ConfigError, UserError
+from ..errors import ConfigError, UserError, warn_user
 from ..recipe import RECIPES
 from ..runlog.progress import ProgressBar, evaluation_postfix
 from ..runlog.summary import build_summary
@@ -131,6 +131,7 @@ class Simulation:
         self.data = SimData(self.train_set, self.recipe, self.compute, self.n,
                             tcfg.batch_size, cfg.seed)
         self.build_schedule(len(self.train_set))
+        self.check_run_length()
         self.driver = build_driver(self)
         self.models = self.driver.model_count  # rows of x: learners, or super learners
         self.learners = StackedLearners(self.model, self.recipe.loss, self.models)
@@ -176,6 +177,16 @@ class Simulation:
         self.wire = wire_dtype(self.cfg)
         self.nbytes = model_nbytes * (self.wire.itemsize / self.dtype.itemsize
                                       if self.wire else 1.0)
+
+    def check_run_length(self) -> None:
+        """What a real run's ranks refuse or warn, before simulating: an algorithm that
+        averages every N steps in a run of fewer (Algorithm.check_run_length)."""
+        tcfg = self.cfg.trainer
+        short = ALGORITHMS.get(self.cfg.algo.name).check_run_length(
+            self.cfg.algo, self.steps_per_epoch * tcfg.epochs, self.steps_per_epoch)
+        if short:
+            log.warning("%s", short)
+            warn_user(short, self.progress_stream)
 
     def build_schedule(self, train_size: int) -> None:
         """What the drivers' clocks read (shared with the timing-only simulation): the

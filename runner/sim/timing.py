@@ -156,6 +156,7 @@ class TimingSimulation(Simulation):
                                      or samples_per_epoch(cfg))
         self.data = SampleCounts(self.samples_per_epoch, self.n, tcfg.batch_size, cfg.seed)
         self.build_schedule(self.samples_per_epoch)
+        self.check_run_length()
         self.rebuild_driver()
         self.host_before = 0.0
 
