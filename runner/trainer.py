@@ -23,7 +23,7 @@ from omegaconf import DictConfig
 from .algos import ALGORITHMS, TrainContext
 from .checkpoint import rank_state
 from .checkpoint.checkpointer import Checkpointer
-from .checkpoint.preemption import STOP_CHECK_STEPS, STOPPED, StopAgreement
+from .checkpoint.preemption import STOPPED, StopAgreement
 from .checkpoint.resize import RESIZED
 from .comm import Communicator, World
 from .comm.buffers import broadcast_model, flatten_parameters
@@ -108,7 +108,8 @@ class Trainer:
         global_batch = world.size * tcfg.batch_size
         self.schedule = LRSchedule(o, global_batch, len(self.train_set), tcfg.epochs)
         self.milestones = Milestones(len(self.train_set), tcfg.epochs, global_batch,
-                                     tcfg.eval_every, tcfg.checkpoint_every, STOP_CHECK_STEPS)
+                                     tcfg.eval_every, tcfg.checkpoint_every,
+                                     stop_check_every=1)  # the agreement spaces its checks
         self.faults = FaultInjector(cfg.faults, world.rank, cfg.seed)
         self.ledger = None if self.algo.asynchronous else EpochLedger(len(self.train_set))
         self.state = RunState()
@@ -218,7 +219,7 @@ class Trainer:
                     self.save_checkpoint("scheduled")
                 # Met anyway at an evaluation or a checkpoint: a stop is agreed there at once
                 # (none after the final evaluation: the run has completed), else at the checks.
-                reason = (self.stop.check() if milestone.kind == STOP_CHECK else
+                reason = (self.stop.check(self.state.step) if milestone.kind == STOP_CHECK else
                           None if self.algo_finished else self.stop.now())
                 if reason:
                     log.info("stop requested (%s): checkpointing at step %d", "Ctrl-C" if

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -18,9 +19,11 @@ from pathlib import Path
 import pytest
 
 from runner.checkpoint.files import complete_checkpoints
+from runner.checkpoint.preemption import STOP_CHECK_STEPS
 from runner.errors import EXIT_STOPPED
+from runner.launch.watchdog import rank_progress
 
-from conftest import BIN, ctrl_c_simulation, read_run, run_cli
+from conftest import BIN, ctrl_c_simulation, read_run, run_cli, run_mpi
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow]
 
@@ -154,6 +157,28 @@ def test_ctrl_c_during_an_evaluation_stops_right_after_it(tmp_path):
     assert complete_checkpoints(result["run_dir"])[-1].step == summary["steps"]
 
 
+def training(run_dir: Path, _out: str = "") -> bool:
+    return bool(rank_progress(run_dir, 0))
+
+
+def test_ctrl_c_with_slow_steps_stops_within_two_steps(tmp_path):
+    """Steps of about half a second (spoken digits' are 0.75 s; here faults.delay_s) once
+    took 16 to 32 steps to stop, the checks being 16 steps apart: the ranks now stop within
+    2 steps of the step that saw the Ctrl-C (the ranks' logs say both)."""
+    result = interrupt(tmp_path, training, ["faults.delay_s=1.0"])
+    summary = assert_user_stop(result, "after checkpointing")
+    seen_by = 0
+    for log_path in sorted((result["run_dir"] / "logs").glob("rank*.log")):
+        log = log_path.read_text()
+        agreed = re.search(r"stop requested \(Ctrl-C\): checkpointing at step (\d+)", log)
+        assert agreed, log[-3000:]
+        # A rank that the forwarded signal reached late may stop before it saw it itself.
+        if seen := re.search(r"stop request \(stopped\) seen after step (\d+)", log):
+            assert 0 <= int(agreed[1]) - int(seen[1]) <= 2, (log_path.name, seen[0], agreed[0])
+            seen_by += 1
+    assert seen_by >= 1 and summary["status"] == "stopped"
+
+
 def test_a_second_ctrl_c_stops_at_once_and_removes_the_half_written_checkpoint(tmp_path):
     """Ctrl-C while a checkpoint is being written (a slow write, which the stop waits for),
     and again during that write: the job ends at once; the half-written checkpoint goes, the
@@ -218,3 +243,23 @@ def test_ctrl_c_while_the_command_loads_is_one_line(tmp_path, sigint_ignored):
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("adpsgd-run: interrupted (Ctrl-C)"), err
     assert "Traceback" not in err and not (tmp_path / "run").exists()
+
+
+def test_preemption_checks_are_spaced_in_time_so_a_stop_takes_about_a_second():
+    """Issue 54: with 0.75 s steps (spoken digits) Ctrl-C took 12-19 s, the checks being 16
+    steps apart. Now slow steps are checked at every step (a stop asked of one rank ends both
+    within 2 steps), fast ones every STOP_CHECK_STEPS steps (2 real ranks)."""
+    proc = run_mpi(2, "stop_spacing.py", timeout=120)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("rank ")]
+    assert len(lines) == 2, proc.stdout
+    stops = []
+    for line in lines:
+        found = re.search(r"slow: stopped at step (\d+) \(asked after (\d+)\), checks (\d+); "
+                          r"fast: stride (\d+) after (\d+) points, checks (\d+)", line)
+        assert found, line
+        stopped, asked, slow_checks, stride, points, fast_checks = map(int, found.groups())
+        # Every slow step started a check; the stop's own point only read the last one.
+        assert asked < stopped <= asked + 2 and slow_checks == stopped - 1, line
+        assert stride == STOP_CHECK_STEPS and fast_checks < points // 4, line
+        stops.append(stopped)
+    assert stops[0] == stops[1], lines  # both ranks stop at the same point

@@ -9,32 +9,43 @@ to every rank. A signal only sets a flag: the rank finishes its step, and the ra
 to agree on *when* to stop, since the checkpoint is collective and ranks (asynchronous ones
 especially) are at different steps when the signal lands, and it may reach only some of them.
 
-The agreement rides on preemption-check milestones (runner/train/milestones.py), which every rank
-meets in the same order: at check j each rank starts a non-blocking MAX-allreduce of its flag
-and reads the result of check j-1, which has long completed unless a peer is more than a
-check behind (that wait is bounded by ``comm.timeout_s``). A rank that sees a set flag stops
-right there, and so does every other rank, at the same check. At an evaluation or a
-checkpoint, where the ranks meet anyway, they agree at once (a blocking MAX-allreduce), so a
-signal that arrived during one is acted on right after it. Elsewhere a signal is acted on
-within two checks (``STOP_CHECK_STEPS`` steps' worth of samples each); one that arrived while
-the ranks were still starting is acted on before the first step (the launcher also notes it in
-the run dir, runner/launch/watchdog.py, for a rank quicker to its first step than the
-launcher to its pid file). The flag says why: a user's stop outranks a preemption.
+The agreement rides on preemption-check points (runner/train/milestones.py: one every step's
+worth of global samples), which every rank meets in the same order. At a check each rank starts
+a non-blocking MAX-allreduce of its flag and of its seconds per step since the previous check,
+and reads the result of the check before, which has long completed unless a peer is more than
+a check behind (that wait is bounded by ``comm.timeout_s``). A rank that sees a set flag stops
+right there, and so does every other rank, at the same check. The checks are spaced in time,
+not steps: from the slowest rank's seconds per step (the same number on every rank, so every
+rank picks the same points) the next check comes about ``STOP_CHECK_INTERVAL_S`` later, at
+least one step and at most ``STOP_CHECK_STEPS`` steps on. A signal is then acted on within two
+checks, about a second whether a step takes 10 ms or 2 s. At an evaluation or a checkpoint,
+where the ranks meet anyway, they agree at once (a blocking MAX-allreduce), so a signal that
+arrived during one is acted on right after it; one that arrived while the ranks were still
+starting is acted on before the first step (the launcher also notes it in the run dir,
+runner/launch/watchdog.py, for a rank quicker to its first step than the launcher to its pid
+file). The flag says why: a user's stop outranks a preemption.
 """
 
 from __future__ import annotations
 
+import logging
 import signal
+import time
 from collections.abc import Callable
 
 import numpy as np
+
+log = logging.getLogger("adpsgd")
 
 STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT)
 PREEMPTED, STOPPED = "preempted", "stopped"
 # What each signal asks for, and which reason wins when several arrive.
 REASONS = {signal.SIGUSR1: PREEMPTED, signal.SIGTERM: PREEMPTED, signal.SIGINT: STOPPED}
 LEVELS = {PREEMPTED: 1, STOPPED: 2}
-STOP_CHECK_STEPS = 16  # lockstep steps' worth of global samples between preemption checks
+# Preemption checks: about this many seconds apart, at most this many steps apart (a check is a
+# tiny non-blocking allreduce; async learners can run at most two checks apart).
+STOP_CHECK_INTERVAL_S = 0.5
+STOP_CHECK_STEPS = 16
 _received: list[int] = []  # signals received by this process
 # Stops asked for otherwise: the launcher's note of a signal that came before this rank could
 # take one, or the rank's own decision. Kept apart, so that the forwarded signal that follows
@@ -99,10 +110,15 @@ class StopAgreement:
 
         self.comm = track(mpi_comm.Dup())  # its own: never mixed with other collectives
         self.rank, self.timeout_s = rank, timeout_s
-        self._flag = np.zeros(1)
-        self._result = np.zeros(1)
+        self._sent = np.zeros(2)  # [stop level, seconds per step since the previous check]
+        self._result = np.zeros(2)
         self._pending = None
         self.checks = 0
+        self.points = 0  # check points passed (every rank passes the same ones)
+        self.stride = 1  # points from one check to the next: agreed, the same on every rank
+        self._next_check = 1  # the point of the next check
+        self._last: tuple[float, int] | None = None  # (time, step) of this rank's last check
+        self.seen_at: int | None = None  # the step at which this rank first saw a stop request
 
     def _collect(self) -> str | None:
         from ..comm.deadline import DEADLINES
@@ -111,40 +127,55 @@ class StopAgreement:
                              f"{self.checks - 1} with every rank", self.timeout_s):
             self._pending.Wait()
         self._pending = None
+        slowest_step_s = self._result[1]
+        if slowest_step_s > 0:
+            self.stride = int(min(STOP_CHECK_STEPS,
+                                  max(1, STOP_CHECK_INTERVAL_S // slowest_step_s)))
         return _reason(self._result[0])
+
+    def _agree_at_once(self, where: str) -> str | None:
+        """A blocking MAX-allreduce of the stop flags (every rank calls it ``where``)."""
+        from ..comm.deadline import DEADLINES
+
+        flag, result = np.array([_level(stop_reason())]), np.zeros(1)
+        with DEADLINES.watch(f"rank {self.rank}: {where} with every rank", self.timeout_s):
+            self.comm.Allreduce(flag, result, op=self.MPI.MAX)
+        return _reason(result[0])
 
     def at_start(self) -> str | None:
         """Before the first step (blocking; every rank calls it): the stop reason if some
         rank was asked to stop while the ranks were starting."""
-        from ..comm.deadline import DEADLINES
-
-        self._flag[0] = _level(stop_reason())
-        with DEADLINES.watch(f"rank {self.rank}: start of training with every rank",
-                             self.timeout_s):
-            self.comm.Allreduce(self._flag, self._result, op=self.MPI.MAX)
-        return _reason(self._result[0])
+        return self._agree_at_once("start of training")
 
     def now(self) -> str | None:
         """At a milestone every rank meets anyway (an evaluation, a checkpoint; blocking,
         every rank calls it there): the stop reason if any rank has a stop request now. A
         Ctrl-C during an evaluation then stops the run right after it, not two preemption
-        checks later (most of an epoch on a small data set)."""
-        from ..comm.deadline import DEADLINES
+        checks later."""
+        return self._agree_at_once("agreement on a stop at a milestone")
 
-        flag, result = np.array([_level(stop_reason())]), np.zeros(1)
-        with DEADLINES.watch(f"rank {self.rank}: agreement on a stop at a milestone with "
-                             "every rank", self.timeout_s):
-            self.comm.Allreduce(flag, result, op=self.MPI.MAX)
-        return _reason(result[0])
-
-    def check(self) -> str | None:
-        """At a preemption-check milestone: the stop reason when some rank had a stop
-        request at the previous check (then every rank returns it here), else None."""
+    def check(self, step: int) -> str | None:
+        """At a preemption-check point, after this rank's ``step``: at the points chosen for
+        a check, the stop reason when some rank had a stop request at the previous check
+        (then every rank returns it here), else None."""
+        self.points += 1
+        if self.seen_at is None and stop_reason():
+            self.seen_at = step
+            log.info("rank %d: stop request (%s) seen after step %d", self.rank, stop_reason(),
+                     step)
+        if self.points < self._next_check:
+            return None
         if self._pending is not None and (reason := self._collect()):
             return reason
-        self._flag[0] = _level(stop_reason())
-        self._pending = self.comm.Iallreduce(self._flag, self._result, op=self.MPI.MAX)
+        now = time.perf_counter()
+        # This rank's seconds per step since its last check (0: not measured yet).
+        last_time, last_step = self._last or (now, step)
+        self._sent[:] = (_level(stop_reason()),
+                         (now - last_time) / (step - last_step) if step > last_step else 0.0)
+        self._last = now, step
+        self._pending = self.comm.Iallreduce(self._sent, self._result, op=self.MPI.MAX)
         self.checks += 1
+        self._next_check = self.points + self.stride
         return None
 
     def abandon(self) -> None:

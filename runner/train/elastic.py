@@ -265,7 +265,7 @@ class Membership:
             return self.attempt_async(step)
         state = t.state
         self.step_started = time.perf_counter()
-        self.snapshot.take({"state": dataclasses.replace(state), "passed": t.milestones.passed,
+        self.snapshot.take({"state": dataclasses.replace(state), "passed": t.milestones.position,
                             "stop_status": t.stop_status})
         if t.ledger is not None:
             t.ledger.mark()
@@ -287,7 +287,7 @@ class Membership:
         extra = self.snapshot.restore()
         for field in dataclasses.fields(state):  # in place: others hold the state object
             setattr(state, field.name, getattr(extra["state"], field.name))
-        t.milestones.passed, t.stop_status = extra["passed"], extra["stop_status"]
+        t.milestones.position, t.stop_status = extra["passed"], extra["stop_status"]
         if t.ledger is not None:
             t.ledger.rollback()
         if error is None:  # another rank failed: ours completed, on communicators now revoked
@@ -304,7 +304,7 @@ class Membership:
         flight and a milestone under way are dropped (the milestone is met again after)."""
         t = self.trainer
         self.step_started = time.perf_counter()
-        passed, stop_status = t.milestones.passed, t.stop_status
+        passed, stop_status = t.milestones.position, t.stop_status
         try:
             t.algo.check_peers()
             step()
@@ -314,7 +314,7 @@ class Membership:
                 raise
             error = ex
             revoke_all()
-        t.milestones.passed, t.stop_status = passed, stop_status
+        t.milestones.position, t.stop_status = passed, stop_status
         self.recover(error)
         return False
 
@@ -443,8 +443,8 @@ class Membership:
         # Where in the milestones the survivors go on: the first learner's (which writes the
         # records). Each met them at its own time, and a revoke can fail a collective on one
         # rank that completed on another, so they may disagree by one.
-        t.milestones.passed, t.stop_status, joining = comm.bcast_object(
-            (t.milestones.passed, t.stop_status, self.spares_wanted()), root=0)
+        t.milestones.position, t.stop_status, joining = comm.bcast_object(
+            (t.milestones.position, t.stop_status, self.spares_wanted()), root=0)
         survivors = dict(zip(self.learners, trained))
         if joining:
             # Spares take the lost learners' places here, where every learner has stopped

@@ -30,6 +30,10 @@ class Milestone:
     final: bool = False  # the last evaluation
 
 
+def _key(milestone: Milestone) -> tuple[int, int]:
+    return milestone.samples, _ORDER[milestone.kind]
+
+
 def _every(stride_steps: int | None, global_batch: int, budget: int) -> set[int]:
     if not stride_steps:
         return set()
@@ -38,63 +42,110 @@ def _every(stride_steps: int | None, global_batch: int, budget: int) -> set[int]
 
 
 class Milestones:
+    """The run's milestones in order. Evaluations and checkpoints are listed; preemption
+    checks, one every ``stop_check_every`` steps' worth of samples (possibly every step: a
+    long run on one rank has hundreds of thousands), are computed as they come. ``passed``
+    counts the listed ones acted on, ``stops_passed`` the checks; ``position`` is both (what
+    an elastic job's ranks keep and share)."""
+
     def __init__(self, train_size: int, epochs: int, global_batch: int,
-                 eval_every: int | None, checkpoint_every: int | None, stop_check_every: int):
+                 eval_every: int | None, checkpoint_every: int | None,
+                 stop_check_every: int | None):
         self.budget = epochs * train_size
         epoch_ends = {e * train_size for e in range(1, epochs + 1)}
         points = [Milestone(s, EVALUATE, s == self.budget)
                   for s in epoch_ends | _every(eval_every, global_batch, self.budget)]
         points += [Milestone(s, CHECKPOINT)
                    for s in epoch_ends | _every(checkpoint_every, global_batch, self.budget)]
-        points += [Milestone(s, STOP_CHECK)
-                   for s in _every(stop_check_every, global_batch, self.budget)]
-        self.points = sorted(points, key=lambda m: (m.samples, _ORDER[m.kind]))
-        self.passed = 0  # milestones already acted on
+        self.points = sorted(points, key=_key)  # the collective ones
+        self.stop_stride = stop_check_every * global_batch if stop_check_every else 0
+        # Checks lie strictly below the budget, at stop_stride, 2 * stop_stride, ...
+        self.stop_count = (self.budget - 1) // self.stop_stride if self.stop_stride else 0
+        self.passed = 0  # listed milestones acted on
+        self.stops_passed = 0  # preemption checks acted on
+        self._last_was_stop = False
+
+    @property
+    def position(self) -> tuple[int, int]:
+        return self.passed, self.stops_passed
+
+    @position.setter
+    def position(self, value: tuple[int, int]) -> None:
+        self.passed, self.stops_passed = value
+
+    def _next_stop(self) -> Milestone | None:
+        if self.stops_passed >= self.stop_count:
+            return None
+        return Milestone((self.stops_passed + 1) * self.stop_stride, STOP_CHECK)
+
+    def _next(self) -> Milestone | None:
+        listed = self.points[self.passed] if self.passed < len(self.points) else None
+        stop = self._next_stop()
+        if listed is None or (stop is not None and _key(stop) < _key(listed)):
+            return stop
+        return listed
 
     def due(self, samples: int) -> Milestone | None:
         """The next milestone if ``samples`` has reached it (it then counts as passed)."""
-        if self.passed < len(self.points) and self.points[self.passed].samples <= samples:
+        milestone = self._next()
+        if milestone is None or milestone.samples > samples:
+            return None
+        self._last_was_stop = milestone.kind == STOP_CHECK
+        if self._last_was_stop:
+            self.stops_passed += 1
+        else:
             self.passed += 1
-            return self.points[self.passed - 1]
-        return None
+        return milestone
 
     def rearm(self) -> None:
         """Count the last milestone acted on as not reached yet (the exact count, agreed
         there, had not reached it)."""
-        self.passed -= 1
+        if self._last_was_stop:
+            self.stops_passed -= 1
+        else:
+            self.passed -= 1
 
     def another_due(self, kind: str, samples: int) -> bool:
-        """Whether a later milestone of ``kind`` is also reached at ``samples`` (an
-        asynchronous count that became exact can pass several at once: evaluating the same
-        model twice would only repeat a row)."""
+        """Whether a later listed milestone of ``kind`` (an evaluation, a checkpoint) is also
+        reached at ``samples`` (an asynchronous count that became exact can pass several at
+        once: evaluating the same model twice would only repeat a row)."""
         return any(m.kind == kind and m.samples <= samples for m in self.points[self.passed:])
 
     def collective_due(self, samples: int) -> bool:
         """Whether the next milestone is an evaluation or a checkpoint already reached at
         ``samples`` (every rank meets it at once: the ranks can stay met)."""
-        return (self.passed < len(self.points) and self.points[self.passed].kind != STOP_CHECK
-                and self.points[self.passed].samples <= samples)
+        milestone = self._next()
+        return (milestone is not None and milestone.kind != STOP_CHECK
+                and milestone.samples <= samples)
 
     @property
     def done(self) -> bool:
-        return self.passed == len(self.points)
-
-    def count(self, kind: str, upto: int | None = None) -> int:
-        """Milestones of ``kind`` among the first ``upto`` (default: all)."""
-        return sum(1 for m in self.points[:upto] if m.kind == kind)
+        return self.passed == len(self.points)  # the final evaluation comes after every check
 
     def last_passed(self) -> tuple[int, str] | None:
         """(samples, kind) of the last milestone acted on: what a checkpoint records, since
         a resumed run may have other milestones (eval_every, checkpoint_every changed)."""
-        if not self.passed:
+        candidates = []
+        if self.passed:
+            candidates.append(self.points[self.passed - 1])
+        if self.stops_passed:
+            candidates.append(Milestone(self.stops_passed * self.stop_stride, STOP_CHECK))
+        if not candidates:
             return None
-        last = self.points[self.passed - 1]
+        last = max(candidates, key=_key)
         return last.samples, last.kind
 
     def resume_after(self, last: tuple[int, str] | None) -> None:
         """Count every milestone up to ``last`` (from :meth:`last_passed`) as passed."""
         if last is None:
-            self.passed = 0
+            self.position = 0, 0
             return
         key = (last[0], _ORDER[last[1]])
-        self.passed = sum(1 for m in self.points if (m.samples, _ORDER[m.kind]) <= key)
+        self.passed = sum(1 for m in self.points if _key(m) <= key)
+        self.stops_passed = 0
+        if self.stop_stride:
+            # The checks at or before ``key``: the j-th is at j * stride, ordered last.
+            reached = last[0] // self.stop_stride
+            if reached * self.stop_stride == last[0] and key[1] < _ORDER[STOP_CHECK]:
+                reached -= 1
+            self.stops_passed = max(0, min(self.stop_count, reached))
