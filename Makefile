@@ -33,7 +33,7 @@ test: install
 	$(BIN)/python -m pytest $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 # The unit tier: every test that starts no process and trains no more than a few steps (the
-# marks are in setup.cfg; under a minute on 2 cores). make test runs these and the rest.
+# marks are in setup.cfg; about 45 s on 2 cores). make test runs these and the rest.
 test-fast: install
 	$(BIN)/python -m pytest $(PYTEST_WORKERS) -m "not slow and not mpi and not gpu" $(PYTEST_ARGS)
 

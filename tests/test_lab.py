@@ -362,11 +362,16 @@ def test_asynchronous_learners_go_on_without_one_killed_on_another_host(lab_over
                                                                         tmp_path):
     """AD-PSGD's learners 0-1 on lab1, 2-3 on lab2: learner 3 (passive, averaging with
     learners 0 and 2 across the link) is killed on lab2; its partners' exchanges fail, the
-    revoke reaches lab1, and the 3 go on with new pairs."""
+    revoke reaches lab1, and the 3 go on with new pairs. The hostfile gives slots in MPICH's
+    form and in Open MPI's (docs/lab.md accepts both; Open MPI, which runs elastic jobs, once
+    took ``lab1:2`` for a host named so and lost its daemon there)."""
     run_dir = tmp_path / "run"
+    hosts = hostfile(tmp_path, ["lab1:2", "lab2 slots=2"])
+    placed = [o for o in lab_overrides if not o.startswith("launcher.hostfile=")]
     proc = start(["recipe=digit_images", "algo=adpsgd", "launcher.nprocs=4",
                   "launcher.elastic=true", "trainer.epochs=3", "trainer.progress=false",
-                  "faults.delay_s=0.05", *lab_overrides, f"hydra.run.dir={run_dir}"], tmp_path)
+                  "faults.delay_s=0.05", *placed, f"launcher.hostfile={hosts}",
+                  "launcher.procs_per_node=null", f"hydra.run.dir={run_dir}"], tmp_path)
     kill_learner_3_on_lab2(run_dir, proc)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert [(m["event"], m["learner"], m["host"]) for m in summary["membership"]] == [
