@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import os
+from pathlib import Path
 
 import pytest
 
@@ -57,13 +58,21 @@ def test_ranks_per_host_follow_procs_per_node_or_the_slots():
 
 
 def test_mpiexec_arguments_for_mpich_and_open_mpi(tmp_path, monkeypatch):
-    path = hostfile(tmp_path, "a\nb\n")
+    """Either form of slots works with either MPI: mpiexec reads the hosts in its own form
+    (Open MPI took ``lab1:2`` for a host named so, and lost its daemon there)."""
+    path = hostfile(tmp_path, "a:2\nb slots=3\nc\n")
     flavors = {"mpich": "hydra", "ompi": "openmpi", "odd": "other"}
     monkeypatch.setattr("runner.launch.hosts.mpi_flavor", lambda mpiexec: flavors[mpiexec])
-    assert hostfile_args("mpich", path, "/bin/enter", 2) == [
-        "-f", path, "-launcher", "ssh", "-launcher-exec", "/bin/enter", "-ppn", "2"]
-    assert hostfile_args("ompi", path, "/bin/enter", None) == [
-        "--hostfile", path, "--mca", "plm_rsh_agent", "/bin/enter", "--map-by", "slot"]
+    mpich = hostfile_args("mpich", path, "/bin/enter", 2)
+    assert mpich[0] == "-f" and mpich[2:] == [
+        "-launcher", "ssh", "-launcher-exec", "/bin/enter", "-ppn", "2"]
+    assert Path(mpich[1]).read_text() == "a:2\nb:3\nc\n"
+    open_mpi = hostfile_args("ompi", path, "/bin/enter", None)
+    assert open_mpi[0] == "--hostfile" and open_mpi[2:] == [
+        "--mca", "plm_rsh_agent", "/bin/enter", "--map-by", "slot"]
+    # A bare name stays bare: each MPI gives it its own default (Open MPI: the host's cores).
+    assert Path(open_mpi[1]).read_text() == "a slots=2\nb slots=3\nc\n"
+    assert hostfile_args("ompi", path, "/bin/enter", None) == open_mpi  # written once
     with pytest.raises(ConfigError, match="neither MPICH's nor Open MPI's"):
         hostfile_args("odd", path, "/bin/enter", 1)
 

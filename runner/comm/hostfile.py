@@ -15,7 +15,7 @@ comment. The launcher places ranks in the file's order:
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import ConfigError
@@ -29,6 +29,16 @@ _LINE = re.compile(r"^(?P<host>[A-Za-z0-9_.\-]+)(?::(?P<colon>\d+)|\s+slots\s*=\
 class Host:
     name: str
     slots: int = 1
+    # Whether the file gave the slots: MPI reads a bare name as the host's cores (Open MPI)
+    # or 1 (MPICH), and a hostfile in MPI's own form must say the same (hostfile_text).
+    slots_given: bool = field(default=False, compare=False)
+
+
+def hostfile_text(hosts: list[Host], flavor: str) -> str:
+    """``hosts`` as ``flavor``'s mpiexec reads them: ``NAME:SLOTS`` for MPICH (``hydra``),
+    ``NAME slots=SLOTS`` for Open MPI, which takes ``lab1:2`` for a host of that name."""
+    form = "{0.name} slots={0.slots}" if flavor == "openmpi" else "{0.name}:{0.slots}"
+    return "".join((form.format(h) if h.slots_given else h.name) + "\n" for h in hosts)
 
 
 def read_hostfile(path: str | Path, key: str = "launcher.hostfile") -> list[Host]:
@@ -50,7 +60,7 @@ def read_hostfile(path: str | Path, key: str = "launcher.hostfile") -> list[Host
         if not match or (slots is not None and int(slots) < 1):
             raise ConfigError(key, f"{path}:{number}: {raw.strip()!r} is not a host line",
                               "write one host per line: NAME, NAME:SLOTS or NAME slots=SLOTS")
-        host = Host(match.group("host"), int(slots) if slots else 1)
+        host = Host(match.group("host"), int(slots) if slots else 1, slots is not None)
         if any(h.name == host.name for h in hosts):
             raise ConfigError(key, f"{path}:{number}: host {host.name} is listed twice",
                               "list each host once (give it more slots instead)")

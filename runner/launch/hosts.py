@@ -10,13 +10,16 @@ MPI's as ``--mca plm_rsh_agent``.
 
 from __future__ import annotations
 
+import hashlib
+import os
 import shutil
 import subprocess
+import tempfile
 import threading
 from functools import cache
 from pathlib import Path
 
-from ..comm.hostfile import Host
+from ..comm.hostfile import Host, hostfile_text, read_hostfile
 from ..errors import ConfigError, one_line
 
 PROBE_TIMEOUT_S = 20.0  # how long a host may take to run `true`
@@ -48,9 +51,12 @@ def remote_shell_path(shell: str | None, key: str) -> str:
 
 def hostfile_args(mpiexec: str, hostfile: str, shell: str, procs_per_node: int | None,
                   key: str = "launcher.hostfile") -> list[str]:
-    """mpiexec's arguments that place the job on the hostfile's hosts."""
+    """mpiexec's arguments that place the job on the hostfile's hosts. mpiexec reads a copy
+    of the file in its own form (:func:`~runner.comm.hostfile.hostfile_text`): either form
+    works with either MPI."""
     flavor = mpi_flavor(mpiexec)
-    hostfile = str(Path(hostfile).resolve())
+    if flavor in ("hydra", "openmpi"):
+        hostfile = str(own_form(read_hostfile(hostfile, key), flavor))
     if flavor == "hydra":
         args = ["-f", hostfile, "-launcher", "ssh", "-launcher-exec", shell]
         return args + (["-ppn", str(procs_per_node)] if procs_per_node else [])
@@ -60,6 +66,20 @@ def hostfile_args(mpiexec: str, hostfile: str, shell: str, procs_per_node: int |
     raise ConfigError(key, f"{mpiexec} is neither MPICH's nor Open MPI's mpiexec, so the "
                       "launcher does not know how to give it a hostfile",
                       "pass it yourself in launcher.mpiexec_args, or use MPICH or Open MPI")
+
+
+def own_form(hosts: list[Host], flavor: str) -> Path:
+    """A hostfile of ``hosts`` in ``flavor``'s form, written once per content (named by its
+    hash, in a directory of this user's under the temporary directory)."""
+    text = hostfile_text(hosts, flavor)
+    folder = Path(tempfile.gettempdir()) / f"adpsgd-hostfiles-{os.getuid()}"
+    folder.mkdir(mode=0o700, exist_ok=True)
+    path = folder / f"{hashlib.sha256(text.encode()).hexdigest()[:16]}.{flavor}"
+    if not path.exists() or path.read_text() != text:
+        partial = path.with_name(f".{path.name}.{os.getpid()}")
+        partial.write_text(text)
+        partial.replace(path)  # whole or not at all, should two launchers write it at once
+    return path
 
 
 def unanswered_host(shell: str, hosts: list[Host],
