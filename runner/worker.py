@@ -8,7 +8,8 @@ is left waiting. A communication that outlives ``comm.timeout_s`` does the same.
 
 SIGUSR1/SIGTERM request a graceful stop (runner/checkpoint/preemption.py): the rank exits with
 status 75 (``EXIT_PREEMPTED``) after the job's checkpoint; SIGINT (Ctrl-C, forwarded by the
-launcher) likewise with status 130 (``EXIT_STOPPED``). The handlers are installed before anything
+launcher; SIGUSR2 where it came through Open MPI's mpiexec) likewise with status 130
+(``EXIT_STOPPED``). The handlers are installed before anything
 slow, and only then does the rank write ``logs/rank<N>.pid``, which is where the launcher
 forwards signals; ``logs/rank<N>.exit`` records how the rank ended (runner/launch/watchdog.py).
 """
@@ -202,7 +203,9 @@ def run_rank(run_dir: str | Path, in_process: bool = False) -> int:
             # -disable-auto-cleanup, sends SIGUSR1 to the ranks still alive when one exits;
             # Python's shutdown puts back SIGUSR1's default action (terminate), which would
             # turn a clean finish into "killed by signal 10".
+            # (SIGUSR2 likewise: a Ctrl-C forwarded through Open MPI's mpiexec.)
             signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+            signal.signal(signal.SIGUSR2, signal.SIG_IGN)
 
 
 def _run_rank(run_dir: Path, in_process: bool) -> int:

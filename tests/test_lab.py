@@ -379,19 +379,29 @@ def test_asynchronous_learners_go_on_without_one_killed_on_another_host(lab_over
     assert summary["learners_at_end"] == 3 and summary["samples"] >= 3 * 1438
 
 
-def test_ctrl_c_across_hosts_checkpoints_and_the_run_resumes(lab_overrides, tmp_path):
+@pytest.mark.parametrize("elastic, stop, status, ended", [
+    (False, signal.SIGINT, 130, "stopped by Ctrl-C after checkpointing"),
+    # Open MPI's mpiexec (every elastic job) kills the ranks on SIGINT and SIGTERM; the
+    # launcher sends what it forwards instead (SIGUSR2, SIGUSR1), so these stop as others do.
+    (True, signal.SIGINT, 130, "stopped by Ctrl-C after checkpointing"),
+    (True, signal.SIGTERM, 75, "stopped by a signal after checkpointing (exit status 75)"),
+], ids=["mpich-ctrl-c", "elastic-ctrl-c", "elastic-sigterm"])
+def test_a_stop_across_hosts_checkpoints_and_the_run_resumes(lab_overrides, tmp_path, elastic,
+                                                             stop, status, ended):
     run_dir = tmp_path / "run"
-    common = ["recipe=digit_images", "algo=ssgd", "launcher.nprocs=2",
-              "launcher.procs_per_node=1", "trainer.epochs=30", "trainer.progress=false",
-              *lab_overrides, f"hydra.run.dir={run_dir}"]
+    job = (["algo=ssgd", "launcher.nprocs=2", "trainer.epochs=30"] if not elastic else
+           ["algo=dpsgd", "launcher.nprocs=4", "launcher.elastic=true", "trainer.epochs=3"])
+    common = ["recipe=digit_images", *job, "launcher.procs_per_node=1",
+              "trainer.progress=false", *lab_overrides, f"hydra.run.dir={run_dir}"]
     proc = start(common, tmp_path)
     wait_for_an_evaluation(run_dir, proc)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(stop)
     _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 130, err
-    assert "stopped by Ctrl-C after checkpointing" in err, err
+    assert proc.returncode == status, err
+    assert ended in err, err
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["status"] == "stopped", summary
+    assert summary["status"] == ("stopped" if stop == signal.SIGINT else "preempted"), summary
+    assert summary["checkpoint"] and complete_checkpoints(run_dir), summary
     run_cli([*common, "resume=auto"], cwd=tmp_path, timeout=300)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["resumed_from"], summary

@@ -37,10 +37,13 @@ import numpy as np
 
 log = logging.getLogger("adpsgd")
 
-STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT)
+# SIGUSR2 is a Ctrl-C that came through Open MPI's mpiexec, which forwards SIGUSR1 and SIGUSR2
+# to every rank but ends the job on SIGINT and SIGTERM (runner/launch/local.py).
+STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT, signal.SIGUSR2)
 PREEMPTED, STOPPED = "preempted", "stopped"
 # What each signal asks for, and which reason wins when several arrive.
-REASONS = {signal.SIGUSR1: PREEMPTED, signal.SIGTERM: PREEMPTED, signal.SIGINT: STOPPED}
+REASONS = {signal.SIGUSR1: PREEMPTED, signal.SIGTERM: PREEMPTED, signal.SIGINT: STOPPED,
+           signal.SIGUSR2: STOPPED}
 LEVELS = {PREEMPTED: 1, STOPPED: 2}
 # Preemption checks: about this many seconds apart, at most this many steps apart (a check is a
 # tiny non-blocking allreduce; async learners can run at most two checks apart).

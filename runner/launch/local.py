@@ -340,6 +340,12 @@ class ForcedStop(Exception):
 FIRST_CTRL_C = "Ctrl-C: every rank checkpoints and stops (Ctrl-C again stops at once)"
 
 
+# Open MPI's mpiexec forwards SIGUSR1 and SIGUSR2 to every rank but kills them on SIGINT and
+# SIGTERM: through it a Ctrl-C travels as SIGUSR2, a user's stop, and a SIGTERM as SIGUSR1, a
+# preemption, as the ranks read them (runner/checkpoint/preemption.py).
+OPEN_MPI_FORWARDS = {signal.SIGINT: signal.SIGUSR2, signal.SIGTERM: signal.SIGUSR1}
+
+
 class StopForwarding:
     """While the job runs, SIGUSR1/SIGTERM (a scheduler's warning) and SIGINT (Ctrl-C)
     received here go to every rank, which checkpoint and stop (runner/checkpoint/preemption.py);
@@ -359,8 +365,10 @@ class StopForwarding:
         self.arrived: list[int] = []  # every signal, as it came (the handler may nest)
         self.announced: set[int] = set()  # the signals whose line was printed
         # A job across hosts: mpiexec (this pid) forwards each signal to every rank, since
-        # ranks on other hosts cannot be signalled by pid from here.
+        # ranks on other hosts cannot be signalled by pid from here; ``as_forwarded`` says
+        # which signal carries each (Open MPI's: OPEN_MPI_FORWARDS).
         self.via_mpiexec: int | None = None
+        self.as_forwarded: dict[int, int] = {}
         self.sent_via_mpiexec: set[int] = set()
 
     def __enter__(self) -> StopForwarding:
@@ -411,7 +419,7 @@ class StopForwarding:
                 for signum in self.received:
                     if signum not in self.sent_via_mpiexec:
                         self.sent_via_mpiexec.add(signum)
-                        os.kill(self.via_mpiexec, signum)
+                        os.kill(self.via_mpiexec, self.as_forwarded.get(signum, signum))
             return
         self.watchdog.refresh()
         for signum in self.received:
@@ -610,6 +618,8 @@ class LocalLauncher(Launcher):
                 os.close(stderr_write)
             if self.cfg.hostfile:
                 forwarding.via_mpiexec = proc.pid
+                if mpi_flavor(proc.args[0]) == "openmpi":
+                    forwarding.as_forwarded = OPEN_MPI_FORWARDS
             watchdog.watch_mpiexec(proc.pid)
             output = MpiexecOutput(proc.stdout, run_dir / "logs" / "mpiexec.log")
             errors = MpiexecStderr(stderr_read, run_dir / "logs" / "mpiexec.log")
