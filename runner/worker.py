@@ -175,8 +175,11 @@ def learners_lost_elsewhere(run_dir: Path, rank: int, ranks: list[int]) -> None:
 
 def cut_off(run_dir: Path, rank: int, why: str) -> NoReturn:
     """Leave at once, aborting nothing: the job goes on across the cut without this side.
-    What is said goes to the rank's log and exit record, by a thread given 2 s, since the run
-    dir's file system may be behind the same cut."""
+    What is said goes to the rank's log and exit record (EXIT_PEER_LOST), by a thread given
+    2 s, since the run dir's file system may be behind the same cut. The process itself exits
+    0: Open MPI's mpiexec ends the job with a non-zero status (or waits on it) when a rank
+    that it still hears, the cut healed or the host resumed, leaves with one, which reported
+    the job the others finished as failed."""
 
     def say() -> None:
         log.error("rank %d: %s: this side of a cut link stops; the job goes on without it",
@@ -186,7 +189,7 @@ def cut_off(run_dir: Path, rank: int, why: str) -> NoReturn:
     writer = threading.Thread(target=say, daemon=True)
     writer.start()
     writer.join(2.0)
-    os._exit(EXIT_PEER_LOST)
+    os._exit(0)
 
 
 def run_rank(run_dir: str | Path, in_process: bool = False) -> int:

@@ -290,6 +290,37 @@ def test_an_elastic_job_goes_on_without_the_learners_behind_a_cut_link(lab_overr
             run_dir / "logs" / f"rank{rank}.log").read_text()
 
 
+def test_learners_taken_for_lost_that_come_back_leave_a_completed_job(lab_overrides, tmp_path):
+    """AD-PSGD's learners 2-3 on lab2 are cut off long enough to be taken for lost
+    (launcher.link_timeout_s=5), then the link heals before the end: they come back, learn
+    they were cut off and leave (EXIT_PEER_LOST, which Open MPI's mpiexec passes on). The job
+    the others finished is completed, rc 0, with its membership kept; it was once reported
+    failed (status 3), and restarted with launcher.max_restarts."""
+    run_dir = tmp_path / "run"
+    proc = start(["recipe=digit_images", "algo=adpsgd", "launcher.nprocs=4",
+                  "launcher.procs_per_node=2", "launcher.elastic=true",
+                  "launcher.link_timeout_s=5", "launcher.max_restarts=1", "trainer.epochs=4",
+                  "trainer.progress=false", "faults.delay_s=0.05", *lab_overrides,
+                  f"hydra.run.dir={run_dir}"], tmp_path)
+    events = run_dir / "logs" / "events.jsonl"
+    try:
+        wait_for_an_evaluation(run_dir, proc)
+        lab("link", "lab2", "down")
+        wait_until(lambda: events.exists() and '"lost"' in events.read_text(), proc, 60,
+                   "learners 2-3 were not taken for lost")
+    finally:
+        lab("link", "lab2", "up")
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["learners_at_end"] == 2, summary
+    assert [(m["event"], m["learner"]) for m in summary["membership"]] == [("lost", 2),
+                                                                          ("lost", 3)]
+    assert not summary.get("restarts"), summary["restarts"]
+    said = [line for line in err.splitlines() if line.startswith("adpsgd-run:")]
+    assert not any("restart" in line or "failed" in line for line in said), said
+
+
 def test_a_host_whose_processes_are_all_killed_ends_an_elastic_job_naming_it(lab_overrides,
                                                                              tmp_path):
     """Open MPI's runtime ends the whole job when it loses a host's daemon (every process of

@@ -657,7 +657,11 @@ class LocalLauncher(Launcher):
                 f"{self.cfg.stall_timeout_s:g} s)", True, ended,
                 lambda: self.report_stalled(run_dir, stalled), event="stalled",
                 learner=stalled.rank, host=stalled.host)
-        exits = watchdog.exit_statuses().values()
+        # The learners this launcher took for lost (a cut link, a hung host) left with an
+        # exit record of EXIT_PEER_LOST if they came back before the end (runner/worker.py's
+        # cut_off): the job is what the others made of it.
+        cut = watchdog.listener.declared() if self.cfg.elastic and watchdog.listener else set()
+        exits = [s for r, s in watchdog.exit_statuses().items() if r not in cut]
         finished = any(s in (0, EXIT_PREEMPTED, EXIT_STOPPED) for s in exits)
         # Open MPI's runtime ends a job that lost a daemon with SIGTERM to every rank left,
         # which checkpoint and stop as if preempted: a stop nobody forwarded is that end.
@@ -691,7 +695,7 @@ class LocalLauncher(Launcher):
                 print(f"adpsgd-run: the run completed before the stop ({names}) took effect: "
                       "it is finished, nothing to resume", file=sys.stderr, flush=True)
             return 0, None
-        statuses = set(watchdog.exit_statuses().values())
+        statuses = set(exits)
         if self.cfg.elastic:  # the learners it lost on the way left no record
             statuses.discard(None)
         if statuses in ({EXIT_PREEMPTED}, {EXIT_STOPPED}):  # every rank stopped gracefully
