@@ -650,6 +650,35 @@ def test_a_learner_killed_during_the_final_evaluation_is_undone_and_the_run_comp
     assert_every_sample_once(summary)
 
 
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_a_learner_killed_in_a_checkpoint_after_an_evaluation_leaves_one_row_and_clean_dirs(
+        tmp_path):
+    """Epoch 1's evaluation is recorded, then learner 3 is killed while the epoch's checkpoint
+    is written (slowly): the step is undone and done again by 3. The evaluation's rows were
+    once kept beside the survivors' new ones (two rows for one evaluation), and the dir
+    rewritten by 3 ranks kept the 4th rank's file, which its COMPLETE does not list."""
+    run_dir = tmp_path / "run"
+    proc = start(run_dir, "algo=dasgd", "faults.checkpoint_write_delay_s=1.5",
+                 "trainer.progress=false")
+    deadline = time.monotonic() + 120
+    while not list((run_dir / "checkpoints").glob("samples-*/.rank*.tmp*")):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.02)
+    assert (run_dir / "metrics.jsonl").read_text().count('"epoch": 1.0') == 2  # recorded
+    kill_rank(run_dir, 3)
+    _, err = proc.communicate(timeout=240)
+    assert proc.returncode == 0, err[-3000:]
+    history, summary = read_run(run_dir)
+    assert [m["learner"] for m in summary["membership"]] == [3]
+    assert [(r["epoch"], r["split"]) for r in history] == [
+        (1.0, "eval"), (1.0, "eval_rank0"), (2.0, "eval"), (2.0, "eval_rank0")], history
+    for checkpoint in complete_checkpoints(run_dir):
+        on_disk = {p.name for p in checkpoint.path.iterdir()} - {"COMPLETE"}
+        assert on_disk == set(checkpoint.files), (checkpoint.path, on_disk)
+    assert_every_sample_once(summary)
+
+
 # ---- spares (launcher.spares): the job grows back ----------------------------------------
 
 def exit_statuses(run_dir: Path, ranks: list[int]) -> list[int]:

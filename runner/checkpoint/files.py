@@ -228,6 +228,12 @@ def mark_complete(directory: Path, step: int, samples: int, epoch: float, nprocs
     """Rank 0, after every rank's file is durable: write the marker that makes it count,
     with every rank file's checksum (``files``: what save_rank_state returned, per rank)."""
     listed = {f["name"]: {"sha256": f["sha256"], "bytes": f["bytes"]} for f in files or []}
+    if files is not None:
+        # A dir written again by fewer ranks (an elastic job redoing the step that lost a
+        # learner) holds only what its marker lists.
+        for stray in [*directory.glob("rank*.pt"), *directory.glob(".rank*.pt.tmp*")]:
+            if stray.name not in listed:
+                stray.unlink()
     meta = {"step": step, "samples": samples, "epoch": epoch, "nprocs": nprocs,
             "reason": reason, "written": time.strftime("%Y-%m-%dT%H:%M:%S"), "config": config,
             "files": listed}

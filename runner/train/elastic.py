@@ -293,7 +293,21 @@ class Membership:
         if error is None:  # another rank failed: ours completed, on communicators now revoked
             revoke_all()
         self.recover(error)
+        self.drop_undone_evaluations()
         return False
+
+    def drop_undone_evaluations(self) -> None:
+        """The records of an evaluation that ran in the step just undone (metrics.jsonl rows,
+        TensorBoard events past the step gone back to): the survivors evaluate at that step
+        again, and a run has one row per evaluation."""
+        t = self.trainer
+        if t.runlog is None:  # only the first learner writes them
+            return
+        kept = [row for row in t.state.history if row["step"] <= t.state.step]
+        if len(kept) < len(t.state.history):
+            t.state.history = kept
+            t.runlog.rewrite_metrics(kept)
+            t.runlog.restart_at(t.state.step)
 
     def attempt_async(self, step: Callable[[], None]) -> bool:
         """One step of an asynchronous learner: nobody agrees per step (the learners never
