@@ -5,15 +5,20 @@ comes back at the same step, and a user's error, are not retried."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
 from test_dead_rank import EXACT, assert_like_uninterrupted, bench
 
+from runner.checkpoint.files import complete_checkpoints
 from runner.runlog.summary import results_table
 
-from conftest import read_run, run_cli
+from conftest import BIN, read_run, run_cli
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow]
 
@@ -65,3 +70,37 @@ def test_the_same_crash_at_the_same_step_stops_after_the_second_with_its_cause(t
     assert len(cause) == 1 and cause[0].startswith("adpsgd-run: rank 1 (pid "), stderr
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "failed" and len(summary["restarts"]) == 1, summary
+
+
+def test_a_restart_past_a_damaged_checkpoint_records_the_one_it_continued_from(tmp_path):
+    """The newest checkpoint changed after it was complete (a flipped byte), then a rank is
+    killed: the restart continues from the intact one before it, as resume=auto loads, and
+    its line and summary.restarts say so (they once named the damaged one, "0 samples
+    lost"); metrics.jsonl still holds each evaluation once."""
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen([str(BIN / "adpsgd-run"), *EXACT, "trainer.epochs=4",
+                             "launcher.max_restarts=1", "faults.delay_s=0.1",
+                             f"hydra.run.dir={run_dir}"],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    deadline = time.monotonic() + 240
+    while len(checkpoints := complete_checkpoints(run_dir)) < 2:
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.05)
+    older, newest = checkpoints[-2:]
+    damaged = newest.rank_file(0)
+    data = bytearray(damaged.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    damaged.write_bytes(bytes(data))
+    os.kill(int((run_dir / "logs" / "rank1.pid").read_text().split()[0]), signal.SIGKILL)
+    _, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 0, stderr[-3000:]
+    [line] = [line for line in stderr.splitlines() if "restart 1 of 1" in line]
+    assert (f"continuing from {older.path} ({older.samples} samples) ({newest.path.name} "
+            "damaged)") in line, line
+    metrics, summary = read_run(run_dir)
+    [restart] = summary["restarts"]
+    assert restart["resumed_from_samples"] == older.samples, restart
+    assert summary["status"] == "completed" and summary["resumed_from"] == str(older.path)
+    evaluations = [(row["epoch"], row["split"]) for row in metrics]
+    assert len(evaluations) == len(set(evaluations)) and len(evaluations) >= 4, evaluations

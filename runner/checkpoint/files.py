@@ -312,10 +312,17 @@ def complete_before(checkpoint: Checkpoint) -> Checkpoint | None:
 def intact_older(checkpoint: Checkpoint) -> Checkpoint | None:
     """The newest complete checkpoint before ``checkpoint`` whose rank files still match
     their checksums (read in full: for a message, not for a hot path)."""
-    for older in reversed(complete_checkpoints(checkpoint.path.parent.parent)):
-        if older.samples < checkpoint.samples and all(
-                _damage(older, rank) is None for rank in range(older.nprocs)):
-            return older
+    return newest_intact(checkpoint.path.parent.parent, before=checkpoint.samples)
+
+
+def newest_intact(run_dir: str | Path, before: int | None = None) -> Checkpoint | None:
+    """The newest complete checkpoint (before ``before`` samples) whose rank files still
+    match their checksums: what ``resume=auto`` loads (read in full: for a message or a
+    restart's decision, not for a hot path)."""
+    for checkpoint in reversed(complete_checkpoints(run_dir)):
+        if (before is None or checkpoint.samples < before) and all(
+                _damage(checkpoint, rank) is None for rank in range(checkpoint.nprocs)):
+            return checkpoint
     return None
 
 

@@ -32,7 +32,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf, open_dict
 
-from ..checkpoint.files import complete_checkpoints
+from ..checkpoint.files import complete_checkpoints, newest_intact
 from ..errors import EXIT_PEER_LOST
 from ..runlog.events import record_event
 from ..runlog.records import read_restarts, write_restarts
@@ -129,7 +129,10 @@ class Restarts:
         if not failure.restartable or self.max_restarts == 0:
             return False
         checkpoints = complete_checkpoints(self.run_dir)
-        resumed_from = checkpoints[-1].samples if checkpoints else 0
+        # What resume=auto will load: a newest checkpoint damaged since it was written is
+        # passed over, and the record and the line say what the job continues from.
+        resume = newest_intact(self.run_dir)
+        resumed_from = resume.samples if resume else 0
         if self._last == (failure.cause, resumed_from):
             say(f"not restarting: {failure.cause} again before the run saved a checkpoint past "
                 f"{resumed_from} samples: the failure repeats at the same point")
@@ -142,12 +145,15 @@ class Restarts:
         self._last = (failure.cause, resumed_from)
         known = [p for p in progress if p is not None]
         at = max([resumed_from, *known]) if known else None
-        if checkpoints:
+        damaged = [c.path.name for c in checkpoints if resume is None or c.samples > resume.samples]
+        passed_over = f" ({', '.join(damaged)} damaged)" if damaged else ""
+        if resume is not None:
             prepare_restart(self.run_dir)
-            where = f"continuing from {checkpoints[-1].path} ({resumed_from} samples)"
+            where = f"continuing from {resume.path} ({resumed_from} samples){passed_over}"
         else:
             start_over(self.run_dir)
-            where = "starting over: no checkpoint was complete"
+            where = ("starting over: no checkpoint was complete" if not checkpoints else
+                     f"starting over: no checkpoint is intact{passed_over}")
         lost = f"{at - resumed_from} samples lost" if at is not None else "samples lost unknown"
         say(f"restart {self.taken} of {self.max_restarts}: {failure.cause}; {where}, {lost}")
         self.records.append({"cause": failure.cause, "at_samples": at,
