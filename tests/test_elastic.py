@@ -370,6 +370,9 @@ def test_fewer_learners_than_min_learners_end_the_job_with_one_line(tmp_path):
     assert_ends_with_one_error_line(proc, f"only 3 learner(s) remain after losing learner 3 "
                                     f"({host}) (launcher.min_learners=4)",
                                     "lower launcher.min_learners")
+    # The loss's own line does not promise that the job goes on (it once said "go on").
+    [lost] = [line for line in proc.stderr.splitlines() if " lost at " in line]
+    assert "3 learner(s) remain, fewer than launcher.min_learners=4" in lost, lost
 
 
 @pytest.mark.mpi

@@ -530,6 +530,8 @@ class Membership:
                                 "host": self.hosts[learner], "at_samples": samples,
                                 "learners": world.size, timing: round(seconds, 3)})
         going = "go on" if event == "lost" else "train"
+        if event == "lost" and world.size < self.min_learners:  # the job ends right after
+            going = f"remain, fewer than launcher.min_learners={self.min_learners}"
         line = (f"adpsgd-run: {self.named(learners)} {event} at {samples:,} samples: "
                 f"{world.size} learner(s) {going} ({seconds:.1f} s to "
                 f"{'recover' if event == 'lost' else 'join'})")
