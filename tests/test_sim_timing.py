@@ -138,7 +138,8 @@ def test_the_launcher_writes_summary_json(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("algo", [["algo=dpsgd", "topology=ring"],
-                                  ["algo=local_sgd", "algo.period=2"], ["algo=dasgd"], ["algo=adpsgd", "algo.delay_by_one=true"]])
+                                  ["algo=local_sgd", "algo.period=2"], ["algo=dasgd"],
+                                  ["algo=adpsgd", "algo.delay_by_one=true"]])
 def test_every_lockstep_algorithm_has_a_schedule(algo, tmp_path):
     s = timing(algo, tmp_path, samples_per_epoch=8 * 32 * 6)
     assert s["steps_per_rank"] == [6] * 8 and s["virtual_s"] >= 6 * (OVERHEAD + 32 * PER_SAMPLE)
