@@ -818,7 +818,11 @@ def test_a_spare_killed_while_waiting_is_named_and_the_job_goes_on(tmp_path):
     host = os.uname().nodename
     assert f"adpsgd-run: spare(s) 4 ({host}) lost while waiting: 0 spare(s) left" in err
     _, summary = read_run(run_dir)
-    assert [(m["event"], m["learner"]) for m in summary["membership"]] == [("lost", 2)]
+    # The lost spare has its entry too (it once had none), and its place in events.jsonl:
+    # found when the job next met every process, at learner 2's loss.
+    assert [(m["event"], m["learner"], m["host"]) for m in summary["membership"]] == [
+        ("spare lost", 4, host), ("lost", 2, host)]
+    assert "spare lost" in (run_dir / "logs" / "events.jsonl").read_text()
     assert summary["learners_at_end"] == 3
     assert_every_sample_once(summary)
 

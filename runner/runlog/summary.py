@@ -229,7 +229,7 @@ def write_failure_summary(run_dir: str | Path, cfg: Any, exit_status: int,
         "restarts": read_restarts(run_dir), "events": events,
         # An elastic job's losses and joins before it failed, as its summary lists them.
         "membership": [{k: v for k, v in e.items() if k not in ("time", "cause", "operation")}
-                       for e in events if e.get("event") in ("lost", "joined")]})
+                       for e in events if e.get("event") in ("lost", "joined", "spare lost")]})
     last = {k: v for k, v in (evals[-1] if evals else {}).items()
             if k not in ("epoch", "step", "samples", "train_s", "split")}
     writer = FileWriter(str(Path(run_dir) / "tb"))

@@ -351,8 +351,17 @@ class Membership:
             line = (f"adpsgd-run: spare(s) {', '.join(f'{n} ({self.hosts[n]})' for n in spares)}"
                     f" lost while waiting: {len(self.spares)} spare(s) left")
             log.warning("%s", line)
+            samples = self.trainer.state.samples
+            for spare in spares:  # the membership history holds every process the job lost
+                self.events.append({"event": "spare lost", "learner": spare,
+                                    "host": self.hosts[spare], "at_samples": samples,
+                                    "learners": len(self.learners)})
             if self.trainer.world.is_main:
                 print(line, file=self.trainer.progress_stream or sys.stderr, flush=True)
+                for record in self.events[-len(spares):]:
+                    record_event(self.trainer.run_dir, {
+                        **record, "time": round(time.time(), 3),
+                        "cause": f"lost while waiting; {len(self.spares)} spare(s) left"})
         return gone
 
     def split_learners(self) -> Any:
