@@ -345,6 +345,27 @@ def test_two_learners_killed_at_different_moments_every_sample_used_once(tmp_pat
 
 @pytest.mark.mpi
 @pytest.mark.slow
+def test_a_second_loss_during_the_recovery_is_survived_and_both_are_named(tmp_path):
+    """Learner 3 is killed at step 5; learner 2 dies as the survivors start recovering from
+    that (faults.sigkill.recovering_ranks), in the middle of building their communicators.
+    The job once ended there (MPI_ERR_PROC_FAILED, naming only learner 3) although 2 of 4
+    learners remained: the recovery shrinks again and the two go on."""
+    run_dir = tmp_path / "run"
+    proc = run_cli([*DIGITS, "algo=ssgd", "faults.sigkill.ranks=[3]", "faults.sigkill.step=5",
+                    "faults.sigkill.recovering_ranks=[2]", "trainer.progress=false",
+                    f"hydra.run.dir={run_dir}"], cwd=tmp_path, check=False, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    [line] = [line for line in proc.stderr.splitlines() if " lost at " in line]
+    assert line.startswith("adpsgd-run: learner 2 (") and ", learner 3 (" in line, line
+    assert "2 learner(s) go on" in line, line
+    history, summary = read_run(run_dir)
+    assert summary["status"] == "completed" and summary["learners_at_end"] == 2
+    assert [(m["learner"], m["learners"]) for m in summary["membership"]] == [(2, 2), (3, 2)]
+    assert_every_sample_once(summary)
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
 @pytest.mark.parametrize("algo,killed", [("dpsgd", 0), ("local_sgd", 3), ("dasgd", 1)])
 def test_each_lockstep_algorithm_goes_on_without_a_killed_learner(tmp_path, algo, killed):
     run_dir = tmp_path / "run"

@@ -180,6 +180,9 @@ class SigkillConfig:
     # Whichever rank is about to train this training-set sample kills -9 itself: a sample that
     # kills every learner it reaches (tests of an elastic job's repeated-failure rule).
     sample: Optional[int] = None
+    # These ranks kill -9 themselves as an elastic job starts recovering from a loss: a
+    # second loss during the recovery (tests of launcher.elastic).
+    recovering_ranks: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -201,12 +204,13 @@ class FaultsConfig(Section):
         nprocs = cfg.launcher.nprocs
         require(self.straggler.factor >= 1, f"{prefix}.straggler.factor",
                 f"must be >= 1, got {self.straggler.factor}", f"{prefix}.straggler.factor=4")
-        for key, ranks in (("straggler", self.straggler.ranks),
-                           ("nonfinite_loss", self.nonfinite_loss.ranks),
-                           ("sigkill", self.sigkill.ranks)):
+        for key, ranks in (("straggler.ranks", self.straggler.ranks),
+                           ("nonfinite_loss.ranks", self.nonfinite_loss.ranks),
+                           ("sigkill.ranks", self.sigkill.ranks),
+                           ("sigkill.recovering_ranks", self.sigkill.recovering_ranks)):
             bad = [r for r in ranks if not 0 <= r < nprocs]
-            require(not bad, f"{prefix}.{key}.ranks", f"ranks {bad} do not exist with "
-                    f"launcher.nprocs={nprocs}", f"{prefix}.{key}.ranks=[{nprocs - 1}]")
+            require(not bad, f"{prefix}.{key}", f"ranks {bad} do not exist with "
+                    f"launcher.nprocs={nprocs}", f"{prefix}.{key}=[{nprocs - 1}]")
         require(self.sigkill.step is None or self.sigkill.step >= 1, f"{prefix}.sigkill.step",
                 f"must be >= 1 (steps count from 1), got {self.sigkill.step}",
                 f"{prefix}.sigkill.step=10")

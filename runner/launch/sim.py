@@ -136,6 +136,9 @@ def unmodelled_faults(cfg, replay: bool) -> list[tuple[str, bool, str, str]]:
         ("faults.sigkill", bool(faults.sigkill.ranks) or faults.sigkill.sample is not None,
          "its node failures are cluster.failures", "faults.sigkill.ranks=[] "
          "faults.sigkill.sample=null cluster.failures.at_s=[3600]"),
+        ("faults.sigkill.recovering_ranks", bool(faults.sigkill.get("recovering_ranks")),
+         "its recoveries take the time cluster.failures gives them",
+         "faults.sigkill.recovering_ranks=[]"),
         ("faults.delay_s", faults.delay_s > 0 and not replay,
          "its steps vary by cluster.compute.jitter", "faults.delay_s=0 cluster.compute.jitter=0.1"),
         ("faults.checkpoint_write_delay_s", faults.checkpoint_write_delay_s > 0,

@@ -377,20 +377,30 @@ class Membership:
         t = self.trainer
         log.info("recovering from %s", f"{type(error).__name__}: {error}" if error is not None
                  else "a step that failed on another rank")
-        old_comm, old_shards = t.comm, t.shards
+        old_comm, old_shards, before = t.comm, t.shards, list(self.learners)
         gone = self.shrink_everyone()
-        lost_ranks = [r for r, n in enumerate(self.learners) if n in gone]
-        if not lost_ranks:  # every learner is alive: the error was not a lost learner
+        if not any(n in gone for n in before):  # every learner is alive: not a lost learner
             raise error if error is not None else RuntimeError("a step failed on another "
                                                                "rank with every rank alive")
-        lost = [self.learners[r] for r in lost_ranks]
         # What the survivors last heard each lost asynchronous learner had trained (asked of
         # the old algorithm object, before it goes).
         heard = t.algo.heard_samples() if self.streams is not None else None
-        self.learners = [n for n in self.learners if n not in gone]
-        world, comm, node_comm = learner_comms(
-            self.split_learners(), old_comm.timeout_s, old_comm.traffic,
-            None if self.nodes is None else [self.nodes[n] for n in self.learners])
+        t.faults.crash_in_recovery()
+        while True:
+            self.learners = [n for n in before if n not in gone]
+            try:
+                world, comm, node_comm = learner_comms(
+                    self.split_learners(), old_comm.timeout_s, old_comm.traffic,
+                    None if self.nodes is None else [self.nodes[n] for n in self.learners])
+                break
+            except Exception as ex:  # noqa: BLE001 - another loss during the recovery
+                if not is_mpi_error(ex):
+                    raise
+                log.warning("another process was lost during the recovery: shrinking again")
+                revoke_all()
+                gone += self.shrink_everyone()
+        lost_ranks = [r for r, n in enumerate(before) if n in gone]
+        lost = [before[r] for r in lost_ranks]
         t.stop.abandon()
         if self.streams is None:
             repeated = self.deal_lockstep(old_shards, lost_ranks, lost, world, comm, node_comm)

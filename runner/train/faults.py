@@ -26,6 +26,7 @@ class FaultInjector:
         self.poisoned_steps = set(nan.steps) if rank in nan.ranks else set()
         self.sigkill_step = cfg.sigkill.step if rank in cfg.sigkill.ranks else None
         self.sigkill_sample = cfg.sigkill.get("sample")  # configs saved before it: none
+        self.sigkill_in_recovery = rank in (cfg.sigkill.get("recovering_ranks") or [])
         self.eval_delay_s = cfg.eval_delay_s
 
     def poison(self, loss: torch.Tensor, step: int) -> torch.Tensor:
@@ -36,6 +37,13 @@ class FaultInjector:
         """kill -9 of this rank as it starts ``faults.sigkill.step``: a crash that leaves no
         word, the same at every attempt (a resumed run reaches that step again)."""
         if step == self.sigkill_step:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def crash_in_recovery(self) -> None:
+        """kill -9 of this rank as an elastic job starts recovering from a loss
+        (``faults.sigkill.recovering_ranks``): a second loss in the middle of the first's
+        recovery."""
+        if self.sigkill_in_recovery:
             os.kill(os.getpid(), signal.SIGKILL)
 
     def crash_on(self, samples: np.ndarray) -> None:
