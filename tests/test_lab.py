@@ -10,8 +10,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -151,8 +153,18 @@ def test_the_lab_is_idempotent_repairs_itself_and_goes_away(tmp_path):
 
 def test_without_root_the_lab_says_so_in_one_line():
     needs_root()  # to become someone else
-    proc = subprocess.run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups",
-                           "bash", str(LAB), "up", "2"], capture_output=True, text=True)
+    # The scripts copied where nobody can read them: a checkout under a private directory
+    # (mktemp -d's mode 0700) would say "Permission denied" before the script could speak.
+    readable = Path(tempfile.mkdtemp(prefix="adpsgd-lab-scripts-"))
+    try:
+        readable.chmod(0o755)
+        for script in (LAB, LAB.parent / "shm_segments.sh"):
+            shutil.copy(script, readable / script.name)
+        proc = subprocess.run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups",
+                               "bash", str(readable / LAB.name), "up", "2"],
+                              capture_output=True, text=True)
+    finally:
+        shutil.rmtree(readable)
     assert proc.returncode == 1 and proc.stderr.strip().count("\n") == 0, proc.stderr
     assert "need root" in proc.stderr, proc.stderr
 
