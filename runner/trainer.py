@@ -91,7 +91,7 @@ class Trainer:
         # An averaging every N steps against a run of fewer: refused (every rank raises the
         # same error), or a warning when it happens only once or twice.
         short = ALGORITHMS.get(cfg.algo.name).check_run_length(
-            cfg.algo, self.shards.steps_per_epoch * tcfg.epochs, self.shards.steps_per_epoch)
+            cfg.algo, self.shards.steps_per_epoch, tcfg.epochs)
         if short and world.is_main:
             log.warning("%s", short)
             warn_user(short, progress_stream)

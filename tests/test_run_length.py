@@ -31,12 +31,12 @@ def test_a_run_shorter_than_one_period_is_refused_and_a_few_averagings_warned(na
     cfg = algo_config(name, **values)
     every = int(setting.split("=")[1])
     with pytest.raises(ConfigError) as refused:
-        algorithm.check_run_length(cfg, steps=every - 1, steps_per_epoch=every - 1)
+        algorithm.check_run_length(cfg, steps_per_epoch=every - 1, epochs=1)
     assert refused.value.key == setting.split("=")[0]
     assert "they would never average" in str(refused.value), refused.value
-    warning = algorithm.check_run_length(cfg, steps=every, steps_per_epoch=every)
+    warning = algorithm.check_run_length(cfg, steps_per_epoch=every, epochs=1)
     assert warning.startswith(f"{setting}: {name} averages") and "only 1 averaging(s)" in warning
-    assert algorithm.check_run_length(cfg, steps=FEW_AVERAGINGS * every, steps_per_epoch=12) \
+    assert algorithm.check_run_length(cfg, steps_per_epoch=every, epochs=FEW_AVERAGINGS) \
         is None
 
 
@@ -45,7 +45,7 @@ def test_dasgd_told_never_to_average_trains_alone_with_a_warning():
     for, so not refused; it still says that the run's model is no average."""
     dasgd = ALGORITHMS.get("dasgd")
     cfg = algo_config("dasgd", tau=0, delay=0)
-    warning = dasgd.check_run_length(cfg, steps=1000, steps_per_epoch=100)
+    warning = dasgd.check_run_length(cfg, steps_per_epoch=100, epochs=10)
     assert warning == ("algo.tau=0: dasgd never averages the learners: each trains alone and "
                        "the run's model is no average of theirs")
     from runner.algos.dasgd import launch_due

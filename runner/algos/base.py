@@ -167,34 +167,34 @@ class Algorithm:
     @classmethod
     def averaging_period(cls, cfg: Any) -> tuple[int, str] | None:
         """For a lockstep algorithm whose learners average only every so many steps: those
-        steps and the setting that spaces them (``(50, "algo.period=50")``). None when the
-        learners communicate at every step."""
+        steps and the key that spaces them (``(50, "algo.period")``). None when the learners
+        communicate at every step."""
         return None
 
     @classmethod
-    def check_run_length(cls, cfg: Any, steps: int, steps_per_epoch: int) -> str | None:
-        """Refuse a run of ``steps`` lockstep steps too short for one averaging (it would
+    def check_run_length(cls, cfg: Any, steps_per_epoch: int, epochs: int) -> str | None:
+        """Refuse a run of ``epochs`` of lockstep steps too short for one averaging (it would
         report an averaged model that never was: ConfigError); a warning when it averages
         fewer than ``FEW_AVERAGINGS`` times, or never because its period is 0 (asked for);
         None otherwise."""
         period = cls.averaging_period(cfg)
         if period is None:
             return None
-        every, setting = period
+        every, key = period
+        setting, steps = f"{key}={every}", steps_per_epoch * epochs
         if every == 0:  # asked for: a baseline of learners that train alone
             return (f"{setting}: {cls.registered_name} never averages the learners: each trains "
                     "alone and the run's model is no average of theirs")
         averagings = steps // every
         if averagings >= FEW_AVERAGINGS:
             return None
-        epochs = -(-steps // max(1, steps_per_epoch))
         length = (f"this run has {steps} steps ({epochs} epoch(s) of {steps_per_epoch}; "
                   "the steps per epoch shrink as ranks or the batch grow)")
         fewer = max(1, steps // FEW_AVERAGINGS)
-        fix = (f"{setting.split('=')[0]}={fewer} or less, or more trainer.epochs (each "
+        fix = (f"{key}={fewer} or less, or more trainer.epochs (each "
                "averaging is a round of communication)")
         if averagings == 0:
-            raise ConfigError(setting.split("=")[0], f"{cls.registered_name} averages the "
+            raise ConfigError(key, f"{cls.registered_name} averages the "
                               f"learners every {every} steps, but {length}: they would never "
                               "average", fix)
         return (f"{setting}: {cls.registered_name} averages the learners every {every} steps "

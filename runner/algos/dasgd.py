@@ -78,7 +78,7 @@ class DaSGD(Algorithm):
 
     @classmethod
     def averaging_period(cls, cfg):
-        return cfg.tau, f"algo.tau={cfg.tau}"
+        return cfg.tau, "algo.tau"
 
     def setup(self, model, optimizer):
         super().setup(model, optimizer)

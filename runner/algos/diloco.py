@@ -67,7 +67,7 @@ class DiLoCo(Algorithm):
 
     @classmethod
     def averaging_period(cls, cfg):
-        return cfg.period, f"algo.period={cfg.period}"
+        return cfg.period, "algo.period"
 
     def setup(self, model, optimizer):
         super().setup(model, optimizer)

@@ -64,7 +64,7 @@ class LocalSGD(SSGD):
     @classmethod
     def averaging_period(cls, cfg):
         # Post-local SGD (switch_epoch > 0) averages gradients at every step before it.
-        return None if cfg.switch_epoch > 0 else (cfg.period, f"algo.period={cfg.period}")
+        return None if cfg.switch_epoch > 0 else (cfg.period, "algo.period")
 
     def setup(self, model, optimizer):
         super().setup(model, optimizer)

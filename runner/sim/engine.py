@@ -181,9 +181,8 @@ class Simulation:
     def check_run_length(self) -> None:
         """What a real run's ranks refuse or warn, before simulating: an algorithm that
         averages every N steps in a run of fewer (Algorithm.check_run_length)."""
-        tcfg = self.cfg.trainer
         short = ALGORITHMS.get(self.cfg.algo.name).check_run_length(
-            self.cfg.algo, self.steps_per_epoch * tcfg.epochs, self.steps_per_epoch)
+            self.cfg.algo, self.steps_per_epoch, self.cfg.trainer.epochs)
         if short:
             log.warning("%s", short)
             warn_user(short, self.progress_stream)
