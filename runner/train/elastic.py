@@ -358,10 +358,8 @@ class Membership:
                                     "learners": len(self.learners)})
             if self.trainer.world.is_main:
                 print(line, file=self.trainer.progress_stream or sys.stderr, flush=True)
-                for record in self.events[-len(spares):]:
-                    record_event(self.trainer.run_dir, {
-                        **record, "time": round(time.time(), 3),
-                        "cause": f"lost while waiting; {len(self.spares)} spare(s) left"})
+                self.record_latest(len(spares),
+                                   f"lost while waiting; {len(self.spares)} spare(s) left")
         return gone
 
     def split_learners(self) -> Any:
@@ -557,12 +555,16 @@ class Membership:
         log.warning("%s", line)
         if world.is_main:
             print(line, file=self.trainer.progress_stream or sys.stderr, flush=True)
-            for record in self.events[-len(learners):]:
-                record_event(self.trainer.run_dir, {
-                    **record, "time": round(time.time(), 3),
-                    "cause": f"{event}; {world.size} learner(s) {going}"})
+            self.record_latest(len(learners), f"{event}; {world.size} learner(s) {going}")
         if chart:
             self.chart(world.size)
+
+    def record_latest(self, count: int, cause: str) -> None:
+        """The last ``count`` membership events in logs/events.jsonl, with ``cause`` (the
+        first learner writes them)."""
+        for record in self.events[-count:]:
+            record_event(self.trainer.run_dir,
+                         {**record, "time": round(time.time(), 3), "cause": cause})
 
     def close(self) -> None:
         """At the end of a learner's run: the first learner releases the spares still
