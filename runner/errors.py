@@ -22,6 +22,10 @@ EXIT_STOPPED = 130
 # library reporting a lost connection): the peer is the cause, so the launcher's watchdog still
 # looks for a rank that died first and names that one.
 EXIT_PEER_LOST = 3
+# Exit status of an elastic job left with fewer learners than launcher.min_learners: lost
+# machines, not a user's mistake, so launcher.max_restarts restarts it (from the checkpoint the
+# survivors wrote as they ended: nothing trained is lost).
+EXIT_TOO_FEW_LEARNERS = 4
 
 
 class UserError(Exception):
@@ -31,6 +35,8 @@ class UserError(Exception):
     sets ``quiet`` when the ranks agreed on the error and another rank prints it.
     """
 
+    exit_status = 2  # what a rank that raised it exits with
+
     def __init__(self, cause: str, fix: str | None = None):
         self.cause = cause
         self.fix = fix
@@ -38,6 +44,13 @@ class UserError(Exception):
         # A cause quoted from a library often ends with its own full stop: keep one.
         ended = cause[:-1] if cause.endswith(".") and not cause.endswith("...") else cause
         super().__init__(cause if not fix else f"{ended}. Fix: {fix}")
+
+
+class TooFewLearners(UserError):
+    """An elastic job that lost learners until fewer than ``launcher.min_learners`` remain:
+    one line like a user's error, but the job is worth restarting."""
+
+    exit_status = EXIT_TOO_FEW_LEARNERS
 
 
 class ConfigError(UserError):

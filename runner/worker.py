@@ -331,12 +331,12 @@ def _run_rank(run_dir: Path, in_process: bool) -> int:
             trainer.stop_status]
         log.info("rank %d %s", world.rank, f"stopped ({trainer.stop_status})"
                  if trainer.stop_status else "finished")
-        write_exit_record(run_dir, rank, status)
+        write_exit_record(run_dir, rank, status, samples=trainer.state.samples)
         return status
     except UserError as ex:
         log_error_to_file("%s", ex)
         message = None if ex.quiet else f"adpsgd-run: error: {ex}"
-        status = 2
+        status = ex.exit_status
     except (CommTimeout, ExchangeTimeout) as ex:  # a peer hung or died: no traceback
         log_error_to_file("%s", ex)
         message = comm_timeout_line(one_line(ex))
@@ -356,7 +356,9 @@ def _run_rank(run_dir: Path, in_process: bool) -> int:
             message = (f"adpsgd-run: rank {rank} failed: {type(ex).__name__}: {one_line(ex)} "
                        f"(traceback in {run_dir / 'logs' / f'rank{rank}.log'})")
             status = 1
-    write_exit_record(run_dir, rank, status, message)
+    state = getattr(trainer, "state", None)  # None before the trainer had one
+    write_exit_record(run_dir, rank, status, message,
+                      samples=state.samples if state is not None else None)
     if message is not None:
         progress = getattr(trainer, "progress", None)
         if progress is not None:  # end the bar's line, or the bar overwrites the error's start

@@ -23,6 +23,7 @@ from test_cli import assert_one_line_error
 
 from runner.checkpoint.files import complete_checkpoints
 from runner.commands.run import check_command_line
+from runner.errors import EXIT_TOO_FEW_LEARNERS
 from runner.launch.ulfm_mpi import ULFM_PREFIX
 from runner.train.data import ShardedBatches
 from runner.train.elastic import EpochLedger, Membership, StepSnapshot
@@ -382,18 +383,39 @@ def test_each_lockstep_algorithm_goes_on_without_a_killed_learner(tmp_path, algo
 
 @pytest.mark.mpi
 @pytest.mark.slow
-def test_fewer_learners_than_min_learners_end_the_job_with_one_line(tmp_path):
+def test_fewer_learners_than_min_learners_checkpoint_end_with_one_line_and_restart(tmp_path):
+    """Learner 3 dies at step 5 with launcher.min_learners=4: the 3 survivors checkpoint where
+    they are (the dead learner's part of the pass dealt to them) and end the job with one line
+    and exit status 4, a lost machine's, not a user's mistake's 2: launcher.max_restarts
+    restarts it on 4 from that checkpoint, nothing lost. (The kill comes again at the same
+    step, so the second loss is not restarted: the failure repeats at the same point.)
+    summary.json says failed, with the loss's samples and that checkpoint."""
     run_dir = tmp_path / "run"
     proc = run_cli([*DIGITS, "algo=ssgd", "launcher.min_learners=4", "faults.sigkill.ranks=[3]",
-                    "faults.sigkill.step=5", f"hydra.run.dir={run_dir}"], cwd=tmp_path,
-                   check=False, timeout=240)
+                    "faults.sigkill.step=5", "launcher.max_restarts=1",
+                    f"hydra.run.dir={run_dir}"], cwd=tmp_path, check=False, timeout=240)
     host = os.uname().nodename
-    assert_ends_with_one_error_line(proc, f"only 3 learner(s) remain after losing learner 3 "
-                                    f"({host}) (launcher.min_learners=4)",
-                                    "lower launcher.min_learners")
+    cause = f"only 3 learner(s) remain after losing learner 3 ({host}) (launcher.min_learners=4)"
+    assert_ends_with_one_error_line(proc, cause, "continue with resume=auto",
+                                    status=EXIT_TOO_FEW_LEARNERS)
     # The loss's own line does not promise that the job goes on (it once said "go on").
-    [lost] = [line for line in proc.stderr.splitlines() if " lost at " in line]
-    assert "3 learner(s) remain, fewer than launcher.min_learners=4" in lost, lost
+    lost = [line for line in proc.stderr.splitlines() if " lost at " in line]
+    assert len(lost) == 2 and all("3 learner(s) remain, fewer than launcher.min_learners=4"
+                                  in line for line in lost), lost
+    summary = json.loads((run_dir / "summary.json").read_text())
+    [loss, again] = summary["membership"]
+    checkpoint = complete_checkpoints(run_dir)[-1]
+    assert checkpoint.samples == loss["at_samples"] == again["at_samples"] > 0, summary
+    [restart] = summary["restarts"]
+    assert restart["cause"].startswith(cause) and "Fix:" not in restart["cause"], restart
+    assert restart["resumed_from_samples"] == restart["at_samples"] == loss["at_samples"]
+    assert (f"restart 1 of 1: {cause}; they checkpointed at step {checkpoint.step}; continuing "
+            f"from {checkpoint.path} ({checkpoint.samples} samples), 0 samples lost"
+            ) in proc.stderr, proc.stderr
+    assert "the failure repeats at the same point" in proc.stderr
+    assert (summary["status"], summary["exit_status"]) == ("failed", EXIT_TOO_FEW_LEARNERS)
+    assert (summary["checkpoint"], summary["samples"]) == (str(checkpoint.path),
+                                                          checkpoint.samples), summary
 
 
 @pytest.mark.mpi
@@ -532,17 +554,17 @@ def test_super_learners_go_on_without_a_leader_and_without_a_whole_node(tmp_path
     assert exit_statuses(run_dir, [1, 2, 3]) == [0] * 3
 
 
-def assert_ends_with_one_error_line(proc: subprocess.CompletedProcess, cause: str, fix: str
-                                    ) -> None:
-    """Exit status 2, one error line (Open MPI's MPI_ABORT notice goes to the log), then the
+def assert_ends_with_one_error_line(proc: subprocess.CompletedProcess, cause: str, fix: str,
+                                    status: int = 2) -> None:
+    """Exit ``status``, one error line (Open MPI's MPI_ABORT notice goes to the log), then the
     closing line."""
-    assert proc.returncode == 2, proc.stderr
+    assert proc.returncode == status, proc.stderr
     lines = proc.stderr.splitlines()
     errors = [line for line in lines if line.startswith("adpsgd-run: error: ")]
     assert len(errors) == 1 and cause in errors[0], proc.stderr
     assert "Fix:" in errors[0] and fix in errors[0].split("Fix:")[1], errors[0]
     assert "MPI_ABORT" not in proc.stderr and "\0" not in proc.stderr
-    assert lines[-1].startswith("adpsgd-run: job failed (exit status 2)"), lines[-1]
+    assert lines[-1].startswith(f"adpsgd-run: job failed (exit status {status})"), lines[-1]
 
 
 def uninterrupted_args(seed: int) -> list[str]:
@@ -772,9 +794,11 @@ def test_a_spare_takes_a_lost_asynchronous_learners_place_and_the_job_ends_on_4(
     # Slowed steps (0.2 s) keep the 5 processes' pace even on a busy machine: without them,
     # asynchronous digits at this learning rate can fail to learn at all (top-1 10-70%),
     # kill or no kill.
+    # launcher.min_learners=4: the spare, not the 3 survivors, counts against it (the job
+    # once ended there, with a spare waiting).
     proc = run_cli([*DIGITS, "algo=adpsgd", "seed=1", "launcher.spares=1",
-                    "faults.sigkill.ranks=[2]", "faults.sigkill.step=5", "faults.delay_s=0.2",
-                    f"hydra.run.dir={run_dir}"], cwd=tmp_path, timeout=240)
+                    "launcher.min_learners=4", "faults.sigkill.ranks=[2]", "faults.sigkill.step=5",
+                    "faults.delay_s=0.2", f"hydra.run.dir={run_dir}"], cwd=tmp_path, timeout=240)
     history, summary = assert_spare_4_replaced_learner_2(proc, run_dir)  # at the loss
     assert summary["samples"] >= 2 * TRAIN_SIZE and summary["top1"] > 80, history
     # The spare trained (it is rank 3 of the 4 at the end): its own count in the last

@@ -20,7 +20,7 @@ import torch
 from omegaconf import OmegaConf, read_write
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from runner.errors import UserError
+from runner.errors import EXIT_TOO_FEW_LEARNERS, UserError
 from runner.sim.engine import Simulation
 from runner.sim.failures import FailureModel, NodeFailures, restart_wall_s
 from runner.sim.timing import TimingSimulation
@@ -235,6 +235,8 @@ def test_an_elastic_job_left_with_too_few_learners_ends_with_one_line(tmp_path):
     line = str(caught.value)
     assert line.startswith("node 1 failed at virtual 1 s") and "\n" not in line, line
     assert "4 learner(s) would remain, fewer than launcher.min_learners=5" in line, line
+    # exit status 4 as a real job's: lost machines, which launcher.max_restarts restarts
+    assert caught.value.exit_status == EXIT_TOO_FEW_LEARNERS
 
 
 def test_asynchronous_learners_go_on_without_a_failed_node(tmp_path):

@@ -26,6 +26,7 @@ from runner.launch.watchdog import (
     empty_blank_exit_records,
     exit_record,
     process_alive,
+    ranks_progress,
     stop_requests,
     write_exit_record,
     write_pid_file,
@@ -312,9 +313,12 @@ def test_a_record_no_rank_wrote_is_emptied_after_the_job_and_a_written_one_kept(
         write_pid_file(tmp_path, rank)
     blank = tmp_path / "logs" / "rank0.exit"
     assert blank.read_bytes().strip() == b"" and blank.stat().st_size > 0
-    write_exit_record(tmp_path, 1, 2, "adpsgd: error: something. Fix: this")
+    write_exit_record(tmp_path, 1, 2, "adpsgd: error: something. Fix: this", samples=640)
     empty_blank_exit_records(tmp_path, 3)  # rank 2 never started
     assert blank.read_bytes() == b"" and exit_record(tmp_path, 0) is None
-    assert exit_record(tmp_path, 1) == {"status": 2,
+    assert exit_record(tmp_path, 1) == {"status": 2, "samples": 640,
                                         "message": "adpsgd: error: something. Fix: this"}
+    # How far the rank got as it ended counts as its progress, ahead of its heartbeats (none
+    # here: a job that failed before the first one once recorded at_samples null).
+    assert ranks_progress(tmp_path, 3) == [None, 640, None]
     assert not (tmp_path / "logs" / "rank2.exit").exists()

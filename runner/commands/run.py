@@ -229,7 +229,7 @@ def run_job(cfg: DictConfig) -> None:
         status = launcher.launch(typed, run_dir)
     except UserError as ex:
         print(f"adpsgd-run: error: {ex}", file=sys.stderr)
-        raise SystemExit(2) from None
+        raise SystemExit(ex.exit_status) from None
     except KeyboardInterrupt:
         # A Ctrl-C before the launcher took the signals over (between the line above and the
         # start of mpiexec: no rank has started) is a stop like the others, at once; in the

@@ -42,7 +42,14 @@ from .. import ctrl_c
 from ..checkpoint.files import complete_checkpoints, remove_partial_checkpoints
 from ..comm.hostfile import ranks_per_host, read_hostfile
 from ..config.section import require
-from ..errors import EXIT_PEER_LOST, EXIT_PREEMPTED, EXIT_STOPPED, ConfigError, one_line
+from ..errors import (
+    EXIT_PEER_LOST,
+    EXIT_PREEMPTED,
+    EXIT_STOPPED,
+    EXIT_TOO_FEW_LEARNERS,
+    ConfigError,
+    one_line,
+)
 from ..runlog.progress import CONSOLE_IS_TERMINAL
 from .base import Launcher, LauncherConfig, records_off_the_console
 from .hosts import hostfile_args, mpi_flavor, remote_shell_path, unanswered_host
@@ -673,14 +680,15 @@ class LocalLauncher(Launcher):
                 lambda: self.report_daemon_lost(run_dir, host), event="died", host=host)
         # An elastic job outlives its dead ranks: what ended it is a rank's own error line
         # (too few learners left, no topology for them), if one wrote it.
-        error_lines = [r for r in failure_records(run_dir, self.processes)
-                       if r.message and r.status == 2] if self.cfg.elastic else []
-        if status == 0 and not finished and any(r.rank < self.cfg.nprocs for r in error_lines):
+        error_lines = [r for r in failure_records(run_dir, self.processes) if r.message
+                       and r.status in (2, EXIT_TOO_FEW_LEARNERS)] if self.cfg.elastic else []
+        learners_lines = [r for r in error_lines if r.rank < self.cfg.nprocs]
+        if status == 0 and not finished and learners_lines:
             # A surviving learner's line ends the job through MPI_Abort, whose status Open
             # MPI's mpiexec sometimes loses (0, seen under load): the line is the job's end, as
             # when the status arrives. (A spare's line, that no learner is left, is not: every
             # learner died.)
-            status = 2
+            status = learners_lines[0].status
         if status == 0 and self.cfg.elastic and not finished:
             # Under ULFM a death is the job's to handle, so Open MPI's mpiexec ends with 0 when
             # every rank died: nobody finished the run.

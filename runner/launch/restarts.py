@@ -33,7 +33,7 @@ from pathlib import Path
 from omegaconf import OmegaConf, open_dict
 
 from ..checkpoint.files import complete_checkpoints, newest_intact
-from ..errors import EXIT_PEER_LOST
+from ..errors import EXIT_PEER_LOST, EXIT_TOO_FEW_LEARNERS
 from ..runlog.events import record_event
 from ..runlog.records import read_restarts, write_restarts
 from .watchdog import exit_record, failure_records, rank_host, rank_operation
@@ -185,9 +185,13 @@ def reported_failure(run_dir: Path, nprocs: int, when: float,
     if not failed:
         return None
     first = failed[0]
-    event = {2: "error", EXIT_PEER_LOST: "gave up"}.get(first.status, "failed")
-    return JobFailure(first.message.removeprefix("adpsgd-run: "), first.status != 2, when,
-                      report, event=event, learner=first.rank)
+    event = {2: "error", EXIT_PEER_LOST: "gave up",
+             EXIT_TOO_FEW_LEARNERS: "too few learners"}.get(first.status, "failed")
+    # The cause as a restart line and the events quote it: the line without its prefixes
+    # and its fix, which the rank printed already.
+    cause = first.message.removeprefix("adpsgd-run: ").removeprefix("error: ")
+    return JobFailure(cause.split(". Fix: ")[0], first.status != 2, when, report, event=event,
+                      learner=first.rank)
 
 
 def failure_of_batch_step(run_dir: Path, nprocs: int, status: int) -> JobFailure:

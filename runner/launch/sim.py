@@ -109,8 +109,8 @@ class SimLauncher(Launcher):
             raise UserError(full.cause, "free space there or give the run a disk with room "
                             "(hydra.run.dir=...), then run it again (a simulation starts "
                             "over)") from None
-        except UserError:  # a diverged run, a failure with no restart left: as a rank's
-            write_failure_summary(run_dir, run_cfg, 2)
+        except UserError as ex:  # a diverged run, a failure with no restart left: as a rank's
+            write_failure_summary(run_dir, run_cfg, ex.exit_status)
             raise
         except Exception:
             write_failure_summary(run_dir, run_cfg, 1)

@@ -72,13 +72,15 @@ def write_pid_file(run_dir: str | Path, rank: int) -> None:
 
 
 def write_exit_record(run_dir: str | Path, rank: int, status: int,
-                      message: str | None = None) -> None:
+                      message: str | None = None, samples: int | None = None) -> None:
     """Overwrite the rank's blank exit record in place (no new blocks: this works on a full
-    disk); never raises, since it runs on the way out of every failure."""
-    payload = json.dumps({"status": status, "message": message}).encode()
+    disk); never raises, since it runs on the way out of every failure. ``samples``: the
+    global samples the rank had seen as it ended (fresher than its last heartbeat)."""
+    record = {"status": status, "message": message, "samples": samples}
+    payload = json.dumps(record).encode()
     if len(payload) > RECORD_BYTES:
         cut = message[:RECORD_BYTES // 2] + "..." if message else None
-        payload = json.dumps({"status": status, "message": cut}).encode()
+        payload = json.dumps({**record, "message": cut}).encode()
     try:
         with open(_path(run_dir, rank, "exit"), "r+b") as f:
             f.write(payload.ljust(RECORD_BYTES))
@@ -393,7 +395,8 @@ def stop_requests(run_dir: str | Path) -> list[int]:
 
 
 def exit_record(run_dir: str | Path, rank: int) -> dict | None:
-    """``{"status", "message"}`` once the rank wrote its exit record, else None."""
+    """``{"status", "message", "samples"}`` once the rank wrote its exit record, else None
+    (a record written before ``samples`` was: none)."""
     try:
         text = _path(run_dir, rank, "exit").read_text().strip()
         record = json.loads(text) if text else None
@@ -466,12 +469,18 @@ def rank_pid(run_dir: str | Path, rank: int) -> int | None:
 
 
 def rank_progress(run_dir: str | Path, rank: int) -> int | None:
-    """The global samples the rank had seen at its last heartbeat (None: none reported)."""
+    """The global samples the rank had seen at its last heartbeat, or as it ended when it
+    wrote an exit record (None: neither reported)."""
+    reported = []
     try:
         fields = _path(run_dir, rank, "pid").read_text().split()
-        return int(fields[2]) if len(fields) > 2 else None
+        if len(fields) > 2:
+            reported.append(int(fields[2]))
     except (OSError, ValueError):
-        return None
+        pass
+    if isinstance(ended := (exit_record(run_dir, rank) or {}).get("samples"), int):
+        reported.append(ended)
+    return max(reported, default=None)
 
 
 def ranks_progress(run_dir: str | Path, nprocs: int) -> list[int | None]:

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from omegaconf import DictConfig
 
-from ..errors import UserError
+from ..errors import TooFewLearners, UserError
 from ..recipe import RECIPES
 from ..runlog.progress import ProgressBar
 from ..runlog.records import write_json_atomic
@@ -234,7 +234,7 @@ class TimingSimulation(Simulation):
                           min(self.n, (node + 1) * self.procs_per_node)))
         survivors = [i for i in range(self.n) if i not in lost]
         if len(survivors) < cfg.launcher.min_learners:
-            raise UserError(
+            raise TooFewLearners(
                 f"node {node} failed at virtual {virtual_time(at)}, {int(self.samples)} "
                 f"samples in, and {len(survivors)} learner(s) would remain, fewer than "
                 f"launcher.min_learners={cfg.launcher.min_learners}",

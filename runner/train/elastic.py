@@ -46,7 +46,7 @@ import torch
 from ..comm import Communicator, World
 from ..comm.ulfm import agree, free_quietly, is_mpi_error, revoke_all, shrink, track
 from ..comm.world import mpi
-from ..errors import UserError
+from ..errors import TooFewLearners, UserError
 from ..runlog.events import record_event
 from .data import ShardedBatches
 from .regroup import learner_comms, rebuild, unread_pass
@@ -339,6 +339,13 @@ class Membership:
         return (len(self.learners) < self.target and bool(self.spares)
                 and not (t.milestones.done or t.stop_status or t.algo_finished))
 
+    def spares_to_join(self) -> int:
+        """How many of the spares left would take lost learners' places (none once training
+        is over)."""
+        if not self.spares_wanted():
+            return 0
+        return min(len(self.spares), self.target - len(self.learners))
+
     def shrink_everyone(self) -> list[int]:
         """Collective over every process alive: drop the dead ones from ``everyone`` (and
         from ``learners``); returns their numbers."""
@@ -423,12 +430,17 @@ class Membership:
                 f"look at those samples (all of them in logs/rank*.log) and in "
                 f"logs/rank{earlier}.log and logs/rank{learner}.log (memory, a corrupt file, a "
                 "crash in native code); fix or leave them out, then continue with resume=auto"))
-        if len(self.learners) < self.min_learners:
-            raise self.agreed(UserError(
+        if len(self.learners) + self.spares_to_join() < self.min_learners:
+            # The survivors hold the whole run (the lost learners' part dealt to them): their
+            # checkpoint is where a restart (launcher.max_restarts, or resume=auto) goes on
+            # with every learner, nothing trained lost.
+            t.save_checkpoint("too few learners")
+            raise self.agreed(TooFewLearners(
                 f"only {len(self.learners)} learner(s) remain after losing {self.named(lost)} "
-                f"(launcher.min_learners={self.min_learners})", "look for the cause in the "
-                "lost learners' logs; lower launcher.min_learners to go on with fewer, or "
-                "continue with resume=auto"))
+                f"(launcher.min_learners={self.min_learners}); they checkpointed at step "
+                f"{t.state.step}", "look for the cause in the lost learners' logs; continue "
+                "with resume=auto (launcher.max_restarts does it), or lower "
+                "launcher.min_learners to go on with fewer"))
         if self.pending_deal is not None:
             from .spares import grow
 
@@ -547,7 +559,8 @@ class Membership:
                                 "host": self.hosts[learner], "at_samples": samples,
                                 "learners": world.size, timing: round(seconds, 3)})
         going = "go on" if event == "lost" else "train"
-        if event == "lost" and world.size < self.min_learners:  # the job ends right after
+        ending = event == "lost" and world.size + self.spares_to_join() < self.min_learners
+        if ending:  # recover() ends the job right after
             going = f"remain, fewer than launcher.min_learners={self.min_learners}"
         line = (f"adpsgd-run: {self.named(learners)} {event} at {samples:,} samples: "
                 f"{world.size} learner(s) {going} ({seconds:.1f} s to "
