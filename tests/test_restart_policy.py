@@ -5,6 +5,7 @@ ranks)."""
 import json
 
 from runner.launch.restarts import JobFailure, Restarts
+from runner.runlog.events import read_events
 from runner.runlog.records import read_restarts
 
 
@@ -54,3 +55,18 @@ def test_a_damaged_record_is_named_and_the_run_goes_on(tmp_path, capsys):
     assert err[0].startswith(f"adpsgd-run: warning: {tmp_path}/logs/restarts.json is "
                              "unreadable (") and err[0].endswith("earlier restarts are not kept")
     assert len(json.loads((tmp_path / "logs" / "restarts.json").read_text())["restarts"]) == 1
+
+
+def test_a_job_that_failed_before_its_first_heartbeat_is_placed_by_its_last_evaluation(
+        tmp_path, capsys):
+    """No rank had reported its samples (heartbeats come seconds apart): the failure's event
+    and the restart's record take how far the job got from its run dir, not null."""
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "metrics.jsonl").write_text(
+        json.dumps({"epoch": 1, "step": 5, "samples": 640, "split": "eval"}) + "\n")
+    failure = lost_rank()
+    failure.record(tmp_path, [None, None])
+    assert [e["at_samples"] for e in read_events(tmp_path)] == [640]
+    assert Restarts(tmp_path, 1).decide(failure, [None, None])
+    assert capsys.readouterr().err.endswith("no checkpoint was complete, 640 samples lost\n")
+    assert read_restarts(tmp_path)[0]["at_samples"] == 640

@@ -33,9 +33,9 @@ from pathlib import Path
 from omegaconf import OmegaConf, open_dict
 
 from ..checkpoint.files import complete_checkpoints, newest_intact
-from ..errors import EXIT_PEER_LOST, EXIT_TOO_FEW_LEARNERS
+from ..errors import EXIT_PEER_LOST, EXIT_TOO_FEW_LEARNERS, UserError
 from ..runlog.events import record_event
-from ..runlog.records import read_restarts, write_restarts
+from ..runlog.records import read_metrics, read_restarts, write_restarts
 from .watchdog import exit_record, failure_records, rank_host, rank_operation
 
 CHECKPOINTS = "checkpoints"
@@ -95,14 +95,27 @@ class JobFailure:
 
     def _record(self, run_dir: Path, progress: list[int | None], event: str,
                 rank: int | None, host: str | None, cause: str) -> None:
-        known = [p for p in progress if p is not None]  # the job's progress, as restarts'
         record_event(run_dir, {
             "time": round(self.when, 3),  # Unix seconds, as an elastic job's membership
             "event": event, "learner": rank,
             "host": host or (rank_host(run_dir, rank) if rank is not None else None),
             "operation": rank_operation(run_dir, rank) if rank is not None else None,
-            "at_samples": max(known) if known else None,
+            "at_samples": samples_reached(run_dir, progress),
             "cause": cause})
+
+
+def samples_reached(run_dir: Path, progress: list[int | None]) -> int | None:
+    """How far a failed job got: the most samples a rank reported (``progress``: heartbeats,
+    exit records), its newest checkpoint's or last evaluation's (a job can fail before its
+    first heartbeat); None where nothing says."""
+    known = [p for p in progress if p is not None]
+    known += [c.samples for c in complete_checkpoints(run_dir)[-1:]]
+    try:
+        known += [row["samples"] for row in read_metrics(run_dir)[-1:]
+                  if isinstance(row.get("samples"), int)]
+    except UserError:  # a damaged metrics.jsonl must not hide the failure
+        pass
+    return max(known, default=None)
 
 
 class Restarts:
@@ -143,8 +156,8 @@ class Restarts:
             return False
         self.taken += 1
         self._last = (failure.cause, resumed_from)
-        known = [p for p in progress if p is not None]
-        at = max([resumed_from, *known]) if known else None
+        reached = samples_reached(self.run_dir, progress)
+        at = max(resumed_from, reached) if reached is not None else None
         damaged = [c.path.name for c in checkpoints if resume is None or c.samples > resume.samples]
         passed_over = f" ({', '.join(damaged)} damaged)" if damaged else ""
         if resume is not None:
