@@ -25,6 +25,7 @@ from runner.checkpoint.files import complete_checkpoints
 from runner.commands.run import check_command_line
 from runner.errors import EXIT_TOO_FEW_LEARNERS
 from runner.launch.ulfm_mpi import ULFM_PREFIX
+from runner.launch.watchdog import rank_progress
 from runner.train.data import ShardedBatches
 from runner.train.elastic import EpochLedger, Membership, StepSnapshot
 from runner.train.streams import Streams, stream_of
@@ -313,6 +314,42 @@ def assert_every_sample_once(summary: dict) -> None:
     assert summary["epoch_samples"] == [{"epoch": e, "distinct": TRAIN_SIZE, "used": TRAIN_SIZE}
                                         for e in (1, 2)], summary["epoch_samples"]
     assert summary["samples"] == 2 * TRAIN_SIZE
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_a_hung_learner_on_this_host_is_taken_for_lost_and_the_job_completes(tmp_path):
+    """SIGSTOP of learner 2 (a hung process, not a dead one: no MPI notices it) in an elastic
+    job on one host: after launcher.stall_timeout_s without its heartbeat the launcher kills
+    it, and the others go on without it as without a dead learner, every sample used once.
+    (The job once ended there, while across hosts the same hang was survived.)"""
+    run_dir = tmp_path / "run"
+    with open(tmp_path / "stderr", "w") as stderr:
+        job = subprocess.Popen([str(BIN / "adpsgd-run"), *DIGITS, "algo=dpsgd",
+                                "launcher.stall_timeout_s=6", "faults.delay_s=0.3",
+                                f"hydra.run.dir={run_dir}"], cwd=tmp_path,
+                               stdout=subprocess.DEVNULL, stderr=stderr, text=True)
+    try:
+        deadline = time.monotonic() + 180
+        while rank_progress(run_dir, 2) is None:  # it has trained and told so
+            assert job.poll() is None and time.monotonic() < deadline, \
+                (tmp_path / "stderr").read_text()
+            time.sleep(0.05)
+        pid = int((run_dir / "logs" / "rank2.pid").read_text().split()[0])
+        os.kill(pid, signal.SIGSTOP)
+        status = job.wait(timeout=180)
+    finally:
+        job.kill()
+    err = (tmp_path / "stderr").read_text()
+    assert status == 0, err
+    assert f"adpsgd-run: learner 2 (pid {pid}) stopped responding: no heartbeat for " in err
+    assert "(launcher.stall_timeout_s=6): killed, the job goes on without it" in err
+    assert "learner 2 (" in err and "3 learner(s) go on" in err, err
+    history, summary = read_run(run_dir)
+    assert summary["status"] == "completed" and summary["learners_at_end"] == 3, summary
+    assert [e["learner"] for e in summary["membership"]] == [2]
+    assert [e["learner"] for e in summary["events"] if e["event"] == "stalled"] == [2]
+    assert_every_sample_once(summary)
 
 
 @pytest.mark.mpi

@@ -50,6 +50,7 @@ from ..errors import (
     ConfigError,
     one_line,
 )
+from ..runlog.events import record_event
 from ..runlog.progress import CONSOLE_IS_TERMINAL
 from .base import Launcher, LauncherConfig, records_off_the_console
 from .hosts import hostfile_args, mpi_flavor, remote_shell_path, unanswered_host
@@ -80,6 +81,7 @@ from .watchdog import (
     failure_records,
     failure_times,
     rank_host,
+    rank_progress,
     ranks_progress,
     write_stop_request,
 )
@@ -776,6 +778,12 @@ class LocalLauncher(Launcher):
                 left_since = None
             if self.cfg.stall_timeout_s and (stalled := watchdog.stalled(
                     self.cfg.stall_timeout_s)) is not None:
+                if self.cfg.elastic and stalled.host is None:
+                    # A hung process on this host is made a lost one: its death is what the
+                    # others' MPI notices and goes on without (runner/train/elastic.py), as
+                    # they go on without a learner behind a cut link.
+                    self.kill_stalled(watchdog.run_dir, stalled)
+                    continue
                 self.stalled = stalled
                 return self.end_job(proc, watchdog)
             if self.cfg.elastic or watchdog.check() is None:
@@ -803,6 +811,23 @@ class LocalLauncher(Launcher):
         if seen is not None:
             return seen
         return dead.when >= ended or self.mpiexec_killed_first
+
+    def kill_stalled(self, run_dir: Path, stalled: StalledRank) -> None:
+        """kill -9 of a rank of an elastic job on this host that stopped responding, in one
+        line and an event (its loss is the survivors' to record)."""
+        try:
+            os.kill(stalled.pid, signal.SIGKILL)
+        except ProcessLookupError:  # it ended meanwhile: its death is noticed as any other
+            return
+        cause = (f"no heartbeat for {stalled.silent_s:.0f} s (launcher.stall_timeout_s="
+                 f"{self.cfg.stall_timeout_s:g}): killed, the job goes on without it")
+        who = "learner" if stalled.rank < self.cfg.nprocs else "spare"
+        print(f"adpsgd-run: {who} {stalled.rank} (pid {stalled.pid}) stopped responding: "
+              f"{cause}", file=sys.stderr, flush=True)
+        record_event(run_dir, {"time": round(time.time(), 3), "event": "stalled",
+                               "learner": stalled.rank, "host": socket.gethostname(),
+                               "at_samples": rank_progress(run_dir, stalled.rank),
+                               "cause": cause})
 
     @staticmethod
     def end_job(proc: subprocess.Popen, watchdog: RankWatchdog) -> int:
