@@ -9,6 +9,8 @@
 #   scripts/slurm_local.sh up --nodes N   a cluster of N nodes: one slurmd on each host of
 #                                   the lab (scripts/lab_cluster.sh, brought up if needed)
 #   scripts/slurm_local.sh down|status|env --lab   the same commands for that cluster
+#   scripts/slurm_local.sh start-node NODE --lab   start that node's slurmd again (after it was
+#                                   killed, as a lost node that comes back)
 #
 # Everything (slurm.conf, munge key and socket, state, spool, logs, pid files) lives in one
 # directory, $SLURM_LOCAL_DIR (default /tmp/adpsgd-slurm); nothing under /etc is touched, so
@@ -29,6 +31,11 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 NODES=0  # 0: the single-node cluster on this machine; N: N nodes on the lab's hosts
 COMMAND=${1:-}
 shift || true
+NODE=""
+if [ "$COMMAND" = start-node ] && [ $# -gt 0 ] && [[ "$1" != --* ]]; then
+    NODE=$1
+    shift
+fi
 while [ $# -gt 0 ]; do
     case "$1" in
         --nodes) NODES=${2:-}; shift 2 || true
@@ -188,6 +195,20 @@ start_slurmd() {
     done
 }
 
+start_node() {  # a lab node's slurmd again (after it was killed: a node lost and back)
+    local node=$1
+    [ "$NODES" != 0 ] || die "start-node is for the cluster on the lab (add --lab)"
+    [ -n "$node" ] && lab_hosts | grep -qx "$node" \
+        || die "'$node' is not a node of the lab's cluster ($(lab_hosts | paste -sd' ' -))"
+    if alive "$DIR/run/slurmd.$node.pid"; then
+        say "slurmd on $node runs already"
+        return 0
+    fi
+    bash "$HERE/lab_cluster.sh" ssh "$node" "$(cgroup_mounts) SLURM_CONF=$CONF slurmd -f $CONF -N $node" \
+        || die "slurmd did not start on $node; see $DIR/log/slurmd.$node.log"
+    say "slurmd on $node started"
+}
+
 cgroup_mounts() {  # shell commands that mount this machine's cgroup file systems again
     # Entering a lab host mounts a fresh /sys (its network devices), without the cgroup file
     # systems that slurmd checks against /proc/self/cgroup: mount them as they are here.
@@ -293,6 +314,7 @@ case "$COMMAND" in
     down) down ;;
     status) if answers; then say "up: export SLURM_CONF=$CONF"; else say "not running"; exit 1; fi ;;
     clean-shm) remove_stale_mpi_segments ;;
+    start-node) start_node "${NODE:-}" ;;
     env) answers || die "not running; start it with scripts/slurm_local.sh up"; echo "export SLURM_CONF=$CONF" ;;
-    *) echo "usage: $0 up [--nodes N]|down|status|env|clean-shm [--lab]" >&2; exit 2 ;;
+    *) echo "usage: $0 up [--nodes N]|down|status|env|clean-shm [--lab] | start-node NODE --lab" >&2; exit 2 ;;
 esac

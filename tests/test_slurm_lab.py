@@ -7,12 +7,16 @@ reason. Jobs are the digits of tests/test_slurm_cluster.py, one rank per node.""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
+
+from runner.checkpoint.files import complete_checkpoints
 
 from conftest import REPO, read_run
 from test_slurm_cluster import (
@@ -70,3 +74,96 @@ def test_a_job_on_two_nodes_is_preempted_requeued_and_resumed(lab_slurm_env, tmp
     assert eval_epochs(metrics) == [1, 2, 3, 4], metrics
     assert summary["status"] == "completed" and summary["top1"] > 80, summary
     assert [(h["name"], h["ranks"]) for h in summary["hosts"]] == [("lab1", 1), ("lab2", 1)]
+
+
+def lose_node(node: str) -> None:
+    """kill -9 of every process on a lab host (its slurmd, slurmstepd and rank): a node lost
+    without a word."""
+    pids = subprocess.run(["ip", "netns", "pids", node], capture_output=True, text=True,
+                          check=True).stdout.split()
+    assert pids, f"nothing runs on {node}"
+    subprocess.run(["kill", "-9", *pids], check=False)
+
+
+def start_node(node: str) -> None:
+    subprocess.run(["bash", str(SCRIPT), "start-node", node, "--lab"], check=True,
+                   capture_output=True, timeout=60)
+
+
+def wait_for_line(run_dir: Path, job_id: str, text: str, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not ((run_dir / "logs" / f"slurm-{job_id}.out").exists()
+               and text in slurm_log(run_dir, job_id)):
+        assert time.monotonic() < deadline, f"no {text!r} in {timeout:.0f} s"
+        time.sleep(0.2)
+
+
+def test_a_node_lost_without_a_word_is_named_and_the_job_requeued_and_completed(lab_slurm_env,
+                                                                             tmp_path):
+    """Every process on lab2 killed after the first evaluation: the job script's watcher
+    names rank 1 on lab2 after launcher.stall_timeout_s, finds lab2's slurmd silent and
+    requeues the job instead of restarting it in an allocation that lost a node (launcher.
+    max_restarts allows one); lab2 comes back and the job completes from its newest
+    checkpoint, each evaluation once. (The job failed there, blaming ranks 0 and 1.)"""
+    [(job_id, run_dir)] = submit([*JOB, "launcher.max_restarts=1", "launcher.stall_timeout_s=6",
+                                  f"hydra.run.dir={tmp_path}/run"], tmp_path, lab_slurm_env)
+    try:
+        wait_for_line(run_dir, job_id, "start 1 on")
+        deadline = time.monotonic() + 240
+        while not (run_dir / "metrics.jsonl").exists():
+            assert time.monotonic() < deadline, job_fields(job_id, lab_slurm_env)
+            time.sleep(0.2)
+        lose_node("lab2")
+        wait_for_line(run_dir, job_id, "adpsgd: requeueing (requeue 1 of 3)")
+    finally:
+        start_node("lab2")
+    fields = wait_for_job(job_id, lab_slurm_env, timeout=400)
+    log = slurm_log(run_dir, job_id)
+    assert fields["JobState"] == "COMPLETED" and fields["Restarts"] == "1", (fields, log)
+    cause = "rank 1 on lab2 stopped responding: no heartbeat for "
+    assert f"adpsgd: {cause}" in log and "adpsgd: node lab2 does not answer (its slurmd at " \
+        in log and "the job is requeued rather than restarted in this allocation" in log, log
+    metrics, summary = read_run(run_dir)
+    assert eval_epochs(metrics) == [1, 2, 3, 4], metrics
+    assert summary["status"] == "completed", summary
+    [stalled] = summary["events"]
+    assert (stalled["event"], stalled["learner"], stalled["host"]) == ("stalled", 1, "lab2")
+    [restart] = summary["restarts"]
+    assert restart["cause"].startswith(cause) and restart["at_samples"] > 0, restart
+
+
+def test_a_node_lost_after_a_preemption_fails_the_run_with_a_summary_of_its_own(lab_slurm_env,
+                                                                                tmp_path):
+    """Preempted once (its ranks wrote summary.json, status preempted), requeued, then lab2
+    lost without a word and no restart allowed: summary.json says failed, with the newest
+    checkpoint, how far the ranks got and the stall naming rank 1 on lab2; not the earlier
+    start's preempted status, samples and checkpoint."""
+    [(job_id, run_dir)] = submit([*JOB, "launcher.stall_timeout_s=6",
+                                  f"hydra.run.dir={tmp_path}/run"], tmp_path, lab_slurm_env)
+    try:
+        deadline = time.monotonic() + 240
+        while not (run_dir / "metrics.jsonl").exists():
+            assert time.monotonic() < deadline, job_fields(job_id, lab_slurm_env)
+            time.sleep(0.2)
+        slurm(["scancel", "--batch", "--signal=USR1", job_id], lab_slurm_env)
+        wait_for_line(run_dir, job_id, "start 2 on")
+        preempted = json.loads((run_dir / "summary.json").read_text())
+        assert preempted["status"] == "preempted", preempted
+        wait_for_line(run_dir, job_id, "resume=auto: continuing")
+        deadline = time.monotonic() + 120
+        # trained past the preemption, to a checkpoint of this start's
+        while complete_checkpoints(run_dir)[-1].samples <= preempted["samples"]:
+            assert time.monotonic() < deadline, slurm_log(run_dir, job_id)
+            time.sleep(0.2)
+        lose_node("lab2")
+        wait_for_line(run_dir, job_id, "adpsgd: job failed (exit status")
+    finally:
+        start_node("lab2")
+    summary = json.loads((run_dir / "summary.json").read_text())
+    newest = complete_checkpoints(run_dir)[-1]
+    assert summary["status"] == "failed" and summary["checkpoint"] == str(newest.path), summary
+    assert newest.samples > preempted["samples"] and summary["samples"] >= newest.samples
+    [stalled] = [e for e in summary["events"] if e["event"] == "stalled"]
+    assert (stalled["learner"], stalled["host"]) == (1, "lab2"), summary["events"]
+    assert f"continue from {newest.path} with: sbatch {run_dir}/job.sbatch" in slurm_log(
+        run_dir, job_id)

@@ -389,15 +389,15 @@ def test_the_step_watcher_names_a_step_that_outlives_its_ranks_and_a_silent_rank
     assert step_problem(tmp_path, 2, 60, None, now) is None  # rank 1 still beats
     os.utime(tmp_path / "logs" / "rank1.pid", (now - 90, now - 90))
     assert step_problem(tmp_path, 2, 60, None, now) == (
-        "rank 1 stopped responding: no heartbeat for 90 s (launcher.stall_timeout_s=60; its "
-        "node or slurmstepd lost?)")
+        f"rank 1 on {socket.gethostname()} stopped responding: no heartbeat for 90 s "
+        "(launcher.stall_timeout_s=60; its node or slurmstepd lost?)", 1)
     assert step_problem(tmp_path, 2, 0, None, now) is None  # 0: never
     assert step_status(tmp_path, 2, 137) == 137  # one rank has not reported
     fake_rank(tmp_path, 1, 1, status=0)
     assert step_problem(tmp_path, 2, 60, now - 1, now) is None  # ended a moment ago
     assert step_problem(tmp_path, 2, 60, now - STEP_LINGER_S - 5, now) == (
         f"every rank ended {STEP_LINGER_S + 5:.0f} s ago but the job step did not (its "
-        "slurmstepd or a proxy was lost)")
+        "slurmstepd or a proxy was lost)", None)
     assert step_status(tmp_path, 2, 137) == 0  # what the ranks said, not what srun said
     fake_rank(tmp_path, 1, 1, status=75)
     assert step_status(tmp_path, 2, 137) == 137  # they disagree: the step's own status

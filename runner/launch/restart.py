@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -35,7 +36,16 @@ from omegaconf import OmegaConf
 
 from ..checkpoint.files import complete_checkpoints
 from ..worker import RUN_CONFIG
-from .restarts import CHECKPOINTS, Restarts, failure_of_batch_step, has_checkpoint, prepare_restart
+from .restarts import (
+    CHECKPOINTS,
+    REQUEUE,
+    STEP_ENDED,
+    Restarts,
+    failure_of_batch_step,
+    has_checkpoint,
+    prepare_restart,
+    record_step_ended,
+)
 from .watchdog import (
     HEARTBEAT_S,
     clear_rank_files,
@@ -43,31 +53,60 @@ from .watchdog import (
     exit_statuses,
     heartbeat_age,
     process_alive,
+    rank_host,
     rank_pid,
     ranks_progress,
 )
 
 STEP_LINGER_S = 20.0  # a step still running this long after every rank ended is lost
+SLURMD_ANSWER_S = 5.0  # a node's slurmd that does not accept a connection this soon is lost
+
+
+def slurmd_unanswered(node: str) -> str | None:
+    """Why ``node``'s slurmd is taken for lost (its address and port refused a connection or
+    did not answer), or None: it answers, or this is no SLURM node that scontrol knows."""
+    try:
+        shown = subprocess.run(["scontrol", "--oneliner", "show", "node", node],
+                               capture_output=True, text=True, timeout=30)
+        config = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True,
+                                timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    fields = dict(f.split("=", 1) for f in shown.stdout.split() if "=" in f)
+    port = next((line.split("=", 1)[1].strip() for line in config.stdout.splitlines()
+                 if line.split("=", 1)[0].strip() == "SlurmdPort"), "6818")
+    address = fields.get("NodeAddr")
+    if shown.returncode != 0 or not address or not port.isdigit():
+        return None
+    try:
+        socket.create_connection((address, int(port)), timeout=SLURMD_ANSWER_S).close()
+    except OSError as ex:
+        return f"its slurmd at {address}:{port}: {ex.strerror or 'no answer'}"
+    return None
 
 
 def step_problem(run_dir: Path, nprocs: int, stall_s: float, ended_since: float | None,
-                 now: float, statuses: dict[int, int | None] | None = None) -> str | None:
-    """Why the running step must be ended now, or None (see the module docstring);
-    ``statuses``: the ranks' exit statuses, if the caller has just read them."""
+                 now: float, statuses: dict[int, int | None] | None = None
+                 ) -> tuple[str, int | None] | None:
+    """Why the running step must be ended now and the rank to blame (None: no one rank), or
+    None (see the module docstring); ``statuses``: the ranks' exit statuses, if the caller
+    has just read them."""
     if statuses is None:
         statuses = exit_statuses(run_dir, nprocs)
     if None not in statuses.values():
         if ended_since is not None and now - ended_since >= STEP_LINGER_S:
             return (f"every rank ended {now - ended_since:.0f} s ago but the job step did not "
-                    "(its slurmstepd or a proxy was lost)")
+                    "(its slurmstepd or a proxy was lost)", None)
         return None
     if stall_s:
         silent = {rank: age for rank in range(nprocs) if statuses[rank] is None
                   and (age := heartbeat_age(run_dir, rank, now)) is not None and age > stall_s}
         if silent:
             rank = max(silent, key=silent.get)
-            return (f"rank {rank} stopped responding: no heartbeat for {silent[rank]:.0f} s "
-                    f"(launcher.stall_timeout_s={stall_s:g}; its node or slurmstepd lost?)")
+            host = rank_host(run_dir, rank)
+            return (f"rank {rank}{f' on {host}' if host else ''} stopped responding: no "
+                    f"heartbeat for {silent[rank]:.0f} s (launcher.stall_timeout_s={stall_s:g}; "
+                    "its node or slurmstepd lost?)", rank)
     return None
 
 
@@ -82,7 +121,9 @@ def watch_step(run_dir: Path, step_pid: int, nprocs: int, stall_s: float,
             ended_since = now
         problem = step_problem(run_dir, nprocs, stall_s, ended_since, now, statuses)
         if problem:
-            print(f"adpsgd: {problem}: ending the step", flush=True)
+            cause, rank = problem
+            print(f"adpsgd: {cause}: ending the step", flush=True)
+            record_step_ended(run_dir, cause, rank)  # before the kills: then rank 0 dies too
             end_step(run_dir, step_pid, nprocs)
             return
         time.sleep(poll_s)
@@ -126,8 +167,10 @@ def step_status(run_dir: Path, nprocs: int, status: int) -> int:
 def main(argv: list[str] | None = None) -> None:
     """``RUN_DIR``: before a batch job's ranks start (resume=auto once a checkpoint exists).
     ``RUN_DIR --after-failure STATUS --max-restarts N --taken K``: after its ranks failed;
-    exits 0 when they should be started again (the line is printed, run.yaml is ready), 1
-    when not."""
+    exits 0 when they should be started again (the line is printed, run.yaml is ready),
+    ``REQUEUE`` when so but the node of the rank to blame does not answer (the job is to be
+    requeued), 1 when not. ``RUN_DIR --failed STATUS``: the job ends failed: summary.json
+    says so."""
     parser = argparse.ArgumentParser(prog="python -m runner.launch.restart")
     parser.add_argument("run_dir", type=Path)
     parser.add_argument("--after-failure", type=int, metavar="STATUS")
@@ -135,6 +178,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--taken", type=int, default=0)
     parser.add_argument("--watch-step", type=int, metavar="PID")
     parser.add_argument("--step-status", type=int, metavar="STATUS")
+    parser.add_argument("--failed", type=int, metavar="STATUS")
     args = parser.parse_args(argv)
     run_dir = args.run_dir
     if not (run_dir / RUN_CONFIG).exists():
@@ -156,11 +200,37 @@ def main(argv: list[str] | None = None) -> None:
         progress = ranks_progress(run_dir, nprocs)
         failure.record(run_dir, progress)
         restarts = Restarts(run_dir, args.max_restarts, taken=args.taken)
-        raise SystemExit(0 if restarts.decide(failure, progress) else 1)
-    # Exit records of an earlier start must not be read as this one's.
+        if not restarts.decide(failure, progress):
+            raise SystemExit(1)
+        if failure.host and failure.host != socket.gethostname() and \
+                (unanswered := slurmd_unanswered(failure.host)) is not None:
+            # srun cannot start a rank there: the allocation has lost that node.
+            print(f"adpsgd: node {failure.host} does not answer ({unanswered}): the job is "
+                  "requeued rather than restarted in this allocation", flush=True)
+            raise SystemExit(REQUEUE)
+        raise SystemExit(0)
+    if args.failed is not None:
+        from ..runlog.summary import write_failure_summary  # TensorBoard's writer: only here
+        from .slurm import JOB_SCRIPT
+
+        write_failure_summary(run_dir, OmegaConf.load(run_dir / RUN_CONFIG), args.failed,
+                              samples_reached=max((p for p in ranks_progress(
+                                  run_dir, int(launcher.nprocs)) if p is not None),
+                                  default=None))
+        checkpoints = complete_checkpoints(run_dir)
+        then = (f"continue from {checkpoints[-1].path} with: sbatch {run_dir / JOB_SCRIPT}"
+                if checkpoints else f"no checkpoint is complete: sbatch "
+                f"{run_dir / JOB_SCRIPT} starts the run again")
+        print(f"adpsgd: job failed (exit status {args.failed}; status failed in "
+              f"{run_dir / 'summary.json'}); {then}", flush=True)
+        return
+    # Exit records of an earlier start must not be read as this one's, nor a summary.json
+    # that an earlier start wrote (this start's session begins with run.yaml's time).
     nprocs = launcher.get("nprocs")
     if nprocs:
         clear_rank_files(run_dir, int(nprocs))
+    (run_dir / STEP_ENDED).unlink(missing_ok=True)
+    os.utime(run_dir / RUN_CONFIG)
     resume = prepare_restart(run_dir)
     if resume == "auto" and has_checkpoint(run_dir):
         print(f"adpsgd: resume=auto: continuing from the newest complete checkpoint in "

@@ -22,6 +22,7 @@ checkpoint to start from).
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
@@ -207,10 +208,47 @@ def reported_failure(run_dir: Path, nprocs: int, when: float,
                       learner=first.rank)
 
 
+# python -m runner.launch.restart --after-failure's answer: start the ranks again, in a new
+# allocation (a node of this one is lost).
+REQUEUE = 3
+STEP_ENDED = Path("logs") / "step_ended.json"  # why the job script's watcher ended a step
+
+
+def record_step_ended(run_dir: Path, cause: str, rank: int | None) -> None:
+    """The watcher's reason for ending a batch job's step (runner/launch/restart.py), and the
+    rank it blames, for the failure's record and summary."""
+    path = run_dir / STEP_ENDED
+    tmp = path.with_name(path.name + ".tmp")
+    host = rank_host(run_dir, rank) if rank is not None else None
+    tmp.write_text(json.dumps({"time": time.time(), "cause": cause, "rank": rank,
+                               "host": host}))
+    os.replace(tmp, path)
+
+
+def step_ended(run_dir: Path) -> dict | None:
+    """What :func:`record_step_ended` wrote for the step that just ended (None: the watcher
+    did not end it; the file is removed before every step)."""
+    try:
+        record = json.loads((run_dir / STEP_ENDED).read_text())
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) and isinstance(record.get("cause"), str) else None
+
+
 def failure_of_batch_step(run_dir: Path, nprocs: int, status: int) -> JobFailure:
-    """How a batch job's ranks ended, from their exit records (srun or mpiexec inside the
-    allocation: no watchdog saw the order of the deaths, so every silent rank is named)."""
-    if (reported := reported_failure(run_dir, nprocs, time.time())) is not None:
+    """How a batch job's ranks ended: a rank's own error; else the rank the step's watcher
+    found silent (a lost node or slurmstepd takes its rank with it, and the watcher kills the
+    others); else a rank's giving up on a peer; else every rank that left no exit record
+    (srun or mpiexec inside the allocation: no watchdog saw the order of the deaths)."""
+    reported = reported_failure(run_dir, nprocs, time.time())
+    if reported is not None and reported.event != "gave up":
+        return reported
+    if (ended := step_ended(run_dir)) is not None:
+        rank = ended.get("rank") if isinstance(ended.get("rank"), int) else None
+        return JobFailure(ended["cause"], True, float(ended.get("time") or time.time()),
+                          lambda: None, event="stalled" if rank is not None else "failed",
+                          learner=rank, host=ended.get("host"))
+    if reported is not None:
         return reported
     silent = [r for r in range(nprocs) if exit_record(run_dir, r) is None]
     if silent:

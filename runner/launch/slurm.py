@@ -37,6 +37,7 @@ from ..errors import EXIT_PREEMPTED, UserError, one_line
 from .base import Launcher, LauncherConfig
 from .local import find_mpiexec
 from .registry import LAUNCHERS
+from .restarts import REQUEUE
 
 JOB_SCRIPT = "job.sbatch"
 RANK_LAUNCHERS = ("srun", "mpiexec")
@@ -191,6 +192,7 @@ PYTHON={q(python)}
 MAX_REQUEUES={cfg.max_requeues}
 MAX_RESTARTS={cfg.max_restarts}  # ranks started again in this allocation after a lost rank
 PREEMPTED={EXIT_PREEMPTED}  # the ranks' status after a checkpoint on USR1/TERM
+REQUEUE={REQUEUE}  # runner.launch.restart's answer when a node of the allocation is lost
 
 # Environment set-up (launcher.setup):
 {setup}
@@ -219,6 +221,7 @@ trap 'forward TERM' TERM
 
 taken=0
 overlap=""
+node_lost=0
 while true; do
     # Before the ranks: continue from the newest checkpoint of this run dir when there is one.
     "$PYTHON" -m runner.launch.restart "$RUN_DIR" || exit 1
@@ -240,10 +243,14 @@ while true; do
     # Completed, preempted, stopped, a user's error, or a signal to this job: no restart here.
     case "$status" in 0|"$PREEMPTED"|130|2) break ;; esac
     [ "$signalled" = 1 ] && break
-    # A lost rank or node: start the ranks again in this allocation (launcher.max_restarts),
-    # unless the failure repeats before a newer checkpoint (runner/launch/restart.py).
+    # A lost rank: start the ranks again in this allocation (launcher.max_restarts), unless
+    # the failure repeats before a newer checkpoint (runner/launch/restart.py); a lost node:
+    # requeue the job, which srun could not start there again.
+    decision=0
     "$PYTHON" -m runner.launch.restart "$RUN_DIR" --after-failure "$status" \\
-        --max-restarts "$MAX_RESTARTS" --taken "$taken" || break
+        --max-restarts "$MAX_RESTARTS" --taken "$taken" || decision=$?
+    [ "$decision" = "$REQUEUE" ] && node_lost=1
+    [ "$decision" = 0 ] || break
     taken=$((taken + 1))
     overlap="--overlap"  # a lost step may still hold its CPUs in SLURM's books
 done
@@ -269,7 +276,23 @@ if [ "$status" -eq "$PREEMPTED" ]; then
         echo "adpsgd: checkpoint written; requeue limit ($MAX_REQUEUES) reached; continue with:" \\
              "sbatch $RUN_DIR/{JOB_SCRIPT}"
     fi
+elif [ "$node_lost" = 1 ]; then
+    if [ "$restarts" -lt "$MAX_REQUEUES" ]; then
+        echo "adpsgd: requeueing (requeue $((restarts + 1)) of $MAX_REQUEUES): the job continues" \\
+             "from its newest checkpoint once SLURM allocates nodes that answer"
+        scontrol requeue "$SLURM_JOB_ID" && exit 0
+        requeued && echo "adpsgd: SLURM has requeued the job meanwhile" && exit 0
+        echo "adpsgd: scontrol requeue failed"
+    else
+        echo "adpsgd: requeue limit ($MAX_REQUEUES) reached"
+    fi
 fi
+# Every other end is a failure (a user's error too): summary.json says so, with the newest
+# checkpoint and how far the ranks got, whatever an earlier start of the job wrote there.
+case "$status" in
+    0|"$PREEMPTED"|130) ;;
+    *) "$PYTHON" -m runner.launch.restart "$RUN_DIR" --failed "$status" ;;
+esac
 exit "$status"
 """
 
