@@ -296,18 +296,23 @@ class Membership:
         self.drop_undone_evaluations()
         return False
 
-    def drop_undone_evaluations(self) -> None:
+    def drop_undone_evaluations(self, rows_kept: int | None = None) -> None:
         """The records of an evaluation that ran in the step just undone (metrics.jsonl rows,
         TensorBoard events past the step gone back to): the survivors evaluate at that step
-        again, and a run has one row per evaluation."""
+        again, and a run has one row per evaluation. An asynchronous learner keeps its step
+        but meets the milestones of the failed attempt again: the rows after its first
+        ``rows_kept`` go (its TensorBoard events stay: the step is not gone back to)."""
         t = self.trainer
         if t.runlog is None:  # only the first learner writes them
             return
-        kept = [row for row in t.state.history if row["step"] <= t.state.step]
-        if len(kept) < len(t.state.history):
+        history = t.state.history
+        kept = (history[:rows_kept] if rows_kept is not None else
+                [row for row in history if row["step"] <= t.state.step])
+        if len(kept) < len(history):
             t.state.history = kept
             t.runlog.rewrite_metrics(kept)
-            t.runlog.restart_at(t.state.step)
+            if rows_kept is None:
+                t.runlog.restart_at(t.state.step)
 
     def attempt_async(self, step: Callable[[], None]) -> bool:
         """One step of an asynchronous learner: nobody agrees per step (the learners never
@@ -319,6 +324,7 @@ class Membership:
         t = self.trainer
         self.step_started = time.perf_counter()
         passed, stop_status = t.milestones.position, t.stop_status
+        rows = len(t.state.history)
         try:
             t.algo.check_peers()
             step()
@@ -330,6 +336,7 @@ class Membership:
             revoke_all()
         t.milestones.position, t.stop_status = passed, stop_status
         self.recover(error)
+        self.drop_undone_evaluations(rows_kept=rows)
         return False
 
     def spares_wanted(self) -> bool:
