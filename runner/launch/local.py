@@ -291,6 +291,9 @@ class MpiexecStderr:
     ``log_path`` instead: the launcher says what happened in one line of its own."""
 
     OWN = (b"[mpiexec@", b"[proxy:")
+    # Open MPI's runtime tags its own diagnostics with its host and pid ("[vm:07137] plm:ssh:
+    # Warning: setpgid(...) failed", "[vm:26839] pmix_ptl_base: send_msg: write failed").
+    TAGGED = re.compile(rb"^\[[\w.-]+:\d+\] ")
     # Open MPI (elastic jobs) frames its notices (an MPI_ABORT, a lost process) in lines of
     # dashes: the whole frame goes to the log.
     FRAME = re.compile(rb"^-{20,}\r?\n$")
@@ -325,7 +328,7 @@ class MpiexecStderr:
         if not data:
             return
         framing = bool(self.FRAME.match(data))
-        if framing or self.in_frame or data.startswith(self.OWN):
+        if framing or self.in_frame or data.startswith(self.OWN) or self.TAGGED.match(data):
             self.in_frame = self.in_frame != framing
             # Open MPI writes its lost-daemon notice on either stream.
             if self.lost_daemon_host is None and (
