@@ -48,6 +48,14 @@ def lab_slurm_env() -> dict[str, str]:
         subprocess.run(["bash", str(SCRIPT), "down", "--lab"], capture_output=True, timeout=300)
 
 
+def wait_for_first_evaluation(run_dir: Path, job_id: str, env: dict[str, str],
+                              timeout: float = 240) -> None:
+    deadline = time.monotonic() + timeout
+    while not (run_dir / "metrics.jsonl").exists():
+        assert time.monotonic() < deadline, job_fields(job_id, env)
+        time.sleep(0.2)
+
+
 def test_the_nodes_are_the_lab_hosts(lab_slurm_env):
     nodes = slurm(["sinfo", "-h", "-N", "-o", "%N %t"], lab_slurm_env).stdout.split("\n")
     assert [line.split()[0] for line in nodes if line] == ["lab1", "lab2"], nodes
@@ -59,10 +67,7 @@ def test_a_job_on_two_nodes_is_preempted_requeued_and_resumed(lab_slurm_env, tmp
     nodes, and ends with every evaluation once."""
     [(job_id, run_dir)] = submit([*JOB, f"hydra.run.dir={tmp_path}/run"], tmp_path,
                                  lab_slurm_env)
-    deadline = time.monotonic() + 240
-    while not (run_dir / "metrics.jsonl").exists():
-        assert time.monotonic() < deadline, job_fields(job_id, lab_slurm_env)
-        time.sleep(0.2)
+    wait_for_first_evaluation(run_dir, job_id, lab_slurm_env)
     signalled = slurm(["scancel", "--batch", "--signal=USR1", job_id], lab_slurm_env)
     assert signalled.returncode == 0, signalled.stderr
     fields = wait_for_job(job_id, lab_slurm_env, timeout=400)
@@ -109,10 +114,7 @@ def test_a_node_lost_without_a_word_is_named_and_the_job_requeued_and_completed(
                                   f"hydra.run.dir={tmp_path}/run"], tmp_path, lab_slurm_env)
     try:
         wait_for_line(run_dir, job_id, "start 1 on")
-        deadline = time.monotonic() + 240
-        while not (run_dir / "metrics.jsonl").exists():
-            assert time.monotonic() < deadline, job_fields(job_id, lab_slurm_env)
-            time.sleep(0.2)
+        wait_for_first_evaluation(run_dir, job_id, lab_slurm_env)
         lose_node("lab2")
         wait_for_line(run_dir, job_id, "adpsgd: requeueing (requeue 1 of 3)")
     finally:
@@ -141,10 +143,7 @@ def test_a_node_lost_after_a_preemption_fails_the_run_with_a_summary_of_its_own(
     [(job_id, run_dir)] = submit([*JOB, "launcher.stall_timeout_s=6",
                                   f"hydra.run.dir={tmp_path}/run"], tmp_path, lab_slurm_env)
     try:
-        deadline = time.monotonic() + 240
-        while not (run_dir / "metrics.jsonl").exists():
-            assert time.monotonic() < deadline, job_fields(job_id, lab_slurm_env)
-            time.sleep(0.2)
+        wait_for_first_evaluation(run_dir, job_id, lab_slurm_env)
         slurm(["scancel", "--batch", "--signal=USR1", job_id], lab_slurm_env)
         wait_for_line(run_dir, job_id, "start 2 on")
         preempted = json.loads((run_dir / "summary.json").read_text())
