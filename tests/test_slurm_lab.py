@@ -32,6 +32,7 @@ from test_slurm_cluster import (
 pytestmark = [pytest.mark.mpi, pytest.mark.slow, pytest.mark.resource("lab")]
 
 SCRIPT = REPO / "scripts" / "slurm_local.sh"
+LAB = REPO / "scripts" / "lab_cluster.sh"
 JOB = ["recipe=digit_images", "algo=adpsgd", "trainer.epochs=4", "trainer.progress=false",
        "faults.delay_s=0.1", "launcher=slurm", "launcher.nodes=2", "launcher.procs_per_node=1",
        "launcher.time=00:10:00", "launcher.signal_lead_s=60"]
@@ -43,9 +44,13 @@ def lab_slurm_env() -> dict[str, str]:
         pytest.skip("SLURM on the lab needs root (network namespaces): run the suite as root")
     was_up = subprocess.run(["bash", str(SCRIPT), "status", "--lab"], capture_output=True,
                             timeout=60).returncode == 0
+    lab_was_up = subprocess.run(["bash", str(LAB), "status"], capture_output=True,
+                                timeout=60).returncode == 0
     yield slurm_up("--nodes", "2")
-    if not was_up:  # leave it as it was found
+    if not was_up:  # leave it as it was found: the lab too, which slurm_local.sh brought up
         subprocess.run(["bash", str(SCRIPT), "down", "--lab"], capture_output=True, timeout=300)
+    if not lab_was_up:
+        subprocess.run(["bash", str(LAB), "down"], capture_output=True, timeout=300)
 
 
 def wait_for_first_evaluation(run_dir: Path, job_id: str, env: dict[str, str],
