@@ -126,11 +126,11 @@ class Trainer:
         if world.is_main:  # after a restart (launcher.max_restarts): the run trains again
             record_training_again(self.run_dir)
         self.lr = self.schedule.lr_at(self.state.samples)
-        # A resumed run continues the same TensorBoard run: events past the checkpoint's step
-        # (written after it by the interrupted session) are purged.
-        purge = self.state.step + 1 if self.resumed_from else None
-        self.runlog = (RunLog(self.run_dir, cfg, self.recipe.primary_metric, purge_step=purge)
-                       if world.is_main else None)
+        # A resumed run continues the same TensorBoard run: events past the checkpoint
+        # (written after it by the interrupted session) are dropped.
+        resume_at = (self.state.step, self.state.samples) if self.resumed_from else None
+        self.runlog = (RunLog(self.run_dir, cfg, self.recipe.primary_metric,
+                              resume_at=resume_at) if world.is_main else None)
         if self.runlog and self.resumed_from:
             self.runlog.rewrite_metrics(self.state.history)
 

@@ -189,3 +189,25 @@ def test_report_names_runs_shortly_across_days(root: Path, tmp_path: Path):
     report(root / "sweep", out=out)
     with tensorboard(out / "tb", ["algo=ssgd", "algo=adpsgd"]) as url:
         assert "eval/top1" in get(url, "data/plugin/scalars/tags")["algo=adpsgd"]
+
+
+def test_a_resumed_run_keeps_the_history_of_its_tags_against_samples(tmp_path: Path):
+    """A run trained on with resume=auto (as the README's runs/long): the events of its first
+    session stay, for the tags against global samples too. TensorBoard's purge_step (the
+    checkpoint's step + 1) once dropped every by_samples point of the first session, whose
+    steps, global samples, are all past it; the step-axis tags kept theirs."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    job = ["recipe=digit_images", "algo=dpsgd", "launcher=sim", "launcher.nprocs=4",
+           "trainer.eval_every=5", "hydra.run.dir=run"]
+    run_cli([*job, "trainer.epochs=1"], cwd=tmp_path)
+    run_cli([*job, "trainer.epochs=2", "resume=auto"], cwd=tmp_path)
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text()
+            .splitlines()]
+    evals = [r for r in rows if r["split"] == "eval"]
+    assert round(evals[0]["epoch"]) < 1 and round(evals[-1]["epoch"]) == 2, evals
+    events = EventAccumulator(str(tmp_path / "run" / "tb"))
+    events.Reload()
+    assert [e.step for e in events.Scalars("by_samples/eval/top1")] == [r["samples"]
+                                                                      for r in evals]
+    assert [e.step for e in events.Scalars("eval/top1")] == [r["step"] for r in evals]

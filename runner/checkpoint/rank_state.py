@@ -10,7 +10,7 @@ A rank's file holds everything that decides its future (:func:`capture`):
   (seed, epoch)), the sample counters (the learning rate is a function of them), the step,
   the milestones passed, the running loss, the time spent;
 * on rank 0, the evaluation history (metrics.jsonl is rewritten from it on resume, and
-  TensorBoard events after the checkpoint's step are purged), so a resumed run continues the
+  TensorBoard events after the checkpoint are dropped), so a resumed run continues the
   same files.
 
 Both functions take the trainer (runner/trainer.py), whose parts they read and restore.

@@ -20,33 +20,83 @@ from .events import write_events_text
 from .learners import learner_times
 from .records import drop_torn_tail, finite_json, write_json_atomic
 
+# Tags whose step is the global sample count (runs of other sizes line up), not the step.
+SAMPLES_AXIS = ("by_samples/", "membership/")
+
+
+def forget_events_after(tb_dir: Path, step: int, samples: int) -> None:
+    """Drop from ``tb_dir``'s event files what was written past ``step`` (past ``samples``
+    for the tags against global samples): a resumed run, or one gone back to a checkpoint,
+    writes those points again. TensorBoard's own purge_step cannot do it: it hides every
+    tag's events at or past one step, which drops the whole history of the tags against
+    samples. The events left are written again, in order, into the oldest file."""
+    from tensorboard.backend.event_processing.event_file_loader import RawEventFileLoader
+    from tensorboard.compat.proto.event_pb2 import Event
+    from tensorboard.summary.writer.record_writer import RecordWriter
+
+    files = sorted(tb_dir.glob("events.out.tfevents.*"))
+    kept: list[bytes] = []  # records as written (the loader that parses them converts them)
+    dropped = False
+    for path in files:
+        for record in RawEventFileLoader(str(path)).Load():  # a torn last record ends a file
+            event = Event.FromString(record)
+            if event.HasField("file_version") and kept:  # one, at the start
+                continue
+            if event.HasField("summary"):
+                values = [v for v in event.summary.value if event.step <= (
+                    samples if v.tag.startswith(SAMPLES_AXIS) else step)]
+                if len(values) < len(event.summary.value):
+                    dropped = True
+                    if not values:
+                        continue
+                    del event.summary.value[:]
+                    event.summary.value.extend(values)
+                    record = event.SerializeToString()
+            kept.append(record)
+    if not dropped and len(files) < 2:
+        return
+    tmp = tb_dir / ".rewritten.tmp"  # no "tfevents" in its name: TensorBoard never reads it
+    with open(tmp, "wb") as f:
+        records = RecordWriter(f)
+        for record in kept:
+            records.write(record)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, files[0])  # the oldest name: read before the new session's file
+    for path in files[1:]:
+        path.unlink()
+
 
 class RunLog:
     """Rank 0's writer for TensorBoard, metrics.jsonl and summary.json."""
 
     def __init__(self, run_dir: str | Path, cfg: Any, metric: str,
-                 purge_step: int | None = None):
+                 resume_at: tuple[int, int] | None = None):
         """``metric``: the recipe's held-out metric (charted in the custom-scalars layout).
-        ``purge_step`` (a resumed run): TensorBoard hides this run dir's earlier events at
-        that step and after, which the interrupted session wrote past its checkpoint."""
+        ``resume_at`` (a resumed run): the step and global samples it goes on from; the
+        events an earlier session wrote past them are dropped (forget_events_after)."""
         from torch.utils.tensorboard import SummaryWriter
 
         self.run_dir = Path(run_dir)
-        self.writer = SummaryWriter(log_dir=str(self.run_dir / "tb"), purge_step=purge_step)
+        if resume_at is not None:
+            forget_events_after(self.run_dir / "tb", *resume_at)
+        self.writer = SummaryWriter(log_dir=str(self.run_dir / "tb"))
         self.metrics_path = self.run_dir / "metrics.jsonl"
         drop_torn_tail(self.metrics_path)  # an earlier session's, cut by its end
-        if purge_step is None:  # a resumed run has these in its first session's events
+        if resume_at is None:  # a resumed run has these in its first session's events
             self.writer.add_custom_scalars(custom_scalars_layout(metric))
             self.text("config", config_markdown(cfg), 0)
             write_session_start(self.writer._get_file_writer(), hparams_of(cfg))
 
-    def restart_at(self, step: int) -> None:
-        """A restart in the same process (a simulated job going back to a checkpoint at
-        ``step``): TensorBoard hides the events written after it, as for a resumed run."""
+    def restart_at(self, step: int, samples: int) -> None:
+        """Going back in the same process (a simulated job to a checkpoint, an elastic job's
+        undone step) to ``step`` and ``samples``: the events written after them go, as for a
+        resumed run."""
         from torch.utils.tensorboard import SummaryWriter
 
         self.writer.close()
-        self.writer = SummaryWriter(log_dir=str(self.run_dir / "tb"), purge_step=step + 1)
+        forget_events_after(self.run_dir / "tb", step, samples)
+        self.writer = SummaryWriter(log_dir=str(self.run_dir / "tb"))
 
     def scalars(self, values: dict[str, float], step: int) -> None:
         for tag, value in values.items():

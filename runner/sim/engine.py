@@ -164,7 +164,7 @@ class Simulation:
         self.throughput = Throughput(self.clocks.now(), self.samples)  # in virtual seconds
         # A resumed run continues the same TensorBoard run and metrics.jsonl.
         self.runlog = RunLog(self.run_dir, cfg, self.recipe.primary_metric,
-                             purge_step=self.step + 1 if self.resumed_from else None)
+                             resume_at=(self.step, self.samples) if self.resumed_from else None)
         if self.resumed_from:
             self.runlog.rewrite_metrics(self.history)
 
@@ -388,7 +388,7 @@ class Simulation:
 
     def went_back(self) -> None:
         """After a restart: the run log forgets what came after the checkpoint."""
-        self.runlog.restart_at(self.step)
+        self.runlog.restart_at(self.step, self.samples)
         self.runlog.rewrite_metrics(self.history)
         self.throughput.restart(self.clocks.now(), self.samples)
 

@@ -312,7 +312,7 @@ class Membership:
             t.state.history = kept
             t.runlog.rewrite_metrics(kept)
             if rows_kept is None:
-                t.runlog.restart_at(t.state.step)
+                t.runlog.restart_at(t.state.step, t.state.samples)
 
     def attempt_async(self, step: Callable[[], None]) -> bool:
         """One step of an asynchronous learner: nobody agrees per step (the learners never

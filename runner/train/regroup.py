@@ -100,7 +100,7 @@ def rebuild(t: Any, world: World, comm: Communicator, node_comm: Communicator,
     if became_main:  # the first rank was lost: this one writes the run's records now
         t.state.history = read_metrics(t.run_dir)
         t.runlog = RunLog(t.run_dir, t.cfg, t.recipe.primary_metric,
-                          purge_step=t.state.step + 1)
+                          resume_at=(t.state.step, t.state.samples))
         if t.cfg.trainer.progress:
             t.progress = ProgressBar(t.progress_stream, t.milestones.budget, t.state.samples,
                                      f"{t.cfg.algo.name} x{world.size}",
