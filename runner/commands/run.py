@@ -263,12 +263,12 @@ def run_job(cfg: DictConfig) -> None:
 
 
 def samples_the_ranks_reached(run_dir: Path, cfg: DictConfig) -> int | None:
-    """The most global samples a rank reported in its heartbeats (runner/launch/watchdog.py);
-    None where no rank did (a simulation, or ranks that never started)."""
-    from ..launch.watchdog import ranks_progress
+    """The most global samples a learner or spare reported (runner/launch/watchdog.py); None
+    where none did."""
+    from ..launch.watchdog import samples_reported
 
-    ranks = int(cfg.launcher.nprocs) + int(cfg.launcher.get("spares") or 0)
-    return max((s for s in ranks_progress(run_dir, ranks) if s is not None), default=None)
+    return samples_reported(run_dir, int(cfg.launcher.nprocs)
+                            + int(cfg.launcher.get("spares") or 0))
 
 
 def report_user_stop(typed: DictConfig, run_dir: Path) -> None:

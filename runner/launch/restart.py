@@ -56,6 +56,7 @@ from .watchdog import (
     rank_host,
     rank_pid,
     ranks_progress,
+    samples_reported,
 )
 
 STEP_LINGER_S = 20.0  # a step still running this long after every rank ended is lost
@@ -214,9 +215,7 @@ def main(argv: list[str] | None = None) -> None:
         from .slurm import JOB_SCRIPT
 
         write_failure_summary(run_dir, OmegaConf.load(run_dir / RUN_CONFIG), args.failed,
-                              samples_reached=max((p for p in ranks_progress(
-                                  run_dir, int(launcher.nprocs)) if p is not None),
-                                  default=None))
+                              samples_reached=samples_reported(run_dir, int(launcher.nprocs)))
         checkpoints = complete_checkpoints(run_dir)
         then = (f"continue from {checkpoints[-1].path} with: sbatch {run_dir / JOB_SCRIPT}"
                 if checkpoints else f"no checkpoint is complete: sbatch "

@@ -488,6 +488,12 @@ def ranks_progress(run_dir: str | Path, nprocs: int) -> list[int | None]:
     return [rank_progress(run_dir, rank) for rank in range(nprocs)]
 
 
+def samples_reported(run_dir: str | Path, nprocs: int) -> int | None:
+    """The most global samples any of ranks 0 to ``nprocs - 1`` reported (heartbeat or exit
+    record); None where none did (a simulation, or ranks that never started)."""
+    return max((s for s in ranks_progress(run_dir, nprocs) if s is not None), default=None)
+
+
 def rank_operation(run_dir: str | Path, rank: int) -> str | None:
     """What the rank was doing at its last heartbeat (None: not reported)."""
     try:

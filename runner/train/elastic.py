@@ -346,12 +346,12 @@ class Membership:
         return (len(self.learners) < self.target and bool(self.spares)
                 and not (t.milestones.done or t.stop_status or t.algo_finished))
 
-    def spares_to_join(self) -> int:
-        """How many of the spares left would take lost learners' places (none once training
-        is over)."""
-        if not self.spares_wanted():
-            return 0
-        return min(len(self.spares), self.target - len(self.learners))
+    def too_few_learners(self) -> bool:
+        """Whether fewer learners than launcher.min_learners are left, counting the spares
+        that would take lost learners' places (none once training is over)."""
+        joining = (min(len(self.spares), self.target - len(self.learners))
+                   if self.spares_wanted() else 0)
+        return len(self.learners) + joining < self.min_learners
 
     def shrink_everyone(self) -> list[int]:
         """Collective over every process alive: drop the dead ones from ``everyone`` (and
@@ -437,7 +437,7 @@ class Membership:
                 f"look at those samples (all of them in logs/rank*.log) and in "
                 f"logs/rank{earlier}.log and logs/rank{learner}.log (memory, a corrupt file, a "
                 "crash in native code); fix or leave them out, then continue with resume=auto"))
-        if len(self.learners) + self.spares_to_join() < self.min_learners:
+        if self.too_few_learners():
             # The survivors hold the whole run (the lost learners' part dealt to them): their
             # checkpoint is where a restart (launcher.max_restarts, or resume=auto) goes on
             # with every learner, nothing trained lost.
@@ -566,8 +566,7 @@ class Membership:
                                 "host": self.hosts[learner], "at_samples": samples,
                                 "learners": world.size, timing: round(seconds, 3)})
         going = "go on" if event == "lost" else "train"
-        ending = event == "lost" and world.size + self.spares_to_join() < self.min_learners
-        if ending:  # recover() ends the job right after
+        if event == "lost" and self.too_few_learners():  # recover() ends the job right after
             going = f"remain, fewer than launcher.min_learners={self.min_learners}"
         line = (f"adpsgd-run: {self.named(learners)} {event} at {samples:,} samples: "
                 f"{world.size} learner(s) {going} ({seconds:.1f} s to "
