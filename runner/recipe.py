@@ -82,9 +82,26 @@ class Recipe(ABC):
     # The metric that summarises a run, and whether higher is better (top1) or lower (wer).
     primary_metric: ClassVar[str] = "loss"
     higher_is_better: ClassVar[bool] = False
+    # Steps per rank after which torch.compile has paid for its compilation on a GPU
+    # (trainer.compile=null); None: not measured, never compiled unless asked.
+    compile_pays_after_steps: ClassVar[int | None] = None
 
     def __init__(self, cfg: Any):
         self.cfg = cfg
+        self.device: torch.device | None = None
+        self.ranks_on_host = 1
+
+    def prefetches_to_device(self) -> bool:
+        """Whether ``to_device`` does enough work (decoding on the GPU, say) that the trainer
+        should run it a batch ahead in a background thread when ``trainer.prefetch_to_device``
+        is left null. Asked after :meth:`datasets`."""
+        return False
+
+    def place(self, device: torch.device, ranks_on_host: int = 1) -> None:
+        """The device this rank trains on and how many ranks share its machine, told before
+        :meth:`datasets` (a recipe may prepare its batches on the device, e.g. decode images
+        on the GPU, where the machine's cores are too few to do it)."""
+        self.device, self.ranks_on_host = device, ranks_on_host
 
     def check_data(self) -> None:
         """Raise UserError (one line: what is missing and how to prepare it) before ranks start."""

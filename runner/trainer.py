@@ -59,6 +59,7 @@ class Trainer:
         self.timers = Timers()
         tcfg, o = cfg.trainer, cfg.optim
         self.recipe = RECIPES.get(cfg.recipe.name)(cfg.recipe)
+        self.recipe.place(device, world.host_size)
         self.train_set, eval_set = self.recipe.datasets()
         if len(eval_set) == 0:
             raise UserError(f"recipe {cfg.recipe.name}: the held-out set has no samples",
@@ -76,13 +77,18 @@ class Trainer:
         # Per rank from here on (a resized resume: fresh streams from its sample count).
         seed_everything(rank_seed(cfg.seed, world.rank, resume_state["trainer"]["samples"]
                                   if resume_state and RESIZED in resume_state else 0))
-        self.compute = ComputePath.from_config(tcfg, device)
+        self.shards = ShardedBatches(len(self.train_set), world.rank, world.size,
+                                     tcfg.batch_size, cfg.seed)
+        self.compute = ComputePath.from_config(tcfg, device,
+                                               self.shards.steps_per_epoch * tcfg.epochs,
+                                               self.recipe.compile_pays_after_steps)
+        if tcfg.compile is None and world.is_main:
+            log.info("trainer.compile=null: %s", "compiling the model" if self.compute.compile
+                     else "not compiling (too short a run, or no GPU)")
         self.compute.prepare_model(self.model)
         self.optimizer = SGD(
             parameter_groups(self.model, o.weight_decay, o.no_decay_norm_bias), lr=o.lr,
             momentum=o.momentum, nesterov=o.nesterov, weight_decay=o.weight_decay)
-        self.shards = ShardedBatches(len(self.train_set), world.rank, world.size,
-                                     tcfg.batch_size, cfg.seed)
         self.ctx = TrainContext(cfg=cfg, world=world, comm=comm, node_comm=node_comm,
                                 device=device, timers=self.timers,
                                 param_buffers=self.param_buffers,
@@ -100,6 +106,11 @@ class Trainer:
         loading = dict(num_workers=tcfg.num_workers, persistent_workers=tcfg.persistent_workers,
                        pin_memory=tcfg.pin_memory and device.type == "cuda")
         self.fetch = BatchFetcher(self.train_set, self.recipe.collate, **loading)
+        # Default: where the recipe's to_device works on a GPU, except in elastic runs (a
+        # regrouping rebuilds the loader that the prefetching thread would be reading).
+        prefetch = tcfg.prefetch_to_device
+        self.prefetch = (device.type == "cuda" and self.recipe.prefetches_to_device()
+                         and not cfg.launcher.get("elastic") if prefetch is None else prefetch)
         self.evaluator = Evaluator(
             self.recipe, self.model, self.param_buffers, self.compute, comm,
             BatchFetcher(eval_set, self.recipe.collate, **loading),
@@ -161,14 +172,17 @@ class Trainer:
         while not (self.milestones.done or self.stop_status):
             batches = self.shards.epoch_batches(epoch)
             steps = len(batches)  # a partial pass after a resize has fewer (runner/train/data.py)
-            stream = self.fetch.iterate(batches[first:])
-            for k in range(first, steps):
-                with self.timers.time("data"):
-                    batch = next(stream)
-                # A learner lost (launcher.elastic): the step is undone, the rest dealt again.
-                if not elastic_step(self.membership, self._advance, batch, batches[k], epoch,
-                                    k, steps) or self.milestones.done or self.stop_status:
-                    break
+            with self.compute.batches(self.recipe, self.fetch.iterate(batches[first:]),
+                                      self.prefetch) as stream:
+                for k in range(first, steps):
+                    with self.timers.time("data"):
+                        batch = next(stream)
+                    # A learner lost (launcher.elastic): the step is undone, the rest dealt
+                    # again.
+                    if not elastic_step(self.membership, self._advance, batch, batches[k],
+                                        epoch, k, steps) or self.milestones.done or \
+                            self.stop_status:
+                        break
             epoch, first = state.position
         if self.stop_status and state.step > first_step:
             self.save_checkpoint(self.stop_status)

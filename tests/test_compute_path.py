@@ -195,3 +195,14 @@ def test_interrupted_pass_does_not_leak_into_the_next():
     batches = shards.epoch_batches(1)
     assert [b[0] for b in fetcher.iterate(batches)] == [idx.tolist() for idx in batches]
     assert np.concatenate(batches).size == 17
+
+
+def test_compile_null_compiles_on_a_gpu_only_for_runs_long_enough_to_pay_it_back():
+    from runner.train.compute_path import should_compile
+
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert should_compile(None, cuda, 5_000, 4_400)
+    assert not should_compile(None, cuda, 4_000, 4_400)  # a short run: not worth a compile
+    assert not should_compile(None, cuda, 10**6, None)  # a recipe nobody measured
+    assert not should_compile(None, cpu, 10**6, 4_400)
+    assert should_compile(True, cpu, 1, None) and not should_compile(False, cuda, 10**6, 1)

@@ -39,9 +39,15 @@ class TrainerConfig(Section):
     # The data and compute path (runner/train/data.py, runner/train/compute_path.py).
     pin_memory: bool = True  # page-locked batches, copied to a GPU asynchronously (GPU only)
     persistent_workers: bool = True  # keep the loader workers across epochs (num_workers > 0)
+    # Move the next batch to the device in a background thread on its own CUDA stream while
+    # the step trains (runner/train/prefetch.py); null: on a GPU where the recipe's batches
+    # are prepared there (recipe=imagenet with recipe.loader=gpu), not in elastic runs.
+    prefetch_to_device: Optional[bool] = None
     channels_last: bool = False  # NHWC layout for 4-D image batches
     amp: str = "none"  # none | bf16 | auto (bf16 where the GPU computes it natively)
-    compile: bool = False  # torch.compile the model
+    # torch.compile the model; null: on a GPU when the run has enough steps for compilation to
+    # pay for itself (the recipe's measured break-even; recipe=imagenet sets null).
+    compile: Optional[bool] = False
     compile_backend: str = "inductor"  # eager / aot_eager: check graph capture, no codegen
     cudnn_benchmark: bool = False  # let cuDNN time its kernels (fixed input shapes only)
     # Reliability (runner/checkpoint/files.py, docs/failures.md).

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +32,7 @@ import torch
 from torch import nn
 
 from ..errors import UserError
+from .prefetch import DevicePrefetch, OnDevice
 
 AMP_CHOICES = ("none", "bf16", "auto")
 
@@ -86,6 +88,16 @@ def to_channels_last(batch: Any) -> Any:
     return batch
 
 
+def should_compile(setting: bool | None, device: torch.device, steps: int,
+                   pays_after: int | None) -> bool:
+    """``trainer.compile``: as set, or (null) on a GPU when the run's ``steps`` per rank reach
+    the recipe's break-even ``pays_after`` (compilation time / time saved per step, measured:
+    docs/RESULTS.md), so that short runs do not wait a minute or more for a compiler."""
+    if setting is not None:
+        return setting
+    return device.type == "cuda" and pays_after is not None and steps >= pays_after
+
+
 @dataclass
 class ComputePath:
     device: torch.device
@@ -97,11 +109,14 @@ class ComputePath:
     cudnn_benchmark: bool = False
 
     @classmethod
-    def from_config(cls, tcfg: Any, device: torch.device) -> ComputePath:
-        """From a validated ``trainer`` section."""
+    def from_config(cls, tcfg: Any, device: torch.device, steps: int = 0,
+                    compile_pays_after: int | None = None) -> ComputePath:
+        """From a validated ``trainer`` section, for a run of ``steps`` steps per rank on a
+        recipe whose compilation pays after ``compile_pays_after`` steps (None: unmeasured)."""
         dtype = getattr(torch, tcfg.dtype)
+        compile_now = should_compile(tcfg.compile, device, steps, compile_pays_after)
         return cls(device=device, dtype=dtype, amp=amp_dtype(tcfg.amp, device, dtype),
-                   channels_last=tcfg.channels_last, compile=tcfg.compile,
+                   channels_last=tcfg.channels_last, compile=compile_now,
                    compile_backend=tcfg.compile_backend, cudnn_benchmark=tcfg.cudnn_benchmark)
 
     def prepare_model(self, model: nn.Module) -> None:
@@ -125,8 +140,25 @@ class ComputePath:
     def batch(self, recipe: Any, batch: Any) -> Any:
         """Move a host batch to the device (the recipe's to_device, non-blocking) and give
         its images the configured layout."""
+        if isinstance(batch, OnDevice):  # moved already (trainer.prefetch_to_device)
+            return batch.value
         batch = recipe.to_device(batch, self.device, self.dtype)
         return to_channels_last(batch) if self.channels_last else batch
+
+    @contextlib.contextmanager
+    def batches(self, recipe: Any, host_batches: Iterator[Any], prefetch: bool
+                ) -> Iterator[Iterator[Any]]:
+        """The host batches, or (``prefetch``) the same batches moved to the device a batch
+        ahead by a background thread (runner/train/prefetch.py). Leaving the block stops that
+        thread before the loader is iterated again."""
+        if not prefetch:
+            yield host_batches
+            return
+        staged = DevicePrefetch(host_batches, lambda host: self.batch(recipe, host), self.device)
+        try:
+            yield staged
+        finally:
+            staged.close()
 
     def autocast(self) -> contextlib.AbstractContextManager:
         """Context for forward passes: autocast in the configured dtype, or nothing."""
