@@ -3,6 +3,7 @@
     python benchmarks/bench_imagenet.py                      # ResNet-50, 224 px, batch 256
     python benchmarks/bench_imagenet.py --quick              # ResNet-18, 32 px: seconds on a CPU
     python benchmarks/bench_imagenet.py --json bench.json --markdown docs/bench.md
+    python benchmarks/bench_imagenet.py --make 4000 --loader auto --workers 14   # from JPEGs
 
 It times the trainer's own compute path, not a stand-in: the recipe's model (flattened into
 the flat parameter buffers that every algorithm communicates), the recipe's device-side
@@ -10,18 +11,26 @@ normalisation and loss, runner/train/compute_path.py's channels-last, bf16 autoc
 torch.compile options, and SGD with momentum and weight decay. The batch is a fixed uint8 tensor in
 pinned host memory, copied to the device every step as the loader's batches are, so JPEG decoding
 and communication are left out: the number is what one GPU can train, the ceiling that the
-data loader and the algorithm then have to feed. Prints one JSON object and one markdown table
-row; never asserts a speed.
+data loader and the algorithm then have to feed. With ``--data DIR`` (an ImageFolder) or
+``--make N`` (N photo-like JPEGs written first, as benchmarks/bench_imagenet_input.py does) the
+batches come instead from the recipe's own loader (``--loader``, ``--workers``; the gpu loader
+decodes on the device, moved a batch ahead by the trainer's prefetching thread), so the number
+is end to end from JPEG files. Prints one JSON object and one markdown table row; never
+asserts a speed.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
+import functools
 import json
+import os
 import platform
 import shlex
 import sys
+import tempfile
 from pathlib import Path
 
 import torch
@@ -38,6 +47,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # run as a file from anywhere: this checkout's benchmarks
     sys.path.insert(0, str(REPO))
 
+from benchmarks.bench_imagenet_input import input_batches, make_photos  # noqa: E402
 from benchmarks.harness import cpu_model, time_training_steps  # noqa: E402
 
 FULL = {"arch": "resnet50", "image_size": 224, "batch_size": 256, "warmup": 10, "steps": 40}
@@ -62,6 +72,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
     p.add_argument("--compile-backend", default="inductor")
+    p.add_argument("--data", type=Path, help="train from this ImageFolder's JPEGs")
+    p.add_argument("--make", type=int, help="train from this many generated photo-like JPEGs")
+    p.add_argument("--loader", default="auto", help="recipe.loader for --data/--make")
+    p.add_argument("--workers", type=int, default=os.cpu_count(),
+                   help="loader workers for --data/--make (default: one per core)")
+    p.add_argument("--prefetch", action=argparse.BooleanOptionalAction, default=None,
+                   help="trainer.prefetch_to_device (default: on a GPU)")
     p.add_argument("--json", type=Path, help="also write the JSON object to this file")
     p.add_argument("--markdown", type=Path, help="append the table row to this file")
     args = p.parse_args(argv)
@@ -81,6 +98,7 @@ def benchmark(args: argparse.Namespace) -> dict:
                        channels_last=args.channels_last, compile=args.compile,
                        compile_backend=args.compile_backend, cudnn_benchmark=True)
     recipe = ImageNet(OmegaConf.structured(ImageNetConfig(image_size=args.image_size)))
+    prefetch, queue = False, 0
     torch.manual_seed(0)
     model = build_resnet(args.arch, args.classes, zero_init_residual=True).to(device)
     flatten_parameters(model.parameters())  # the trainer's layout
@@ -93,9 +111,23 @@ def benchmark(args: argparse.Namespace) -> dict:
     if use_cuda:
         images, labels = images.pin_memory(), labels.pin_memory()
     host_batch = ImageBatch(images, labels, ())
-
-    timed = time_training_steps(model, recipe, path, optimizer, host_batch, args.warmup,
-                                args.steps)
+    jpegs = args.data is not None or args.make
+    with contextlib.ExitStack() as stack:
+        if jpegs:
+            root = args.data or make_photos(stack.enter_context(tempfile.TemporaryDirectory()),
+                                            args.make)
+            # The loader's workers are at most one batch ahead each: at least 10 timed steps
+            # per such batch, and the rate is also given without them (a lower bound).
+            queue = max(1, args.workers)
+            args.steps = max(args.steps, 10 * queue)
+            recipe, data = input_batches(root, args.loader, args.image_size, args.batch_size,
+                                         args.warmup + args.steps, args.workers, device,
+                                         prefetch_factor=1)
+            prefetch = use_cuda if args.prefetch is None else args.prefetch
+            stream = stack.enter_context(path.batches(recipe, iter(data), prefetch))
+            host_batch = functools.partial(next, stream)
+        timed = time_training_steps(model, recipe, path, optimizer, host_batch, args.warmup,
+                                    args.steps)
     elapsed = timed.seconds
     result = {
         "images_per_s": args.batch_size * args.steps / elapsed,
@@ -116,7 +148,16 @@ def benchmark(args: argparse.Namespace) -> dict:
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "host": platform.node(),
         "command": shlex.join(["python", "benchmarks/bench_imagenet.py", *args.argv]),
-        "data": "synthetic uint8 batch in pinned host memory, copied to the device each step",
+        "data": (f"JPEG files ({args.data or f'{args.make} generated photo-like'}), "
+                 f"recipe.loader={recipe.loader}, {args.workers} workers, prefetch={prefetch}"
+                 if jpegs else
+                 "synthetic uint8 batch in pinned host memory, copied to the device each step"),
+        "loader": recipe.loader if jpegs else None,
+        # JPEG files: the workers may have decoded this many batches ahead during the warm-up,
+        # and the rate as if they had not counted.
+        "loader_queue_batches": queue if jpegs else None,
+        "images_per_s_lower_bound": (args.batch_size * (args.steps - queue) / elapsed
+                                     if jpegs else None),
     }
     return result
 

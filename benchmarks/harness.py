@@ -186,6 +186,7 @@ def time_training_steps(model: Any, recipe: Any, path: Any, optimizer: Any, host
     """The benchmarks' training step, as the trainer takes it on one rank: the host batch to
     the device (``path``: runner.train.compute_path.ComputePath), forward under autocast, backward,
     gradient clipping where the recipe clips (``optim.clip_grad_norm``), optimizer step.
+    ``host_batch`` is one batch used every step, or a callable giving each step's batch.
     ``warmup`` untimed steps first (compilation, cuDNN autotuning, allocator), then ``steps``
     timed ones; CUDA launches are asynchronous, so the device is synchronised at both ends of
     each interval."""
@@ -194,7 +195,7 @@ def time_training_steps(model: Any, recipe: Any, path: Any, optimizer: Any, host
     cuda = path.device.type == "cuda"
 
     def step() -> torch.Tensor:
-        batch = path.batch(recipe, host_batch)
+        batch = path.batch(recipe, host_batch() if callable(host_batch) else host_batch)
         with path.autocast():
             loss = recipe.loss(model, batch)
         optimizer.zero_grad(set_to_none=False)

@@ -6,7 +6,7 @@
 # with each part's seconds) go to one folder: OUT_DIR, else $OUT (the device machine's
 # output folder), else docs/results/gpu. docs/RESULTS.md says what each number means.
 #
-#   bash scripts/gpu_check.sh [OUT_DIR] [PART ...]   # PARTs: tests bench runs (default: all)
+#   bash scripts/gpu_check.sh [OUT_DIR] [PART ...]   # PARTs: tests bench runs input (default: all)
 #   bash scripts/gpu_check.sh --wheels DIR [PYTHON_VERSION]
 #
 # Without a GPU it says so in one line and exits 0. A GPU machine without network and
@@ -65,7 +65,7 @@ fi
 
 OUT_DIR=${1:-${OUT:-docs/results/gpu}}
 shift $(( $# > 0 ? 1 : 0 ))
-PARTS=${*:-tests bench runs}
+PARTS=${*:-tests bench runs input}
 if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null
 then
     echo "gpu_check: no CUDA GPU is visible to $PY (torch.cuda.is_available() is False): nothing" \
@@ -97,7 +97,7 @@ failed=0
 step() {  # step NAME COMMAND...: run it, time it, keep going, remember a failure
     local name=$1 start=$SECONDS; shift
     echo "== $name: $*"
-    if "$@"; then
+    if timeout "${STEP_TIMEOUT_S:-1800}" "$@"; then
         echo "== $name passed in $((SECONDS - start)) s"
     else
         echo "== $name FAILED (exit $?) after $((SECONDS - start)) s"; failed=1
@@ -127,6 +127,46 @@ fi
 if [[ " $PARTS " == *" bench "* ]]; then  # last: compilation alone takes about 80 s
     step resnet50-compile "$PY" benchmarks/bench_imagenet.py --amp bf16 --channels-last --compile \
         --json "$OUT_DIR/resnet50_bf16_channels_last_compile.json"
+fi
+if [[ " $PARTS " == *" input "* ]]; then
+    # ImageNet from JPEG files: the input pipeline alone, then ResNet-50 end to end from the
+    # files (eager and compiled) against the synthetic batch, then AD-PSGD and H-ADPSGD ranks
+    # sharing the GPU. docs/RESULTS.md, "ImageNet from JPEG files".
+    JPEGS=$(mktemp -d)/photos
+    CORES=$(nproc)
+    step make-jpegs "$BIN/adpsgd-imagenet" fake "$JPEGS" --photos --size 500 --classes 10 \
+        --train-per-class 600 --val-per-class 4 --processes "$CORES"
+    step input-tests "$PY" -m pytest -m gpu -rs -v -p no:cacheprovider tests/test_gpu.py \
+        -k "loader or prefetch" --junitxml "$OUT_DIR/gpu_tests_input.xml"
+    step input-1-worker "$PY" benchmarks/bench_imagenet_input.py --data "$JPEGS" --workers 1 \
+        --batches 3 --warmup 1 --json "$OUT_DIR/imagenet_input_1_worker.json"
+    step input-all-cores "$PY" benchmarks/bench_imagenet_input.py --data "$JPEGS" \
+        --workers "$CORES" --json "$OUT_DIR/imagenet_input_all_cores.json"
+    E2E=(--amp bf16 --channels-last --steps 30)
+    e2e() {  # e2e NAME ARGS...: ResNet-50 end to end, JSON to OUT_DIR/resnet50_NAME.json
+        local name=$1; shift
+        step "resnet50-$name" "$PY" benchmarks/bench_imagenet.py "${E2E[@]}" "$@" \
+            --json "$OUT_DIR/resnet50_$name.json"
+    }
+    JPEG=(--data "$JPEGS" --workers "$CORES")
+    e2e jpeg_gpu "${JPEG[@]}" --loader gpu
+    e2e synthetic
+    e2e jpeg_simplejpeg "${JPEG[@]}" --loader simplejpeg
+    e2e synthetic_compile --compile
+    e2e jpeg_auto_compile "${JPEG[@]}" --loader auto --compile
+    # Ranks sharing the one GPU, from the JPEG files (recipe.loader=auto), three epochs each.
+    RUNS=$(mktemp -d)
+    for run in "adpsgd 2 2" "hadpsgd 4 2"; do
+        read -r algo n per_node <<<"$run"
+        step "imagenet-jpeg-$algo-$n" "$BIN/adpsgd-run" recipe=imagenet "recipe.data.root=$JPEGS" \
+            algo=$algo launcher.nprocs=$n launcher.procs_per_node=$per_node \
+            trainer.device=cuda trainer.epochs=3 trainer.batch_size=128 \
+            trainer.num_workers=$(( CORES / n - 1 )) "hydra.run.dir=$RUNS/$algo-$n"
+        cp "$RUNS/$algo-$n/summary.json" "$OUT_DIR/run_imagenet_jpeg_${algo}_$n.json" 2>/dev/null
+    done
+    e2e jpeg_gpu_no_prefetch "${JPEG[@]}" --loader gpu --no-prefetch
+    e2e jpeg_pil "${JPEG[@]}" --loader pil
+    rm -rf "$RUNS" "$(dirname "$JPEGS")"
 fi
 echo "== gpu_check ended after $SECONDS s: $([ $failed = 0 ] && echo "every part passed" || echo "a part FAILED")"
 exit $failed

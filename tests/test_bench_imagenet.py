@@ -11,9 +11,8 @@ import pytest
 from conftest import REPO
 
 
-def load_bench():
-    spec = importlib.util.spec_from_file_location("bench_imagenet",
-                                                  REPO / "benchmarks" / "bench_imagenet.py")
+def load_bench(name="bench_imagenet"):
+    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -45,3 +44,36 @@ def test_full_defaults_are_the_resnet50_gpu_setting():
     args = load_bench().parse_args([])
     assert (args.arch, args.image_size, args.batch_size, args.amp, args.channels_last) == (
         "resnet50", 224, 256, "auto", True)
+
+
+@pytest.mark.slow
+def test_training_from_jpeg_files_records_the_loader_and_a_lower_bound(tmp_path, capsys):
+    from recipes.imagenet.synthetic import write_fake_imagenet
+
+    write_fake_imagenet(tmp_path / "photos", classes=2, train_per_class=8, val_per_class=1,
+                        size=120, photos=True)
+    out = tmp_path / "bench.json"
+    load_bench().main(["--quick", "--image-size", "16", "--batch-size", "4", "--steps", "2",
+                       "--data", str(tmp_path / "photos"), "--loader", "pil", "--workers", "1",
+                       "--json", str(out)])
+    result = json.loads(out.read_text())
+    # One worker may hold one batch ready: at least 10 timed steps per such batch.
+    assert result["loader"] == "pil" and result["loader_queue_batches"] == 1
+    assert result["steps"] == 10 and "recipe.loader=pil" in result["data"]
+    assert 0 < result["images_per_s_lower_bound"] == pytest.approx(
+        result["images_per_s"] * 9 / 10)
+
+
+@pytest.mark.slow
+def test_the_input_benchmark_measures_each_cpu_loader_and_says_why_gpu_is_left_out(
+        tmp_path, capsys):
+    out = tmp_path / "input.json"
+    load_bench("bench_imagenet_input").main(["--quick", "--make", "20", "--workers", "1,2",
+                                             "--batches", "2", "--json", str(out)])
+    result = json.loads(out.read_text())
+    rows = {(r["loader"], r["workers"]): r for r in result["rows"]}
+    assert set(rows) == {("pil", 1), ("pil", 2), ("simplejpeg", 1), ("simplejpeg", 2)}
+    assert all(r["images_per_s"] > 0 for r in rows.values())
+    assert rows["pil", 2]["batches"] == 8  # at least 4 batches per worker
+    assert result["skipped"] == ["gpu: no CUDA GPU visible here"]
+    assert result["files"] == 20 and 10 < result["mean_file_kb"] < 200

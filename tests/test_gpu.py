@@ -260,3 +260,47 @@ def test_bfloat16_exchange_from_gpu_models_trains_on_fewer_bytes(algo, tmp_path)
         expected = 0.75 if algo == "choco" else 0.5
         ratio = sent["bfloat16"]["mean_per_step"] / sent["float32"]["mean_per_step"]
         assert abs(ratio - expected) < 0.02, sent
+
+
+def test_gpu_loader_decodes_crops_and_flips_on_the_gpu_as_on_the_cpu(tmp_path):
+    """recipe.loader=gpu: nvJPEG's decode and the crop on the device give the CPU path's pixels
+    (the same file, box and flip), and an undecodable file is still named."""
+    from test_imagenet_loaders import gpu_path_on
+
+    from recipes.imagenet.loaders import resolve_loader
+
+    write_fake_imagenet(tmp_path, classes=2, train_per_class=6, val_per_class=1, size=320,
+                        photos=True)
+    photos = sorted((tmp_path / "train").rglob("*.JPEG"))
+    on_gpu, on_cpu = gpu_path_on("cuda", photos), gpu_path_on("cpu", photos)
+    # nvJPEG's IDCT and chroma upsampling are not libjpeg's: a few grey levels on these noisy
+    # photos, against > 30 for another crop or the other flip (tests/test_imagenet_loaders.py).
+    assert (on_gpu - on_cpu).abs().mean(dim=(1, 2, 3)).max() < 6
+    assert resolve_loader("auto", CUDA, ranks_on_host=1000) == "gpu"  # too few cores each
+
+
+def test_prefetching_on_a_side_stream_hands_over_the_batches_it_was_given():
+    path = ComputePath(device=CUDA)
+
+    class Recipe:
+        def to_device(self, batch, device, dtype):
+            big = batch.to(device, non_blocking=True).float()
+            return (big @ big.T).diagonal()  # kernels on the side stream
+
+    hosts = [torch.full((512, 512), float(k)).pin_memory() for k in range(8)]
+    with path.batches(Recipe(), iter(hosts), prefetch=True) as stream:
+        got = [path.batch(Recipe(), b) * 1 for b in stream]  # used on the default stream
+    torch.cuda.synchronize()
+    assert [float(g[0]) for g in got] == [512.0 * k * k for k in range(8)]
+
+
+def test_imagenet_trains_from_jpegs_with_the_gpu_loader(tmp_path):
+    root = tmp_path / "photos"
+    write_fake_imagenet(root, classes=CLASSES, train_per_class=12, val_per_class=2, size=160,
+                        photos=True)
+    run_dir = tmp_path / "run"
+    run_cli([*IMAGENET, f"recipe.data.root={root}", "recipe.loader=gpu", "algo=adpsgd",
+             "launcher.nprocs=2", "trainer.device=cuda", "trainer.num_workers=2",
+             f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+    _, summary = read_run(run_dir)
+    assert summary["status"] == "completed" and summary["loader"] == "gpu"

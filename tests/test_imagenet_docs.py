@@ -13,6 +13,7 @@ from test_bench_imagenet import load_bench
 
 from recipes.imagenet.synthetic import write_fake_imagenet
 from runner.commands.imagenet import main as imagenet_tool
+from runner.commands.imagenet import parser as imagenet_parser
 from runner.commands.run import check_command_line
 
 from conftest import REPO
@@ -40,11 +41,14 @@ def test_every_command_in_the_imagenet_doc_matches_the_code(tmp_path, monkeypatc
     commands = doc_commands()
     assert any(c.startswith("adpsgd-imagenet sort-val") for c in commands)
     bench = load_bench()
+    input_bench = load_bench("bench_imagenet_input")
     for command in commands:
         words = [re.sub(r"(^|=)/data/", rf"\g<1>{data}/", w) for w in shlex.split(command)]
         if words[:2] == ["adpsgd-imagenet", "sort-val"]:
             fresh_imagenet()
-        if words[0] == "adpsgd-imagenet":
+        if words[:2] == ["adpsgd-imagenet", "fake"] and "--photos" in words:
+            imagenet_parser().parse_args(words[1:])  # hundreds of photo-sized JPEGs: parsed
+        elif words[0] == "adpsgd-imagenet":
             imagenet_tool(words[1:])
         elif words[0] == "adpsgd-run":
             if not (data / "imagenet" / "val" / "n01000003").exists():
@@ -54,6 +58,8 @@ def test_every_command_in_the_imagenet_doc_matches_the_code(tmp_path, monkeypatc
             check_command_line(words[1:])
         elif words[:2] == ["python", "benchmarks/bench_imagenet.py"]:
             bench.parse_args(words[2:])
+        elif words[:2] == ["python", "benchmarks/bench_imagenet_input.py"]:
+            input_bench.parse_args(words[2:])
         else:
             pytest.fail(f"docs/imagenet.md command with no check: {command!r}")
         assert "error" not in capsys.readouterr().err, command

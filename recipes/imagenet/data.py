@@ -38,10 +38,43 @@ class BadImage(NamedTuple):
     reason: str
 
 
+class CropBox(NamedTuple):
+    top: int
+    left: int
+    height: int
+    width: int
+
+
+class EncodedImage(NamedTuple):
+    """A JPEG file's bytes and the augmentation drawn for it, decoded later on the GPU."""
+    path: str
+    data: torch.Tensor  # uint8, the whole file
+    box: CropBox
+    flip: bool
+
+
+class EncodedImages(NamedTuple):
+    """A batch's encoded files, concatenated (one buffer to pin), with their crop boxes."""
+    paths: list[str]
+    data: torch.Tensor  # uint8, every file one after the other
+    sizes: list[int]
+    boxes: list[CropBox]
+    flips: list[bool]
+
+
 class ImageBatch(NamedTuple):
-    images: torch.Tensor  # uint8, N x 3 x H x W
-    labels: torch.Tensor  # int64, N
+    images: torch.Tensor  # uint8, N x 3 x H x W (decoded by the loader workers)
+    labels: torch.Tensor  # int64: the N decoded images' labels, then the encoded files'
     bad: tuple[BadImage, ...]  # files of this batch that could not be decoded (left out)
+    encoded: EncodedImages | None = None  # recipe.loader=gpu: files to decode on the device
+
+
+def pack_encoded(items: list[EncodedImage]) -> EncodedImages:
+    return EncodedImages([item.path for item in items], torch.cat([item.data for item in items]),
+                         [len(item.data) for item in items], [item.box for item in items],
+                         [item.flip for item in items])
+
+
 
 
 def class_folders(split_dir: Path) -> list[str]:
@@ -82,40 +115,61 @@ def eval_transform(image_size: int, resize: int) -> Callable[[Any], torch.Tensor
                        v2.PILToTensor()])
 
 
+def decode_rgb(path: str) -> Image.Image:
+    """The whole file through Pillow, as RGB (CMYK and grey converted)."""
+    with Image.open(path) as image:
+        return image.convert("RGB")
+
+
+class PillowImage:
+    """``recipe.loader=pil`` (and every loader's evaluation): Pillow decodes the whole file,
+    torchvision's transform crops and resizes it."""
+
+    def __init__(self, transform: Callable[[Any], torch.Tensor]):
+        self.transform = transform
+
+    def __call__(self, path: str) -> torch.Tensor:
+        return torch.as_tensor(self.transform(decode_rgb(path)))
+
+
 class ImageFiles:
-    """Decoded, transformed images as uint8 CHW tensors, or :class:`BadImage`. A map-style
-    dataset (``__len__`` and ``__getitem__`` are all a DataLoader needs), not a subclass of
-    torch's ``Dataset``, so that importing the recipe does not import torch."""
+    """Decoded, transformed images as uint8 CHW tensors (or, for recipe.loader=gpu, the files'
+    bytes with their augmentation drawn), or :class:`BadImage`. ``load`` maps a path to what
+    the worker returns (recipes/imagenet/loaders.py). A map-style dataset (``__len__`` and
+    ``__getitem__`` are all a DataLoader needs), not a subclass of torch's ``Dataset``, so that
+    importing the recipe does not import torch."""
 
     def __init__(self, samples: list[tuple[str, int]],
-                 transform: Callable[[Any], torch.Tensor]):
-        self.samples, self.transform = samples, transform
+                 load: Callable[[str], torch.Tensor | EncodedImage]):
+        self.samples, self.load = samples, load
 
     def __len__(self) -> int:
         return len(self.samples)
 
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, int] | BadImage:
+    def __getitem__(self, index: int) -> tuple[torch.Tensor | EncodedImage, int] | BadImage:
         path, label = self.samples[index]
         try:
-            with Image.open(path) as image:
-                rgb = image.convert("RGB")  # decodes the whole file; CMYK and grey become RGB
+            return self.load(path), label
         except DECODE_ERRORS as ex:
             message = str(ex).replace(f"'{path}'", "").replace(path, "").strip(" :")
             return BadImage(path, f"{type(ex).__name__}: {message}")
-        return torch.as_tensor(self.transform(rgb)), label
 
 
-def collate_images(samples: list[tuple[torch.Tensor, int] | BadImage], image_size: int
-                   ) -> ImageBatch:
-    """Stack the decoded images; the undecodable ones travel on as ``bad``."""
+def collate_images(samples: list[tuple[torch.Tensor | EncodedImage, int] | BadImage],
+                   image_size: int) -> ImageBatch:
+    """Stack the decoded images, pack the encoded files (decoded on the device later); the
+    undecodable ones travel on as ``bad``."""
     good = [s for s in samples if not isinstance(s, BadImage)]
     bad = tuple(s for s in samples if isinstance(s, BadImage))
-    if good:
-        images = torch.stack([image for image, _ in good])
+    decoded = [(image, label) for image, label in good if isinstance(image, torch.Tensor)]
+    encoded = [(image, label) for image, label in good if isinstance(image, EncodedImage)]
+    if decoded:
+        images = torch.stack([image for image, _ in decoded])
     else:
         images = torch.empty((0, 3, image_size, image_size), dtype=torch.uint8)
-    labels = torch.tensor([label for _, label in good], dtype=torch.long)
-    return ImageBatch(images, labels, bad)
+    labels = torch.tensor([label for _, label in decoded + encoded], dtype=torch.long)
+    return ImageBatch(images, labels, bad,
+                      pack_encoded([image for image, _ in encoded]) if encoded else None)
 
 
 @functools.lru_cache(maxsize=8)

@@ -3,7 +3,7 @@
     adpsgd-imagenet sort-val VAL_DIR --devkit DEVKIT_DIR [--out DIR]
     adpsgd-imagenet sort-val VAL_DIR --ground-truth FILE --meta meta.mat|ID_WNID.txt
     adpsgd-imagenet fake DIR [--classes 4 --train-per-class 40 --val-per-class 10]
-                             [--size 48 --seed 0 --loose-val]
+                             [--size 48 --seed 0 --loose-val] [--photos --processes N]
 
 Errors are one line (``adpsgd-imagenet: error: <cause>. Fix: <fix>``) and exit status 2.
 """
@@ -51,6 +51,11 @@ def parser() -> argparse.ArgumentParser:
     fake.add_argument("--val-per-class", type=int, default=10)
     fake.add_argument("--size", type=int, default=48, help="mean image side in pixels")
     fake.add_argument("--seed", type=int, default=0)
+    fake.add_argument("--photos", action="store_true",
+                      help="photo-like images, SIZE wide and 3/4 as high (use --size 500: "
+                           "ImageNet's median), costing what photographs cost to decode: for "
+                           "measuring a loader (benchmarks/bench_imagenet_input.py)")
+    fake.add_argument("--processes", type=int, default=1, help="write with this many processes")
     fake.add_argument("--loose-val", action="store_true",
                       help="validation images unsorted, as the official tarball unpacks, with "
                            "a devkit in ROOT/devkit")
@@ -77,7 +82,8 @@ def fake(args: argparse.Namespace) -> str:
         raise UserError("fake needs at least 1 class and 1 image per class, of size >= 8",
                         "use e.g. --classes 4 --train-per-class 40 --val-per-class 10")
     data = write_fake_imagenet(args.root, args.classes, args.train_per_class,
-                               args.val_per_class, args.size, args.seed, args.loose_val)
+                               args.val_per_class, args.size, args.seed, args.loose_val,
+                               args.photos, max(1, args.processes))
     where = f"loose in {args.root / 'val'}, devkit in {args.root / 'devkit'}" if \
         args.loose_val else "sorted"
     return (f"wrote {len(data.wnids)} classes to {args.root}: {args.train_per_class} training "
