@@ -139,7 +139,7 @@ if [[ " $PARTS " == *" input "* ]]; then
     step input-tests "$PY" -m pytest -m gpu -rs -v -p no:cacheprovider tests/test_gpu.py \
         -k "loader or prefetch" --junitxml "$OUT_DIR/gpu_tests_input.xml"
     step input-1-worker "$PY" benchmarks/bench_imagenet_input.py --data "$JPEGS" --workers 1 \
-        --batches 3 --warmup 1 --json "$OUT_DIR/imagenet_input_1_worker.json"
+        --json "$OUT_DIR/imagenet_input_1_worker.json"
     step input-all-cores "$PY" benchmarks/bench_imagenet_input.py --data "$JPEGS" \
         --workers "$CORES" --json "$OUT_DIR/imagenet_input_all_cores.json"
     E2E=(--amp bf16 --channels-last --steps 30)

@@ -79,3 +79,37 @@ def test_gpu_check_on_a_machine_without_gpus_says_so_in_one_line(tmp_path):
             f"gpu_check: no CUDA GPU is visible to {sys.executable} (torch.cuda.is_available() "
             "is False): nothing to check here; run it on a GPU machine"]
     assert not (tmp_path / "out").exists()
+
+
+def test_every_benchmark_command_of_gpu_check_parses_here():
+    """scripts/gpu_check.sh runs only on a GPU machine, where a wrong option costs device
+    time: each benchmark call in it (its array variables expanded, other variables given
+    placeholder values) must parse with the benchmark's own argument parser."""
+    import importlib.util
+    import re
+    import shlex
+
+    text = (REPO / "scripts" / "gpu_check.sh").read_text().replace("\\\n", " ")
+    arrays = dict(re.findall(r"^\s*(\w+)=\((.*)\)\s*$", text, flags=re.M))
+    checked = 0
+    for name, rest in re.findall(r'"\$PY" benchmarks/(bench_\w+)\.py(.*)', text):
+        for array, words in arrays.items():
+            rest = rest.replace(f'"${{{array}[@]}}"', words)
+        rest = rest.replace('"$@"', "")  # e2e()'s own arguments are its callers' (below)
+        words = shlex.split(re.sub(r"\$\{?\w+\}?", "1", rest.split(";")[0]))
+        spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        module.parse_args(words)
+        checked += 1
+    for words in re.findall(r"^\s*e2e \w+(.*)$", text, flags=re.M):  # calls of e2e()
+        for array, value in arrays.items():
+            words = words.replace(f'"${{{array}[@]}}"', value)
+        words = re.sub(r"\$\{?\w+\}?", "1", words)
+        bench = importlib.util.spec_from_file_location("b", REPO / "benchmarks" /
+                                                       "bench_imagenet.py")
+        module = importlib.util.module_from_spec(bench)
+        bench.loader.exec_module(module)
+        module.parse_args([*shlex.split(arrays["E2E"]), *shlex.split(words)])
+        checked += 1
+    assert checked >= 10
