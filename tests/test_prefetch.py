@@ -83,3 +83,13 @@ def test_a_run_trains_the_same_model_with_and_without_prefetching(tmp_path):
         assert summary["status"] == "completed"
         finals.append([(m["loss"], m.get("top1")) for m in metrics])
     assert finals[0] == finals[1]
+
+
+def test_a_producer_that_dies_without_a_word_is_an_error_not_a_hang(monkeypatch):
+    staged = DevicePrefetch(host_batches(5), lambda b: b, CPU)
+    staged.closed.set()  # the producer stops at its next batch and hands nothing over
+    staged.thread.join()
+    while not staged.ready.empty():
+        staged.ready.get()
+    with pytest.raises(RuntimeError, match="ended without handing over a batch"):
+        next(staged)

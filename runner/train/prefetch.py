@@ -98,7 +98,7 @@ class DevicePrefetch:
                         item = OnDevice(value, event)
                     if not self._put(item):
                         return
-        except Exception as ex:  # noqa: BLE001 - handed to the training thread, raised there
+        except BaseException as ex:  # noqa: BLE001 - handed to the training thread, raised there
             self._put(_Failed(ex))
             return
         self._put(_END)
@@ -107,7 +107,15 @@ class DevicePrefetch:
         return self
 
     def __next__(self) -> OnDevice | None:
-        item = self.ready.get()
+        while True:
+            try:
+                item = self.ready.get(timeout=POLL_S)
+                break
+            except queue.Empty:
+                # A producer that ended has put its last word first: never wait on a dead one.
+                if not self.thread.is_alive() and self.ready.empty():
+                    raise RuntimeError("the device-prefetch thread ended without handing "
+                                       "over a batch") from None
         if item is _END:
             raise StopIteration
         if isinstance(item, _Failed):
