@@ -279,7 +279,12 @@ def _declared_type(key: str, base: DictConfig | None) -> str | None:
 def type_error(key: str, ex: ValidationError, declared: str | None) -> ConfigError:
     """One line for a value of the wrong type: OmegaConf's problem, the declared type."""
     problem = one_line(ex.msg).split(" full_key:")[0]
-    fix = f"{key}=<{declared}>" if declared else f"give {key} a value of the right type"
+    choices = {"bool": "true or false", "Optional[bool]": "true, false or null (null: decided "
+               "for the run, see the key's comment)"}.get(str(declared))
+    if choices:
+        fix = f"set {key} to {choices}"
+    else:
+        fix = f"{key}=<{declared}>" if declared else f"give {key} a value of the right type"
     return ConfigError(key, problem, fix)
 
 
