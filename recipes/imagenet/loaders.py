@@ -45,10 +45,11 @@ from .data import DECODE_ERRORS, CropBox, EncodedImage, EncodedImages
 LOADERS = ("auto", "pil", "simplejpeg", "gpu")
 RATIO = (3 / 4, 4 / 3)  # RandomResizedCrop's aspect-ratio range
 CROP_TRIES = 10
-SCALE_FACTORS = (8, 4, 2)
+SCALE_FACTORS = (8, 4, 2)  # libjpeg's power-of-two IDCT scalings (others are slower there)
 # Cores per rank from which loader=auto decodes on the CPU rather than the GPU: ResNet-50 takes
-# about 4,500 images/s in bf16 on an H200, a simplejpeg worker crops 400-700 per core.
-CPU_DECODE_CORES = 8  # libjpeg's power-of-two IDCT scalings (others are slower there)
+# about 4,500 images/s in bf16 on an H200; a simplejpeg worker crops 300-340 per core on the
+# slow CI machine (docs/RESULTS.md), more on a server's cores.
+CPU_DECODE_CORES = 8
 
 
 def has_simplejpeg() -> bool:
@@ -81,9 +82,10 @@ def cores_per_rank(ranks_on_host: int) -> float:
 def resolve_loader(name: str, device: torch.device | None, ranks_on_host: int = 1) -> str:
     """``recipe.loader`` made concrete for a run training on ``device`` with ``ranks_on_host``
     ranks on this machine. ``auto``: simplejpeg workers where a rank has at least
-    ``CPU_DECODE_CORES`` cores (on the H200 with 16 cores they fed ResNet-50 faster than the
-    GPU decoder, which takes the GPU from training: docs/RESULTS.md); with fewer, the GPU
-    decodes; on a CPU, simplejpeg when installed, else Pillow."""
+    ``CPU_DECODE_CORES`` cores (on the H200 with 16 cores they kept up with ResNet-50 in the
+    one measurement so far, at least 0.79 of the synthetic batch's rate, while decoding on the
+    GPU took it to 0.85: docs/RESULTS.md); with fewer, the GPU decodes; on a CPU, simplejpeg
+    when installed, else Pillow."""
     cuda = device is not None and device.type == "cuda"
     if name == "auto":
         fast_cpu = "simplejpeg" if has_simplejpeg() else "pil"
