@@ -759,6 +759,7 @@ class LocalLauncher(Launcher):
         self.stalled = None
         self.left_behind: list[int] = []
         self.mpiexec_killed_first = False
+        self.stalled_killed: set[int] = set()  # pids killed for silence (kill_stalled)
         while True:
             try:
                 return proc.wait(timeout=POLL_S)
@@ -818,10 +819,14 @@ class LocalLauncher(Launcher):
     def kill_stalled(self, run_dir: Path, stalled: StalledRank) -> None:
         """kill -9 of a rank of an elastic job on this host that stopped responding, in one
         line and an event (its loss is the survivors' to record)."""
+        # Killed already but not yet reaped: a zombie stays silent, and was recorded once.
+        if stalled.pid in self.stalled_killed:
+            return
         try:
             os.kill(stalled.pid, signal.SIGKILL)
         except ProcessLookupError:  # it ended meanwhile: its death is noticed as any other
             return
+        self.stalled_killed.add(stalled.pid)
         cause = (f"no heartbeat for {stalled.silent_s:.0f} s (launcher.stall_timeout_s="
                  f"{self.cfg.stall_timeout_s:g}): killed, the job goes on without it")
         who = "learner" if stalled.rank < self.cfg.nprocs else "spare"
