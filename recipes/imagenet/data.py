@@ -75,8 +75,6 @@ def pack_encoded(items: list[EncodedImage]) -> EncodedImages:
                          [item.flip for item in items])
 
 
-
-
 def class_folders(split_dir: Path) -> list[str]:
     """The sub-folder names of ``split_dir``, sorted: class index i is the i-th (WNIDs sort
     in the same order as ImageNet's usual class indices)."""
