@@ -18,11 +18,6 @@ def topk_hits(logits: torch.Tensor, labels: torch.Tensor, ks: tuple[int, ...]) -
     return torch.stack([top[:, :k].any(dim=1).sum() for k in ks])
 
 
-def topk_correct(logits: torch.Tensor, labels: torch.Tensor, ks: tuple[int, ...]
-                 ) -> list[float]:
-    return [float(v) for v in topk_hits(logits, labels, ks).tolist()]
-
-
 def classification_sums(logits: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
     """``loss_sum`` (cross-entropy in at least float32), ``count``, ``top1_correct`` and
     ``top5_correct`` of one batch, read from the device in one transfer."""

@@ -29,7 +29,7 @@ from .comm import Communicator, World
 from .comm.buffers import broadcast_model, flatten_parameters
 from .errors import UserError, warn_user
 from .recipe import RECIPES
-from .runlog.progress import ProgressBar, evaluation_postfix
+from .runlog.console import ProgressBar, evaluation_postfix
 from .runlog.records import record_training_again
 from .runlog.summary import gather_summary, rank_report
 from .runlog.throughput import Throughput

@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 
 from runner.config.run_schema import TrainerConfig
 from runner.errors import ConfigError
-from runner.runlog.progress import CONSOLE_IS_TERMINAL, ProgressBar, ends_on_terminal
+from runner.runlog.console import CONSOLE_IS_TERMINAL, ProgressBar, ends_on_terminal
 
 from conftest import BIN
 

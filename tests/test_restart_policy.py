@@ -1,11 +1,11 @@
-"""The restart policy (runner/launch/restarts.py) on its own: which failures are retried, the
+"""The restart policy (runner/launch/restart_policy.py) on its own: which failures are retried, the
 line each decision prints, the record it keeps (tests/test_restarts.py runs it with real
 ranks)."""
 
 import json
 
-from runner.launch.restarts import JobFailure, Restarts
-from runner.runlog.events import read_events
+from runner.launch.restart_policy import JobFailure, Restarts
+from runner.runlog.failure_events import read_events
 from runner.runlog.records import read_restarts
 
 

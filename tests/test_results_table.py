@@ -4,7 +4,7 @@ import io
 import json
 import re
 
-from runner.runlog.progress import CONSOLE_IS_TERMINAL, ProgressBar
+from runner.runlog.console import CONSOLE_IS_TERMINAL, ProgressBar
 from runner.runlog.summary import replicas_line, results_table
 
 

@@ -82,7 +82,7 @@ def test_a_resumed_run_on_fewer_ranks_counts_the_earlier_sessions_time(tmp_path)
 
 def test_asynchronous_runs_end_at_their_budget_and_evaluate_near_epoch_ends(tmp_path):
     """AD-PSGD's estimate of the global count extrapolates every learner's last reported
-    progress at its rate (runner/comm/progress.py), and the final evaluation waits until the
+    progress at its rate (runner/comm/global_clock.py), and the final evaluation waits until the
     exact count has reached the budget: runs end at or just past it (before: 3.17-3.35 epochs
     for 3 on these 4 ranks, and the first evaluation at 1.13-1.24)."""
     for seed in range(2):

@@ -28,7 +28,7 @@ from runner.sim.cluster import (
     measured_cluster,
     resolved,
 )
-from runner.sim.events import EventQueue
+from runner.sim.event_queue import EventQueue
 from runner.sim.network import SharedChannel, ring_allreduce
 
 from conftest import REPO, run_cli

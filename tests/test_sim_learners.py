@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from runner.sim.learners import StackedLearners, StackedSGD
+from runner.sim.stacked import StackedLearners, StackedSGD
 from runner.train.optim import parameter_groups
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from runner.sim.events import EventQueue
+from runner.sim.event_queue import EventQueue
 from runner.sim.network import Link, SharedChannel, ring_allreduce, ring_allreduce_s
 
 ETHERNET_100G = Link(latency_s=5e-6, bandwidth_Bps=12.5e9)

@@ -29,7 +29,7 @@ def test_sixty_four_learners_train_in_one_process(command, tmp_path):
     metrics, summary = read_run(run_dir)
     # The run ends with what sets its learners apart: rank 0's own model scores below the
     # averaged one, and their consensus distance (runner/runlog/summary.py replicas_line);
-    # with a straggler, the line that names it (runner/runlog/learners.py).
+    # with a straggler, the line that names it (runner/runlog/learner_times.py).
     tail = proc.stdout.strip().splitlines()
     if "straggler" in command:
         assert tail.pop().startswith("slowest learner: rank 5, "), tail

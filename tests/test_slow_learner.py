@@ -9,7 +9,7 @@ import subprocess
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from runner.runlog.learners import learners_of, slowest_learner_line
+from runner.runlog.learner_times import learners_of, slowest_learner_line
 
 from conftest import BIN, run_cli
 

@@ -54,8 +54,8 @@ def test_dry_run_writes_a_readable_script_for_a_2_node_4_gpu_hadpsgd_job(tmp_pat
     steps = [line.strip() for line in lines]  # the ranks' steps are inside the restart loop
     assert ('srun --mpi=pmi2 --kill-on-bad-exit=1 --ntasks-per-node=4 --cpus-per-task=8 '
             '$overlap "$PYTHON" -m runner.worker "$RUN_DIR" &') in steps
-    assert '"$PYTHON" -m runner.launch.restart "$RUN_DIR" || exit 1' in steps
-    assert '"$PYTHON" -m runner.launch.restart "$RUN_DIR" --watch-step "$step" &' in steps
+    assert '"$PYTHON" -m runner.launch.batch_steps "$RUN_DIR" || exit 1' in steps
+    assert '"$PYTHON" -m runner.launch.batch_steps "$RUN_DIR" --watch-step "$step" &' in steps
     assert any(line.startswith("MAX_RESTARTS=0 ") for line in lines)
     assert "trap 'forward USR1' USR1" in lines and "trap 'forward TERM' TERM" in lines
     assert 'scontrol requeue "$SLURM_JOB_ID" && exit 0' in script
@@ -143,7 +143,7 @@ def write_run_config(run_dir: Path, resume: str | None) -> Path:
 
 @pytest.mark.parametrize("resume", [None, "/data/pretrained/checkpoints/samples-0000000100"])
 def test_a_job_that_runs_again_resumes_from_its_own_newest_checkpoint(tmp_path, resume):
-    from runner.launch.restarts import prepare_restart
+    from runner.launch.restart_policy import prepare_restart
 
     path = write_run_config(tmp_path, resume)
     # First start: nothing to continue, the user's choice stands.
@@ -162,7 +162,7 @@ def test_the_restart_step_prints_what_it_does(tmp_path):
     import sys
 
     write_run_config(tmp_path, None)
-    restart = [sys.executable, "-m", "runner.launch.restart", str(tmp_path)]
+    restart = [sys.executable, "-m", "runner.launch.batch_steps", str(tmp_path)]
     first = subprocess.run(restart, capture_output=True, text=True, timeout=60)
     assert first.returncode == 0 and first.stdout == "", first.stderr
     checkpoint = tmp_path / "checkpoints" / "samples-0000000064"
@@ -381,7 +381,7 @@ def fake_rank(run_dir: Path, rank: int, pid: int, status: int | None = None) -> 
 
 
 def test_the_step_watcher_names_a_step_that_outlives_its_ranks_and_a_silent_rank(tmp_path):
-    from runner.launch.restart import STEP_LINGER_S, step_problem, step_status
+    from runner.launch.batch_steps import STEP_LINGER_S, step_problem, step_status
 
     now = time.time()
     fake_rank(tmp_path, 0, 1, status=0)
@@ -406,7 +406,7 @@ def test_the_step_watcher_names_a_step_that_outlives_its_ranks_and_a_silent_rank
 @pytest.mark.slow
 def test_the_step_watcher_ends_a_lingering_step_and_the_ranks_left_on_this_host(tmp_path,
                                                                                monkeypatch):
-    import runner.launch.restart as restart
+    import runner.launch.batch_steps as restart
 
     monkeypatch.setattr(restart, "STEP_LINGER_S", 0.5)
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)

@@ -31,7 +31,7 @@ from runner.launch.watchdog import (
     write_exit_record,
     write_pid_file,
 )
-from runner.runlog.events import record_event
+from runner.runlog.failure_events import record_event
 
 pytestmark = pytest.mark.slow
 

@@ -145,11 +145,6 @@ class KaldiDataDir:
         """The wav.scp id the utterance's audio comes from."""
         return self.segments[utt].recording if self.segments is not None else utt
 
-    def audio_entry(self, utt: str) -> str:
-        """The wav.scp entry (path or command) of the utterance's recording."""
-        self._check_known(utt)
-        return self.wav_scp[self.recording_of(utt)]
-
     def _check_known(self, utt: str) -> None:
         if utt not in self.text:
             raise UserError(f"utterance {utt!r} is not in {self.path / 'text'}",

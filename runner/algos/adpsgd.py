@@ -26,7 +26,7 @@ How it runs. Each learner's model x is shared by two threads:
 
 Progress and the learning-rate schedule follow an estimate of global samples (every learner's
 count, with when it was counted and its rate, rides on every exchange and is extrapolated to
-now, runner/comm/progress.py; it is made exact at each evaluation, and the run ends only once
+now, runner/comm/global_clock.py; it is made exact at each evaluation, and the run ends only once
 the exact count reached the budget): fast learners take more steps than slow ones. A learner
 that reaches a milestone (evaluation, checkpoint) first announces it to every other learner
 (runner/comm/milestone_signal.py), so that none lags behind while the others wait.

@@ -243,15 +243,6 @@ def mark_complete(directory: Path, step: int, samples: int, epoch: float, nprocs
                       reason=reason, config=config, files=listed)
 
 
-def discard_incomplete(directory: Path) -> None:
-    """Before rewriting a checkpoint dir: drop its marker first, so that a crash in the middle
-    of the rewrite leaves a dir that resuming ignores rather than a mix of two states."""
-    marker = directory / MARKER
-    if marker.exists():
-        marker.unlink()
-        fsync_dir(directory)
-
-
 def prune(run_dir: str | Path, keep: int) -> list[Path]:
     """Remove all but the ``keep`` newest complete checkpoints, and every incomplete one
     (left by a crash) older than the newest complete one; return what was removed."""

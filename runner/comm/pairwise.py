@@ -18,7 +18,7 @@ rank, its peer and the operation. Waits always go from an active to a passive, a
 never wait for anyone, so no cycle of waits (deadlock) can form.
 
 Progress rides along: each message carries the sender's table of samples seen per participant
-(with when and how fast, runner/comm/progress.py), merged row by row, which gives every rank an
+(with when and how fast, runner/comm/global_clock.py), merged row by row, which gives every rank an
 estimate of global progress.
 """
 
@@ -33,7 +33,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ..lazy import torch
-from .progress import ProgressTable
+from .global_clock import ProgressTable
 from .traffic import Traffic
 from .ulfm import free_quietly, track
 from .world import mpi

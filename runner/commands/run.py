@@ -204,7 +204,7 @@ def run_job(cfg: DictConfig) -> None:
         print(f"adpsgd-run: {resuming}", flush=True)
     if typed.resume == "auto" and (run_dir / "metrics.jsonl").exists():
         from ..checkpoint.files import complete_checkpoints
-        from ..launch.restarts import start_over
+        from ..launch.restart_policy import start_over
 
         if not complete_checkpoints(run_dir):  # an attempt that evaluated, then stopped
             start_over(run_dir)  # before its first checkpoint: its rows would mix with ours

@@ -18,7 +18,7 @@ While the job runs the launcher supervises it (runner/launch/watchdog.py):
   first; the watchdog sees that rank alone die and ends the job itself. Other mpiexecs keep
   their clean-up, and the watchdog steps in after MPIEXEC_GRACE_S.
 * with ``launcher.max_restarts=N``, a job that lost a rank or its mpiexec runs again from the
-  newest complete checkpoint (runner/launch/restarts.py decides, and says so in one line);
+  newest complete checkpoint (runner/launch/restart_policy.py decides, and says so in one line);
   the failure is reported as above only when it is not restarted.
 """
 
@@ -50,12 +50,12 @@ from ..errors import (
     ConfigError,
     one_line,
 )
-from ..runlog.events import record_event
-from ..runlog.progress import CONSOLE_IS_TERMINAL
+from ..runlog.console import CONSOLE_IS_TERMINAL
+from ..runlog.failure_events import record_event
 from .base import Launcher, LauncherConfig, records_off_the_console
 from .hosts import hostfile_args, mpi_flavor, remote_shell_path, unanswered_host
 from .registry import LAUNCHERS
-from .restarts import JobFailure, Restarts, reported_failure
+from .restart_policy import JobFailure, Restarts, reported_failure
 from .ulfm_mpi import (
     find_ulfm_mpiexec,
     has_ulfm,

@@ -11,7 +11,7 @@ Preemption and time limits (docs/slurm.md)::
                                               deliver it to every rank
     ranks: finish the step, checkpoint, exit 75 (runner.errors.EXIT_PREEMPTED)
     status 75 -> scontrol requeue $SLURM_JOB_ID   unless SLURM_RESTART_COUNT >= max_requeues
-    next start -> python -m runner.launch.restart RUN_DIR (resume=auto), then the ranks
+    next start -> python -m runner.launch.batch_steps RUN_DIR (resume=auto), then the ranks
 
 ``B:`` signals the batch shell only: the script always learns of the warning and forwards it
 the same way whichever program started the ranks (``--signal=USR1@...`` would signal the job
@@ -37,7 +37,7 @@ from ..errors import EXIT_PREEMPTED, UserError, one_line
 from .base import Launcher, LauncherConfig
 from .local import find_mpiexec
 from .registry import LAUNCHERS
-from .restarts import REQUEUE
+from .restart_policy import REQUEUE
 
 JOB_SCRIPT = "job.sbatch"
 RANK_LAUNCHERS = ("srun", "mpiexec")
@@ -192,7 +192,7 @@ PYTHON={q(python)}
 MAX_REQUEUES={cfg.max_requeues}
 MAX_RESTARTS={cfg.max_restarts}  # ranks started again in this allocation after a lost rank
 PREEMPTED={EXIT_PREEMPTED}  # the ranks' status after a checkpoint on USR1/TERM
-REQUEUE={REQUEUE}  # runner.launch.restart's answer when a node of the allocation is lost
+REQUEUE={REQUEUE}  # runner.launch.batch_steps's answer when a node of the allocation is lost
 
 # Environment set-up (launcher.setup):
 {setup}
@@ -224,11 +224,11 @@ overlap=""
 node_lost=0
 while true; do
     # Before the ranks: continue from the newest checkpoint of this run dir when there is one.
-    "$PYTHON" -m runner.launch.restart "$RUN_DIR" || exit 1
+    "$PYTHON" -m runner.launch.batch_steps "$RUN_DIR" || exit 1
     {ranks_line} &
     step=$!
     # Ends a step that outlives its ranks or whose ranks went silent (a lost slurmstepd).
-    "$PYTHON" -m runner.launch.restart "$RUN_DIR" --watch-step "$step" &
+    "$PYTHON" -m runner.launch.batch_steps "$RUN_DIR" --watch-step "$step" &
     watcher=$!
     wait "$step"; status=$?
     while [ "$interrupted" = 1 ]; do  # a trapped signal ends `wait` early: wait for the ranks
@@ -237,17 +237,17 @@ while true; do
     done
     step=""
     kill "$watcher" 2>/dev/null; wait "$watcher" 2>/dev/null
-    reported=$("$PYTHON" -m runner.launch.restart "$RUN_DIR" --step-status "$status") &&
+    reported=$("$PYTHON" -m runner.launch.batch_steps "$RUN_DIR" --step-status "$status") &&
         status=$reported
     echo "adpsgd: ranks exited with status $status at $(date -Is)"
     # Completed, preempted, stopped, a user's error, or a signal to this job: no restart here.
     case "$status" in 0|"$PREEMPTED"|130|2) break ;; esac
     [ "$signalled" = 1 ] && break
     # A lost rank: start the ranks again in this allocation (launcher.max_restarts), unless
-    # the failure repeats before a newer checkpoint (runner/launch/restart.py); a lost node:
+    # the failure repeats before a newer checkpoint (runner/launch/batch_steps.py); a lost node:
     # requeue the job, which srun could not start there again.
     decision=0
-    "$PYTHON" -m runner.launch.restart "$RUN_DIR" --after-failure "$status" \\
+    "$PYTHON" -m runner.launch.batch_steps "$RUN_DIR" --after-failure "$status" \\
         --max-restarts "$MAX_RESTARTS" --taken "$taken" || decision=$?
     [ "$decision" = "$REQUEUE" ] && node_lost=1
     [ "$decision" = 0 ] || break
@@ -291,7 +291,7 @@ fi
 # checkpoint and how far the ranks got, whatever an earlier start of the job wrote there.
 case "$status" in
     0|"$PREEMPTED"|130) ;;
-    *) "$PYTHON" -m runner.launch.restart "$RUN_DIR" --failed "$status" ;;
+    *) "$PYTHON" -m runner.launch.batch_steps "$RUN_DIR" --failed "$status" ;;
 esac
 exit "$status"
 """

@@ -409,7 +409,7 @@ def exit_record(run_dir: str | Path, rank: int) -> dict | None:
 def lost_learners(run_dir: Path) -> set[int]:
     """The learners an elastic job has gone on without (logs/events.jsonl): silence from
     them is expected."""
-    from ..runlog.events import read_events
+    from ..runlog.failure_events import read_events
 
     return {e["learner"] for e in read_events(run_dir) if e.get("event") == "lost"}
 

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UserError
-from .events import read_events, write_events_text
-from .learners import learners_of, slowest_learner_line
+from .failure_events import read_events, write_events_text
+from .learner_times import learners_of, slowest_learner_line
 from .records import read_metrics, read_restarts, write_json_atomic
 from .writer import hparams_of, write_session_end, write_session_start
 

@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from .events import write_events_text
-from .learners import learner_times
+from .failure_events import write_events_text
+from .learner_times import learner_times
 from .records import drop_torn_tail, finite_json, write_json_atomic
 
 # Tags whose step is the global sample count (runs of other sizes line up), not the step.
@@ -219,7 +219,7 @@ def custom_scalars_layout(metric: str) -> dict[str, dict[str, list[Any]]]:
         # the five lines of a run share its colour and cannot be told apart.
         "time split": {f"{name} s": ["Multiline", [f"^time/{name}_s$"]]
                        for name in TIME_SPLIT},
-        # Which learner is slow: one line per rank (runner/runlog/learners.py).
+        # Which learner is slow: one line per rank (runner/runlog/learner_times.py).
         "learners": {"own work per step (s)": ["Multiline", [r"^learners/compute_s/rank\d+$"]],
                      "waiting per step (s)": ["Multiline", [r"^learners/wait_s/rank\d+$"]]},
     }

@@ -31,9 +31,9 @@ import torch
 from ..algos.adpsgd import ADPSGD
 from ..comm.buffers import parameter_digest
 from ..comm.communicator import ring_bytes
-from ..comm.progress import ProgressTable
+from ..comm.global_clock import ProgressTable
 from ..topology.pairing import is_active, passive_peers, peer_schedule
-from .events import EventQueue
+from .event_queue import EventQueue
 from .lockstep import DelayByOneDriver
 from .network import SharedChannel
 from .registry import SIM_DRIVERS

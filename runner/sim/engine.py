@@ -33,7 +33,7 @@ from ..comm.traffic import traffic_report
 from ..comm.world import World, mpi
 from ..errors import ConfigError, UserError, warn_user
 from ..recipe import RECIPES
-from ..runlog.progress import ProgressBar, evaluation_postfix
+from ..runlog.console import ProgressBar, evaluation_postfix
 from ..runlog.summary import build_summary
 from ..runlog.throughput import Throughput
 from ..runlog.writer import RunLog
@@ -49,8 +49,8 @@ from . import asynchronous, choco, diloco, lockstep, sgp  # noqa: F401 - they re
 from .clocks import Clocks
 from .cluster import ClusterModel, ComputeModel, resolved
 from .failures import NodeFailures
-from .learners import StackedLearners, StackedSGD
 from .registry import SIM_DRIVERS
+from .stacked import StackedLearners, StackedSGD
 
 log = logging.getLogger("adpsgd")
 

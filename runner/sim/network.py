@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .events import EventQueue
+from .event_queue import EventQueue
 
 
 @dataclass(frozen=True)

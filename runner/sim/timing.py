@@ -33,7 +33,7 @@ from omegaconf import DictConfig
 
 from ..errors import TooFewLearners, UserError
 from ..recipe import RECIPES
-from ..runlog.progress import ProgressBar
+from ..runlog.console import ProgressBar
 from ..runlog.records import write_json_atomic
 from ..runlog.summary import bytes_sent_entry
 from ..train.data import ShardedBatches

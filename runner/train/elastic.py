@@ -47,7 +47,7 @@ from ..comm import Communicator, World
 from ..comm.ulfm import agree, free_quietly, is_mpi_error, revoke_all, shrink, track
 from ..comm.world import mpi
 from ..errors import TooFewLearners, UserError
-from ..runlog.events import record_event
+from ..runlog.failure_events import record_event
 from .data import ShardedBatches
 from .regroup import learner_comms, rebuild, unread_pass
 from .streams import Streams, stream_of

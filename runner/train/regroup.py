@@ -56,7 +56,7 @@ def rebuild(t: Any, world: World, comm: Communicator, node_comm: Communicator,
     climbs from ``rate`` (default: the old one's rate now)."""
     from ..algos import ALGORITHMS
     from ..checkpoint.preemption import StopAgreement
-    from ..runlog.progress import ProgressBar
+    from ..runlog.console import ProgressBar
     from ..runlog.records import read_metrics
     from ..runlog.writer import RunLog
     from .lr_schedule import LRSchedule

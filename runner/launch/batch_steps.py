@@ -1,4 +1,4 @@
-"""``python -m runner.launch.restart RUN_DIR``: the steps of a batch job's script around its
+"""``python -m runner.launch.batch_steps RUN_DIR``: the steps of a batch job's script around its
 ranks (runner/launch/slurm.py writes the script).
 
 Before the ranks start: a job that runs again in the same run dir (SLURM requeued it after a
@@ -18,7 +18,7 @@ processes left on this host, and says why in one line.
 After the step: ``--step-status STATUS`` prints the status the ranks reported when every one
 of them reported the same (what a lost srun's own status hides), else STATUS. After the ranks
 failed (``--after-failure STATUS``): whether to start them again in the allocation
-(``launcher.max_restarts``, runner/launch/restarts.py).
+(``launcher.max_restarts``, runner/launch/restart_policy.py).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from omegaconf import OmegaConf
 
 from ..checkpoint.files import complete_checkpoints
 from ..worker import RUN_CONFIG
-from .restarts import (
+from .restart_policy import (
     CHECKPOINTS,
     REQUEUE,
     STEP_ENDED,
@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> None:
     ``REQUEUE`` when so but the node of the rank to blame does not answer (the job is to be
     requeued), 1 when not. ``RUN_DIR --failed STATUS``: the job ends failed: summary.json
     says so."""
-    parser = argparse.ArgumentParser(prog="python -m runner.launch.restart")
+    parser = argparse.ArgumentParser(prog="python -m runner.launch.batch_steps")
     parser.add_argument("run_dir", type=Path)
     parser.add_argument("--after-failure", type=int, metavar="STATUS")
     parser.add_argument("--max-restarts", type=int, default=0)

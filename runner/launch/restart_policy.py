@@ -35,7 +35,7 @@ from omegaconf import OmegaConf, open_dict
 
 from ..checkpoint.files import complete_checkpoints, newest_intact
 from ..errors import EXIT_PEER_LOST, EXIT_TOO_FEW_LEARNERS, UserError
-from ..runlog.events import record_event
+from ..runlog.failure_events import record_event
 from ..runlog.records import read_metrics, read_restarts, write_restarts
 from .watchdog import exit_record, failure_records, rank_host, rank_operation
 
@@ -76,7 +76,7 @@ class JobFailure:
     restartable: bool  # a lost rank, process or node; False for a user's error
     when: float  # time.time() of the failure
     report: Callable[[], None]  # the launcher's full report, when the job is not restarted
-    # For the run's events (runner/runlog/events.py): what happened and to which rank.
+    # For the run's events (runner/runlog/failure_events.py): what happened and to which rank.
     event: str = "failed"  # died | stalled | gave up | error | failed | mpiexec killed
     learner: int | None = None
     host: str | None = None  # where the launcher heard of it; else the rank's pid file's
@@ -208,14 +208,14 @@ def reported_failure(run_dir: Path, nprocs: int, when: float,
                       learner=first.rank)
 
 
-# python -m runner.launch.restart --after-failure's answer: start the ranks again, in a new
+# python -m runner.launch.batch_steps --after-failure's answer: start the ranks again, in a new
 # allocation (a node of this one is lost).
 REQUEUE = 3
 STEP_ENDED = Path("logs") / "step_ended.json"  # why the job script's watcher ended a step
 
 
 def record_step_ended(run_dir: Path, cause: str, rank: int | None) -> None:
-    """The watcher's reason for ending a batch job's step (runner/launch/restart.py), and the
+    """The watcher's reason for ending a batch job's step (runner/launch/batch_steps.py), and the
     rank it blames, for the failure's record and summary."""
     path = run_dir / STEP_ENDED
     tmp = path.with_name(path.name + ".tmp")
