@@ -49,8 +49,8 @@ from .launch.watchdog import (
     write_exit_record,
     write_pid_file,
 )
+from .runlog.records import RUN_CONFIG
 
-RUN_CONFIG = Path(".hydra") / "run.yaml"
 QUIET_ABORT_DELAY_S = 5.0  # a rank whose error another rank reports waits this long
 log = logging.getLogger("adpsgd")
 

@@ -184,8 +184,8 @@ def preflight(argv: list[str]) -> None:
 @hydra.main(version_base=None, config_path=f"pkg://{CONFIG_MODULE}", config_name=CONFIG_NAME)
 def run_job(cfg: DictConfig) -> None:
     from ..launch import LAUNCHERS
+    from ..runlog.records import RUN_CONFIG
     from ..runlog.summary import results_table, write_failure_summary
-    from ..worker import RUN_CONFIG
 
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     try:

@@ -35,7 +35,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from ..checkpoint.files import complete_checkpoints
-from ..worker import RUN_CONFIG
+from ..runlog.records import RUN_CONFIG
 from .restart_policy import (
     CHECKPOINTS,
     REQUEUE,

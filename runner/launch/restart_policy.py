@@ -52,7 +52,7 @@ def has_checkpoint(run_dir: Path) -> bool:
 def prepare_restart(run_dir: str | Path) -> str | None:
     """Set run.yaml's ``resume`` to ``auto`` when the run dir holds a checkpoint; return the
     value the ranks will read."""
-    from ..worker import RUN_CONFIG  # the worker imports this package
+    from ..runlog.records import RUN_CONFIG
 
     run_dir = Path(run_dir)
     path = run_dir / RUN_CONFIG

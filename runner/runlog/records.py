@@ -13,9 +13,12 @@ from typing import Any
 
 from ..errors import UserError, one_line
 
-# The launcher's record of the restarts of a run (launcher.max_restarts, runner/launch/
-# restarts.py); summary.json repeats it as ``restarts``.
+# The launcher's record of the restarts of a run (launcher.max_restarts,
+# runner/launch/restart_policy.py); summary.json repeats it as ``restarts``.
 RESTARTS = Path("logs") / "restarts.json"
+# The run's composed, validated config, written before any rank starts; ranks, restarts and
+# a batch job's steps read it.
+RUN_CONFIG = Path(".hydra") / "run.yaml"
 
 
 def read_restarts(run_dir: str | Path, strict: bool = False) -> list[dict[str, Any]]:

@@ -147,7 +147,7 @@ def build_summary(status: str, cfg: Any, world: Any, run: dict[str, Any],
         **{f"{name}_s": means[name] for name in TIMES},
         "per_rank": times,
         "steps_per_rank": [report["steps"] for report in per_rank],
-        # Seconds per step of each learner, its own work apart from waiting (learners.py).
+        # Seconds per step of each learner, its own work apart from waiting (learner_times.py).
         "learners": learners_of(per_rank),
         # Waiting at evaluations and checkpoints for the other ranks (part of idle_s).
         "milestones": per_rank[0]["milestones"],
