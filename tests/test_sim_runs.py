@@ -90,7 +90,7 @@ def test_mistakes_end_with_one_line(override, named, tmp_path):
 
 @pytest.mark.slow
 def test_a_damaged_trace_is_refused_with_one_line(tmp_path):
-    from runner.sim.trace import write_trace
+    from runner.algos.trace import write_trace
 
     trace = tmp_path / "trace"
     for index in range(2):

@@ -308,7 +308,7 @@ class ADPSGD(Algorithm):
             self.averager.stop(self.comm.barrier)
             self.signal.close()
             if self.trace is not None:
-                from ..sim.trace import write_trace
+                from .trace import write_trace
 
                 write_trace(self.ctx.run_dir / "trace", self.trace_index, self.trace)
         else:

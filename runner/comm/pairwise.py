@@ -114,7 +114,7 @@ class PairwiseAverager:
         self.version = 0  # increments with every merge: gradient staleness is measured in it
         self.intervals: list[tuple[float, float, int]] = []  # (start, end, peer), if recorded
         self.record_intervals = False
-        # Every snapshot and merge, for a replay (runner/sim/trace.py); None: not recorded.
+        # Every snapshot and merge, for a replay (runner/algos/trace.py); None: not recorded.
         self.trace: list[list] | None = None
         self.error: BaseException | None = None
         # Whether an active may start an exchange, and whether one is in flight here: read

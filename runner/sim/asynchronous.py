@@ -13,7 +13,7 @@ when the bytes have crossed (latency plus size over bandwidth; between nodes eve
 shares its node's interface with the others in flight). Which passive an active meets, when,
 and how stale a gradient is follow from these times alone.
 
-The schedule emits each participant's operations (runner/sim/trace.py), which the trace
+The schedule emits each participant's operations (runner/algos/trace.py), which the trace
 executor applies to the stacked models. At a milestone (evaluation, checkpoint) participants
 finish their step and stop, averagings in flight complete, and everyone resumes together, as
 real ranks do. With ``launcher.replay=DIR`` the operations come from a real run's recorded
@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from ..algos.adpsgd import ADPSGD
+from ..algos.trace import APPLY, MERGE, READ, SNAP, TraceExecutor, read_traces
 from ..comm.buffers import parameter_digest
 from ..comm.communicator import ring_bytes
 from ..comm.global_clock import ProgressTable
@@ -37,7 +38,6 @@ from .event_queue import EventQueue
 from .lockstep import DelayByOneDriver
 from .network import SharedChannel
 from .registry import SIM_DRIVERS
-from .trace import APPLY, MERGE, READ, SNAP, TraceExecutor, read_traces
 
 CONTROL_BYTES = 64  # a pickled flag or sample count (bcast_object)
 

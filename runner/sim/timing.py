@@ -76,7 +76,7 @@ class SampleCounts:
 
 
 class CountingExecutor:
-    """In place of the gossip driver's trace executor (runner/sim/trace.py): the schedule's
+    """In place of the gossip driver's trace executor (runner/algos/trace.py): the schedule's
     operations on the models are counted and dropped."""
 
     def __init__(self, operations: int = 0) -> None:

@@ -29,9 +29,9 @@ from typing import Any
 
 import torch
 
-from ..algos.base import sample_weight
 from ..comm.pairwise import merge_average_
 from ..errors import UserError
+from .base import sample_weight
 
 READ, APPLY, SNAP, MERGE = "read", "apply", "snap", "merge"
 TRACE_NAME = "participant{index}.jsonl"
