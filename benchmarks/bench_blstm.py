@@ -71,7 +71,7 @@ def recipe_config(args: argparse.Namespace):
     from hydra import compose, initialize_config_module
 
     import recipes  # noqa: F401 - fills the recipe registry, as the commands do
-    from runner.config.compose import validate
+    from runner.commands.compose import validate
 
     overrides = ["recipe=swb2000"]
     if args.num_layers:

@@ -257,7 +257,7 @@ def compose(overrides: Sequence[str]) -> Any:
     """The typed config of ``overrides``, composed and validated as adpsgd-run does (a
     mistake is one UserError line)."""
     import recipes  # noqa: F401 - fills the recipe registry, as the commands do
-    from runner.config.compose import compose_all, validate_job
+    from runner.commands.compose import compose_all, validate_job
 
     return validate_job(compose_all(list(overrides), False, "config")[0])
 

@@ -1,6 +1,6 @@
 # Hydra config groups, shipped inside the package as runner.conf (see setup.cfg). Loading them
 # needs the schemas they extend (schema/...) in Hydra's ConfigStore: importing this package
 # registers them.
-from runner.config.compose import register_schemas
+from runner.commands.compose import register_schemas
 
 register_schemas()

@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
+from runner.commands.compose import SWEEP_NAME_MAX, sweep_subdir
 from runner.commands.run import sweep_naming
-from runner.config.compose import SWEEP_NAME_MAX, sweep_subdir
 
 from conftest import BIN, REPO, read_run, run_cli
 
@@ -279,14 +279,14 @@ PRESETS = sorted(p.stem for p in (REPO / "conf" / "experiment").glob("*.yaml"))
 
 @pytest.mark.parametrize("preset", PRESETS)
 def test_every_experiment_preset_composes_and_validates(preset):
-    from runner.config.compose import compose_all, validate
+    from runner.commands.compose import compose_all, validate
 
     cfg = validate(compose_all([f"experiment={preset}"], False, "config")[0])
     assert cfg.launcher.nprocs >= 1 and cfg.recipe.name and cfg.algo.name
 
 
 def test_seed_paper_presets_carry_the_papers_numbers():
-    from runner.config.compose import compose_all
+    from runner.commands.compose import compose_all
 
     hadpsgd, ssgd = (compose_all([f"experiment={name}"], False, "config")[0]
                      for name in ("swb2000_hadpsgd_64gpu", "swb2000_ssgd_64gpu"))

@@ -12,7 +12,7 @@ import yaml
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
-from runner.config.compose import CONFIG_MODULE, registries
+from runner.commands.compose import CONFIG_MODULE, registries
 from runner.config.run_schema import RunConfig
 from runner.sim.cluster import ClusterConfig
 

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from runner.config.compose import compose_all, validate
+from runner.commands.compose import compose_all, validate
 from runner.errors import UserError
 from runner.runlog.records import drop_torn_tail, read_metrics
 from runner.runlog.summary import write_failure_summary

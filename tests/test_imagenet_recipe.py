@@ -170,7 +170,7 @@ def test_data_and_option_mistakes_end_with_one_line_before_ranks_start(tree, tmp
 @pytest.mark.parametrize("preset,algo", [("imagenet_ssgd", "ssgd"),
                                          ("imagenet_adpsgd", "adpsgd")])
 def test_presets_hold_the_seeds_imagenet_settings(tree, preset, algo):
-    from runner.config.compose import compose_all, validate_job
+    from runner.commands.compose import compose_all, validate_job
 
     [cfg] = compose_all([f"experiment={preset}", f"recipe.data.root={tree}"], False, "config")
     run = validate_job(cfg)

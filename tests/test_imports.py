@@ -123,8 +123,7 @@ def test_schemas_and_registries_are_leaves():
     # Only the commands, and the composition they share, validate against the registries.
     users = sorted(m for m, targets in graph.items()
                    if {"runner.algos", "runner.recipe", "runner.launch"} <= targets)
-    assert users and all(m == "runner.config.compose" or m.startswith("runner.commands.")
-                         for m in users), users
+    assert users and all(m.startswith("runner.commands.") for m in users), users
 
 
 # The runner's modules that may import the recipes package: it registers the recipes in

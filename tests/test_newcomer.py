@@ -11,8 +11,8 @@ import subprocess
 
 import pytest
 
+from runner.commands.compose import compose_all
 from runner.commands.run import check_command_line, split_argv
-from runner.config.compose import compose_all
 from runner.errors import ConfigError, UserError
 from runner.launch.run_dir import check_fresh_start, start_fresh
 

@@ -17,7 +17,7 @@ import yaml
 from omegaconf import OmegaConf
 
 from recipes import RECIPES
-from runner.config.compose import compose_all, validate
+from runner.commands.compose import compose_all, validate
 from runner.errors import ConfigError, UserError
 from runner.sim.cluster import (
     ClusterConfig,

@@ -66,7 +66,7 @@ def test_dry_run_writes_a_readable_script_for_a_2_node_4_gpu_hadpsgd_job(tmp_pat
 
 
 def test_mpiexec_inside_the_allocation_instead_of_srun(tmp_path):
-    from runner.config.compose import compose_all, validate_job
+    from runner.commands.compose import compose_all, validate_job
     from runner.launch.slurm import SlurmConfig, find_mpiexec, render_script
 
     [composed] = compose_all(["recipe=digit_images", "algo=ssgd", *SLURM,
@@ -251,7 +251,7 @@ def test_every_command_in_the_slurm_doc_matches_the_code(capsys):
 
 
 def test_the_script_shown_in_the_slurm_doc_is_what_the_launcher_writes():
-    from runner.config.compose import compose_all, validate_job
+    from runner.commands.compose import compose_all, validate_job
     from runner.launch.slurm import render_script
 
     shown = next(block for block in doc_blocks("text") if block.startswith("#!/bin/bash"))

@@ -84,7 +84,7 @@ def test_cross_entropy_on_alignments_learns_the_frame_classes_on_2_ranks(tmp_pat
 def recipe_for(tmp_path, **alignment_overrides):
     from hydra import compose, initialize_config_module
 
-    from runner.config.compose import validate
+    from runner.commands.compose import validate
 
     train, train_ali = corpus(tmp_path, "train", 2, seed=0, text_ark=True)
     heldout, eval_ali = corpus(tmp_path, "eval", 2, seed=1, text_ark=False)

@@ -61,7 +61,7 @@ def test_the_swb2000_recipe_builds_the_papers_shape_with_a_character_ctc_head():
     from hydra import compose, initialize_config_module
 
     from recipes import RECIPES
-    from runner.config.compose import validate
+    from runner.commands.compose import validate
 
     with initialize_config_module(config_module="runner.conf", version_base=None):
         cfg = validate(compose("config", overrides=["recipe=swb2000"]))

@@ -35,7 +35,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the chosen stages; return the exit status (0, or 2 after a one-line error)."""
     import recipes  # noqa: F401 - fills the recipe registry (runner/recipe.py)
 
-    from ..config.compose import compose_all, validate_job
+    from .compose import compose_all, validate_job
 
     try:
         args = build_parser().parse_args(argv)

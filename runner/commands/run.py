@@ -23,7 +23,8 @@ from omegaconf import DictConfig, OmegaConf
 import recipes  # noqa: F401 - fills the recipe registry (runner/recipe.py)
 
 from .. import ctrl_c
-from ..config.compose import (
+from ..errors import EXIT_PREEMPTED, EXIT_STOPPED, ConfigError, UserError
+from .compose import (
     CONFIG_MODULE,
     CONFIG_NAME,
     check_override_spacing,
@@ -33,7 +34,6 @@ from ..config.compose import (
     sweep_jobs,
     validate_job,
 )
-from ..errors import EXIT_PREEMPTED, EXIT_STOPPED, ConfigError, UserError
 
 # Flags after which Hydra only prints something (no run): skip the preflight.
 INFO_FLAGS = {"--help", "-h", "--hydra-help", "--info", "-i", "--version", "--cfg", "-c",

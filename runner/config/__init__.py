@@ -1,3 +1,3 @@
 """Configuration: the section primitives every schema shares (section.py), the run's own
-schema (run_schema.py), the name -> class registries (registry.py), and composing and
-validating a command line exactly as adpsgd-run does (compose.py)."""
+schema (run_schema.py) and the name -> class registries (registry.py). Composing and validating
+a command line, which names every registry, is the commands' (runner/commands/compose.py)."""

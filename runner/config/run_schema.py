@@ -1,9 +1,10 @@
 """The run configuration's schemas: the top level and the trainer, optim, comm and faults
 sections (each one a dataclass with its defaults and a ``check`` for impossible values).
 
-Each default is written here, once: conf/ holds only what a choice changes (runner/config/compose.py
-registers these schemas, and those of every algorithm, recipe, topology and launcher, in
-Hydra's ConfigStore, and every YAML extends its schema). Fix hints name the schema's default.
+Each default is written here, once: conf/ holds only what a choice changes
+(runner/commands/compose.py registers these schemas, and those of every algorithm, recipe,
+topology and launcher, in Hydra's ConfigStore, and every YAML extends its schema). Fix hints
+name the schema's default.
 """
 
 from __future__ import annotations

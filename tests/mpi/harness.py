@@ -114,7 +114,7 @@ def compose_config(overrides: list[str]):
     from hydra import compose, initialize_config_module
 
     import recipes  # noqa: F401 - fills the recipe registry, as the commands do
-    from runner.config.compose import validate
+    from runner.commands.compose import validate
 
     with initialize_config_module(config_module="runner.conf", version_base=None):
         return validate(compose("config", overrides=[
