@@ -96,9 +96,9 @@ def synthetic_batch(recipe, batch_size: int, frames: int, generator: torch.Gener
 
 def benchmark(args: argparse.Namespace) -> dict:
     from recipes import RECIPES
+    from runner.algos.optim import parameter_groups
     from runner.comm.buffers import flatten_parameters
     from runner.train.compute_path import ComputePath, amp_dtype
-    from runner.train.optim import parameter_groups
 
     record = bench.Record(NAME, "benchmarks/bench_blstm.py", args.argv, args.quick)
     if args.threads:

@@ -39,9 +39,9 @@ from omegaconf import OmegaConf
 from recipes.imagenet.data import ImageBatch
 from recipes.imagenet.model import RESNETS, build_resnet
 from recipes.imagenet.recipe import ImageNet, ImageNetConfig
+from runner.algos.optim import parameter_groups
 from runner.comm.buffers import flatten_parameters
 from runner.train.compute_path import AMP_CHOICES, ComputePath, amp_dtype
-from runner.train.optim import parameter_groups
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # run as a file from anywhere: this checkout's benchmarks

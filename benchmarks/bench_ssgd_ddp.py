@@ -68,11 +68,11 @@ def train_ddp(cfg, world_mpi, model_out: Path | None = None) -> dict:
     from torch.nn.parallel import DistributedDataParallel
 
     from recipes import RECIPES
+    from runner.algos.optim import parameter_groups
     from runner.errors import UserError
     from runner.train.compute_path import ComputePath, resolve_device
     from runner.train.data import BatchFetcher, ShardedBatches
     from runner.train.lr_schedule import LRSchedule
-    from runner.train.optim import parameter_groups
     from runner.train.rng import rank_seed, seed_everything
 
     rank, size = world_mpi.Get_rank(), world_mpi.Get_size()

@@ -11,7 +11,7 @@ each as adpsgd-run would train it (benchmarks/harness.py), in the order repetiti
 (no straggler, straggler), so that a drift in the machine's load hits both sides of a ratio
 alike. Throughput is the run's samples_per_s (samples over training seconds of the slowest
 rank, evaluation excluded); kept = median with straggler / median without. The straggler
-sleeps 3x its own forward/backward time each step (runner/trainer.py): on a machine with fewer
+sleeps 3x its own forward/backward time each step (runner/trainer/loop.py): on a machine with fewer
 cores than ranks, that sleep hands its core to the other ranks, which flatters every
 algorithm whose other ranks do not wait for it.
 """

@@ -11,7 +11,7 @@ status 75 (``EXIT_PREEMPTED``) after the job's checkpoint; SIGINT (Ctrl-C, forwa
 launcher; SIGUSR2 where it came through Open MPI's mpiexec) likewise with status 130
 (``EXIT_STOPPED``). The handlers are installed before anything
 slow, and only then does the rank write ``logs/rank<N>.pid``, which is where the launcher
-forwards signals; ``logs/rank<N>.exit`` records how the rank ended (runner/launch/watchdog.py).
+forwards signals; ``logs/rank<N>.exit`` records how the rank ended (runner/runlog/liveness.py).
 """
 
 from __future__ import annotations
@@ -39,8 +39,7 @@ from .errors import (
     disk_full,
     one_line,
 )
-from .launch.run_dir import hold_shared
-from .launch.watchdog import (
+from .runlog.liveness import (
     LAUNCHER_PID,
     launcher_here,
     start_heartbeat,
@@ -50,6 +49,7 @@ from .launch.watchdog import (
     write_pid_file,
 )
 from .runlog.records import RUN_CONFIG
+from .runlog.run_lock import hold_shared
 
 QUIET_ABORT_DELAY_S = 5.0  # a rank whose error another rank reports waits this long
 log = logging.getLogger("adpsgd")
@@ -151,7 +151,7 @@ def tune_mpi(run_dir: Path) -> None:
 def launcher_gone(pid: int | None) -> None:
     """The launcher that supervises this job died (kill -9, a closed session): without it
     nobody watches the ranks, so they checkpoint and stop (status stopped). ``pid``: None
-    when it ran on another host (its host said so, runner/launch/watchdog.py)."""
+    when it ran on another host (its host said so, runner/runlog/liveness.py)."""
     log.warning("adpsgd-run (%s), which started this job, is gone: checkpointing and "
                 "stopping", f"pid {pid}" if pid else "on another host")
     request_stop(signal.SIGINT)
@@ -226,9 +226,9 @@ def _run_rank(run_dir: Path, in_process: bool) -> int:
     from .comm.pairwise import ExchangeTimeout
     from .comm.traffic import Traffic
     from .comm.world import detect_world, mpi
+    from .runlog.timers import activity
     from .train.compute_path import resolve_device
     from .train.spares import split_spares
-    from .train.timers import activity
     from .trainer import Trainer
 
     tune_mpi(run_dir)

@@ -10,11 +10,11 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
+from runner.algos.optim import flat_param_groups, parameter_groups
 from runner.comm.buffers import flatten_gradients, flatten_parameters
 from runner.errors import UserError
 from runner.train.compute_path import ComputePath, amp_dtype, to_channels_last
 from runner.train.data import BatchFetcher, ShardedBatches
-from runner.train.optim import flat_param_groups, parameter_groups
 
 
 class SmallNet(nn.Module):

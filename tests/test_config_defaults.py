@@ -13,8 +13,8 @@ from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
 from runner.commands.compose import CONFIG_MODULE, registries
+from runner.config.cluster import ClusterConfig
 from runner.config.run_schema import RunConfig
-from runner.sim.cluster import ClusterConfig
 
 from conftest import REPO
 

@@ -51,7 +51,7 @@ def test_nothing_cites_a_document_outside_the_repository():
     assert not hits, hits
 
 
-# A path of the repository as the docs and docstrings name it: runner/trainer.py,
+# A path of the repository as the docs and docstrings name it: runner/worker.py,
 # benchmarks/bench_sim.py, runner/runlog/ (a folder), tests/mpi/harness.py...
 NAMED_PATH = re.compile(r"(?<![\w/.-])((?:runner|recipes|benchmarks|scripts|tests|conf|docs)/"
                         r"[\w/.-]*\w(?:\.(?:py|sh|md|yaml)\b|/))")
@@ -83,6 +83,6 @@ def test_every_path_the_text_names_exists():
 
 
 def test_the_path_finder_finds_paths():
-    assert named_paths("see runner/trainer.py, runner/runlog/ and docs/RESULTS.md.") == {
-        "runner/trainer.py", "runner/runlog/", "docs/RESULTS.md"}
+    assert named_paths("see runner/worker.py, runner/runlog/ and docs/RESULTS.md.") == {
+        "runner/worker.py", "runner/runlog/", "docs/RESULTS.md"}
     assert named_paths("RUN_DIR/logs/rank0.log and my_runner/x.py") == set()

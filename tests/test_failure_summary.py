@@ -10,8 +10,8 @@ import pytest
 
 from runner.commands.compose import compose_all, validate
 from runner.errors import UserError
+from runner.launch.failure_summary import write_failure_summary
 from runner.runlog.records import drop_torn_tail, read_metrics
-from runner.runlog.summary import write_failure_summary
 
 CFG = validate(compose_all(["recipe=digit_images", "algo=dpsgd", "launcher.nprocs=4"], False,
                            "config")[0])

@@ -1,6 +1,8 @@
 """Imports point one way: no circle among the modules of runner/ and recipes/, counting every
 import statement (inside functions too, and ``importlib.import_module("...")`` with a literal
-name) and counting a package's ``__init__`` as a module of its own."""
+name) and counting a package's ``__init__`` as a module of its own. Imports under
+``if TYPE_CHECKING:`` are left out: they never run (a module of the trainer's package names
+the Trainer's type that way)."""
 
 from __future__ import annotations
 
@@ -28,9 +30,19 @@ def modules() -> dict[str, tuple[Path, bool]]:
     return found
 
 
+def type_checking_only(tree: ast.AST) -> set[ast.AST]:
+    """The nodes inside ``if TYPE_CHECKING:`` blocks."""
+    return {inner for node in ast.walk(tree) if isinstance(node, ast.If)
+            and getattr(node.test, "id", getattr(node.test, "attr", None)) == "TYPE_CHECKING"
+            for statement in node.body for inner in ast.walk(statement)}
+
+
 def imported_names(module: str, is_init: bool, tree: ast.AST) -> set[str]:
     names = set()
+    skipped = type_checking_only(tree)
     for node in ast.walk(tree):
+        if node in skipped:
+            continue
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -124,6 +136,51 @@ def test_schemas_and_registries_are_leaves():
     users = sorted(m for m, targets in graph.items()
                    if {"runner.algos", "runner.recipe", "runner.launch"} <= targets)
     assert users and all(m.startswith("runner.commands.") for m in users), users
+
+
+# The floors of the house, top to bottom: a module imports only its own floor and those below
+# (a package's modules by their longest prefix here). CLI -> launcher -> a rank's worker ->
+# the trainer (and the simulator, which drives the same parts) -> checkpoints -> the training
+# loop's parts -> algorithms -> what a run records -> topology, communication -> recipes ->
+# config, registries and errors.
+FLOORS = [("runner.commands",), ("runner.launch",), ("runner.worker",), ("runner.trainer",),
+          ("runner.sim",), ("runner.checkpoint",), ("runner.train",), ("runner.algos",),
+          ("runner.runlog",), ("runner.topology",), ("runner.comm",), ("recipes",),
+          ("runner", "runner.config", "runner.recipe", "runner.errors", "runner.lazy",
+           "runner.ctrl_c")]
+
+
+def floor_of(module: str) -> int:
+    """The index in FLOORS of the longest prefix that names ``module``."""
+    matches = [(len(prefix), floor) for floor, prefixes in enumerate(FLOORS)
+               for prefix in prefixes if module == prefix or module.startswith(prefix + ".")]
+    assert matches, f"{module} stands on no floor: add its package to FLOORS"
+    return max(matches)[1]
+
+
+def imports_up(graph: dict[str, set[str]]) -> list[str]:
+    """Every import from a lower floor to a higher one, as ``importer -> imported``."""
+    return [f"{module} -> {target}" for module, targets in sorted(graph.items())
+            for target in sorted(targets) if floor_of(module) > floor_of(target)]
+
+
+def test_no_import_runs_up_the_floors():
+    """Nothing imports a floor above it: e.g. the worker nothing of the launcher's side (a
+    rank's heartbeat and exit record are runner/runlog/liveness.py's), the config nothing of
+    the simulator (the cluster's schema is runner/config/cluster.py), the algorithms nothing
+    of the training loop (timers and the flat SGD sit below them), what a run records
+    nothing of checkpoints (the launcher's failure summary lists them)."""
+    assert imports_up(import_graph()) == []
+
+
+def test_the_floors_rule_catches_an_import_up():
+    """The check itself: the worker importing the launcher's watchdog, and the topology
+    importing the algorithms, are found."""
+    graph = import_graph()
+    graph["runner.worker"] = graph["runner.worker"] | {"runner.launch.watchdog"}
+    graph["runner.topology.base"] = graph["runner.topology.base"] | {"runner.algos"}
+    assert imports_up(graph) == ["runner.topology.base -> runner.algos",
+                                 "runner.worker -> runner.launch.watchdog"]
 
 
 # The runner's modules that may import the recipes package: it registers the recipes in

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from runner.checkpoint.files import complete_checkpoints
-from runner.launch.watchdog import HEARTBEAT_S
+from runner.runlog.liveness import HEARTBEAT_S
 
 from conftest import BIN, REPO, run_cli
 

@@ -1,4 +1,4 @@
-"""runner.train.optim.SGD: torch's SGD, step for step, without importing torch._dynamo."""
+"""runner.algos.optim.SGD: torch's SGD, step for step, without importing torch._dynamo."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from runner.train.optim import SGD
+from runner.algos.optim import SGD
 
 
 def two_group_models() -> tuple[torch.nn.Module, torch.nn.Module]:
@@ -70,7 +70,7 @@ def test_step_hooks_run_and_the_step_records_no_graph():
 def test_building_stepping_and_saving_it_imports_no_dynamo():
     """The point of it: torch.optim.SGD imports torch._dynamo (seconds) on its first step."""
     code = ("import sys, torch\n"
-            "from runner.train.optim import SGD\n"
+            "from runner.algos.optim import SGD\n"
             "model = torch.nn.Linear(3, 2)\n"
             "optimizer = SGD(model.parameters(), lr=0.1, momentum=0.9)\n"
             "model(torch.ones(1, 3)).sum().backward()\n"

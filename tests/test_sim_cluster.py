@@ -18,16 +18,9 @@ from omegaconf import OmegaConf
 
 from recipes import RECIPES
 from runner.commands.compose import compose_all, validate
+from runner.config.cluster import ClusterConfig, ComputeConfig, LinkConfig
 from runner.errors import ConfigError, UserError
-from runner.sim.cluster import (
-    ClusterConfig,
-    ClusterModel,
-    ComputeConfig,
-    ComputeModel,
-    LinkConfig,
-    measured_cluster,
-    resolved,
-)
+from runner.sim.cluster import ClusterModel, ComputeModel, measured_cluster, resolved
 from runner.sim.event_queue import EventQueue
 from runner.sim.network import SharedChannel, ring_allreduce
 

@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from runner.algos.optim import parameter_groups
 from runner.sim.stacked import StackedLearners, StackedSGD
-from runner.train.optim import parameter_groups
 
 
 class Tiny(nn.Module):

@@ -371,7 +371,7 @@ def test_the_local_cluster_removes_stale_mpich_segments_and_keeps_mapped_ones(tm
 def fake_rank(run_dir: Path, rank: int, pid: int, status: int | None = None) -> None:
     """Rank files as a rank leaves them: pid file (heartbeat) and, once it ended, its exit
     record."""
-    from runner.launch.watchdog import write_exit_record
+    from runner.runlog.liveness import write_exit_record
 
     logs = run_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)

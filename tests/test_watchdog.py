@@ -16,22 +16,24 @@ from runner import ctrl_c
 from runner.checkpoint.preemption import install_stop_handlers, request_stop, stop_reason
 from runner.launch.local import ForcedStop, StopForwarding
 from runner.launch.watchdog import (
-    HEARTBEAT_S,
     ExitPoller,
     HeartbeatListener,
-    LauncherLink,
     RankWatchdog,
     clear_rank_files,
-    datagram_sender,
     empty_blank_exit_records,
     exit_record,
-    process_alive,
     ranks_progress,
+)
+from runner.runlog.failure_events import record_event
+from runner.runlog.liveness import (
+    HEARTBEAT_S,
+    LauncherLink,
+    datagram_sender,
+    process_alive,
     stop_requests,
     write_exit_record,
     write_pid_file,
 )
-from runner.runlog.failure_events import record_event
 
 pytestmark = pytest.mark.slow
 

@@ -173,7 +173,7 @@ class ADPSGD(Algorithm):
         # replica the gradient was computed on (part of g, see the docstring), so that every
         # rank of a super learner computes the same update whether or not its leader's x has
         # changed by an averaging since.
-        from ..train.optim import SGD, flat_param_groups  # a subclass of torch's: imports it
+        from .optim import SGD, flat_param_groups  # a subclass of torch's: imports it
 
         params = list(model.parameters())
         groups = flat_param_groups(optimizer.param_groups, params, self.x, self.grads)
@@ -271,7 +271,7 @@ class ADPSGD(Algorithm):
             estimate = max(self.averager.global_samples(), self.signal.latest())
         elif self.is_leader:  # one learner: nothing to estimate
             # A super learner counts its node's samples; a lone learner (an elastic job's
-            # last) its own, which the lost learners' are added to (runner/trainer.py).
+            # last) its own, which the lost learners' are added to (runner/trainer/loop.py).
             estimate = lockstep_samples if self.group.size > 1 else local_samples
         if self.group.size > 1:  # every member follows its leader's clock
             estimate = self.group.bcast_object(estimate, root=0)

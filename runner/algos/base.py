@@ -1,6 +1,6 @@
 """The algorithm interface: hooks around one shared training loop.
 
-The trainer (runner/trainer.py) owns the loop; an algorithm only decides what happens to
+The trainer (runner/trainer/loop.py) owns the loop; an algorithm only decides what happens to
 gradients and parameters at fixed points of each step::
 
     before_forward(step)          # e.g. post a non-blocking model exchange
@@ -34,7 +34,7 @@ from ..comm import Communicator, World
 from ..config.section import Section
 from ..errors import ConfigError
 from ..lazy import torch
-from ..train.timers import Timers
+from ..runlog.timers import Timers
 
 # An algorithm that averages every so many steps and does so fewer times than this in a whole
 # run is hardly what its name says: the run is warned (check_run_length).

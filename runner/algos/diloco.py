@@ -32,7 +32,7 @@ from .base import AlgoConfig, Algorithm
 from .registry import ALGORITHMS
 
 if TYPE_CHECKING:
-    from ..train.optim import SGD
+    from .optim import SGD
 
 
 @dataclass
@@ -55,7 +55,7 @@ class DiLoCoConfig(AlgoConfig):
 
 def outer_optimizer(theta: list[torch.Tensor], cfg: DiLoCoConfig) -> SGD:
     """The outer SGD over theta (both engines use it)."""
-    from ..train.optim import SGD  # a subclass of torch's: imports it
+    from .optim import SGD  # a subclass of torch's: imports it
 
     return SGD(theta, lr=cfg.outer_lr, momentum=cfg.outer_momentum,
                nesterov=cfg.outer_momentum > 0)

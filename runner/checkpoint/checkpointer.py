@@ -1,6 +1,6 @@
 """A run's checkpoints: writing them (collectively) and finding the one to resume from.
 
-The trainer (runner/trainer.py) decides when (checkpoint milestones, runner/train/milestones.py,
+The trainer (runner/trainer/) decides when (checkpoint milestones, runner/train/milestones.py,
 and graceful stops) and hands :meth:`Checkpointer.save` what a rank saves (runner/checkpoint/
 rank_state.py: everything that decides its future); runner/checkpoint/files.py owns the files.
 Lockstep algorithms therefore resume bit for bit. A job with another number of ranks (or
@@ -21,7 +21,7 @@ from omegaconf import OmegaConf
 
 from ..comm import Communicator, World
 from ..errors import UserError, warn_user
-from ..train.timers import Timers
+from ..runlog.timers import Timers
 from .files import MARKER as CHECKPOINT_MARKER
 from .files import (
     Checkpoint,

@@ -7,7 +7,7 @@ by progress and two checkpoints of the same state have the same name)::
     RUN_DIR/checkpoints/samples-0000001437/COMPLETE                    written last, by rank 0
 
 A rank's file holds its model (decentralized replicas differ), optimizer state, RNG states,
-data position, counters and its algorithm's state (runner/trainer.py decides what). Each file is
+data position, counters and its algorithm's state (runner/trainer/ decides what). Each file is
 written to a temporary name in the same directory, flushed, fsynced and renamed, and the
 directory is fsynced; rank 0 writes ``COMPLETE`` only after a barrier that every rank reaches
 once its file is durable. A job killed at any moment therefore leaves either a complete

@@ -22,7 +22,7 @@ checks, about a second whether a step takes 10 ms or 2 s. At an evaluation or a 
 where the ranks meet anyway, they agree at once (a blocking MAX-allreduce), so a signal that
 arrived during one is acted on right after it; one that arrived while the ranks were still
 starting is acted on before the first step (the launcher also notes it in the run dir,
-runner/launch/watchdog.py, for a rank quicker to its first step than the launcher to its pid
+runner/runlog/liveness.py, for a rank quicker to its first step than the launcher to its pid
 file). The flag says why: a user's stop outranks a preemption.
 """
 

@@ -13,7 +13,7 @@ A rank's file holds everything that decides its future (:func:`capture`):
   TensorBoard events after the checkpoint are dropped), so a resumed run continues the
   same files.
 
-Both functions take the trainer (runner/trainer.py), whose parts they read and restore.
+Both functions take the trainer (runner/trainer/loop.py), whose parts they read and restore.
 """
 
 from __future__ import annotations

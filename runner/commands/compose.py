@@ -25,12 +25,12 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
 from ..algos import ALGORITHMS
+from ..config.cluster import ClusterConfig
 from ..config.registry import Registry
 from ..config.run_schema import FIXED_SECTIONS, RunConfig
 from ..errors import ConfigError, UserError, one_line
 from ..launch import LAUNCHERS
 from ..recipe import RECIPES
-from ..sim.cluster import ClusterConfig
 from ..topology import TOPOLOGIES
 
 CONFIG_MODULE = "runner.conf"

@@ -184,8 +184,9 @@ def preflight(argv: list[str]) -> None:
 @hydra.main(version_base=None, config_path=f"pkg://{CONFIG_MODULE}", config_name=CONFIG_NAME)
 def run_job(cfg: DictConfig) -> None:
     from ..launch import LAUNCHERS
+    from ..launch.failure_summary import write_failure_summary
     from ..runlog.records import RUN_CONFIG
-    from ..runlog.summary import results_table, write_failure_summary
+    from ..runlog.summary import results_table
 
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     try:
@@ -275,7 +276,8 @@ def report_user_stop(typed: DictConfig, run_dir: Path) -> None:
     """The one line after Ctrl-C: whether the ranks checkpointed (summary status ``stopped``
     written by them) or were stopped at once, and how to continue."""
     from ..checkpoint.files import complete_checkpoints, remove_partial_checkpoints
-    from ..runlog.summary import session_summary, write_failure_summary
+    from ..launch.failure_summary import write_failure_summary
+    from ..runlog.summary import session_summary
 
     summary = session_summary(run_dir) or {}
     graceful = summary.get("status") == "stopped"
@@ -299,12 +301,12 @@ def report_user_stop(typed: DictConfig, run_dir: Path) -> None:
 
 
 def claim_run_dir(run_dir: Path, resume: str | None) -> None:
-    """Lock ``run_dir`` for this job and refuse a fresh start in another run's dir
-    (runner/launch/run_dir.py)."""
-    from ..launch import run_dir as ownership
+    """Lock ``run_dir`` for this job (runner/runlog/run_lock.py) and refuse a fresh start in
+    another run's dir (runner/launch/run_dir.py)."""
+    from ..launch.run_dir import start_fresh
+    from ..runlog.run_lock import claim
 
-    ownership.claim(run_dir, check=partial(ownership.start_fresh, run_dir)
-                    if resume is None else None)
+    claim(run_dir, check=partial(start_fresh, run_dir) if resume is None else None)
 
 
 def single_run_dir(argv: list[str]) -> tuple[Path, str | None] | None:

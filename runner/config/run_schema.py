@@ -14,7 +14,7 @@ from typing import Any, Optional
 
 from omegaconf import MISSING, DictConfig
 
-from ..sim.cluster import ClusterConfig
+from .cluster import ClusterConfig
 from .section import Section, require
 
 # torch.compile backends for training that ship with torch (importing torch._dynamo to list
@@ -245,7 +245,7 @@ class RunConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     comm: CommConfig = field(default_factory=CommConfig)
     faults: FaultsConfig = field(default_factory=FaultsConfig)
-    # The modelled machine of launcher=sim (conf/cluster/, runner/sim/cluster.py).
+    # The modelled machine of launcher=sim (conf/cluster/, runner/config/cluster.py).
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     recipe: Any = MISSING
     algo: Any = MISSING

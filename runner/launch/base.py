@@ -13,7 +13,7 @@ from typing import Any, ClassVar, Optional
 from omegaconf import DictConfig
 
 from ..config.section import Section, require
-from .watchdog import HEARTBEAT_S
+from ..runlog.liveness import HEARTBEAT_S
 
 
 @dataclass

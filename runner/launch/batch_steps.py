@@ -35,6 +35,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from ..checkpoint.files import complete_checkpoints
+from ..runlog.liveness import HEARTBEAT_S, process_alive
 from ..runlog.records import RUN_CONFIG
 from .restart_policy import (
     CHECKPOINTS,
@@ -47,12 +48,10 @@ from .restart_policy import (
     record_step_ended,
 )
 from .watchdog import (
-    HEARTBEAT_S,
     clear_rank_files,
     empty_blank_exit_records,
     exit_statuses,
     heartbeat_age,
-    process_alive,
     rank_host,
     rank_pid,
     ranks_progress,
@@ -211,7 +210,7 @@ def main(argv: list[str] | None = None) -> None:
             raise SystemExit(REQUEUE)
         raise SystemExit(0)
     if args.failed is not None:
-        from ..runlog.summary import write_failure_summary  # TensorBoard's writer: only here
+        from .failure_summary import write_failure_summary  # TensorBoard's writer: only here
         from .slurm import JOB_SCRIPT
 
         write_failure_summary(run_dir, OmegaConf.load(run_dir / RUN_CONFIG), args.failed,

@@ -52,6 +52,7 @@ from ..errors import (
 )
 from ..runlog.console import CONSOLE_IS_TERMINAL
 from ..runlog.failure_events import record_event
+from ..runlog.liveness import HEARTBEAT_S, HEARTBEAT_TO, LAUNCHER_HOST, LAUNCHER_PID, LINK_TIMEOUT
 from .base import Launcher, LauncherConfig, records_off_the_console
 from .hosts import hostfile_args, mpi_flavor, remote_shell_path, unanswered_host
 from .registry import LAUNCHERS
@@ -66,11 +67,6 @@ from .ulfm_mpi import (
     ulfm_environment,
 )
 from .watchdog import (
-    HEARTBEAT_S,
-    HEARTBEAT_TO,
-    LAUNCHER_HOST,
-    LAUNCHER_PID,
-    LINK_TIMEOUT,
     DeadRank,
     HeartbeatListener,
     RankWatchdog,

@@ -13,8 +13,8 @@ from typing import Optional
 
 from ..config.section import require
 from ..errors import EXIT_STOPPED, DiskFull, UserError, disk_full
-from ..runlog.summary import write_failure_summary
 from .base import Launcher, LauncherConfig, records_off_the_console
+from .failure_summary import write_failure_summary
 from .registry import LAUNCHERS
 
 log = logging.getLogger("adpsgd")

@@ -1,4 +1,5 @@
-"""Which ranks are alive: per-rank files in RUN_DIR/logs, and the launcher's watchdog.
+"""The launcher's watchdog: which ranks are alive, from the files and heartbeats of
+runner/runlog/liveness.py (the rank side: what every rank writes and sends).
 
 Every rank writes ``logs/rank<N>.pid`` (its pid and host) as soon as it can take a forwarded
 signal, and ``logs/rank<N>.exit`` when it ends on its own: its exit status and, when it failed
@@ -41,54 +42,16 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-LOGS = "logs"
-
-
-def _path(run_dir: str | Path, rank: int, suffix: str) -> Path:
-    return Path(run_dir) / LOGS / f"rank{rank}.{suffix}"
-
-
-RECORD_BYTES = 4096  # an exit record's fixed size: its blocks exist before the rank needs them
-HEARTBEAT_S = 2.0  # how often a rank touches its pid file
-
-
-def write_pid_file(run_dir: str | Path, rank: int) -> None:
-    """The rank's pid and host, and its exit record, still blank (raises OSError when the
-    run dir cannot take them: a full disk at the start)."""
-    path = _path(run_dir, rank, "pid")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    record = _path(run_dir, rank, "exit")
-    with open(record, "wb") as f:
-        f.write(b" " * RECORD_BYTES)
-        f.flush()
-        os.fsync(f.fileno())
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(f"{os.getpid()} {socket.gethostname()}\n")
-    os.replace(tmp, path)  # the launcher never reads half a file
-
-
-def write_exit_record(run_dir: str | Path, rank: int, status: int,
-                      message: str | None = None, samples: int | None = None) -> None:
-    """Overwrite the rank's blank exit record in place (no new blocks: this works on a full
-    disk); never raises, since it runs on the way out of every failure. ``samples``: the
-    global samples the rank had seen as it ended (fresher than its last heartbeat)."""
-    record = {"status": status, "message": message, "samples": samples}
-    payload = json.dumps(record).encode()
-    if len(payload) > RECORD_BYTES:
-        cut = message[:RECORD_BYTES // 2] + "..." if message else None
-        payload = json.dumps({**record, "message": cut}).encode()
-    try:
-        with open(_path(run_dir, rank, "exit"), "r+b") as f:
-            f.write(payload.ljust(RECORD_BYTES))
-    except OSError:
-        try:
-            _path(run_dir, rank, "exit").write_bytes(payload)
-        except OSError:
-            pass
+from ..runlog.liveness import (
+    LOST_ANSWER,
+    TRAINING,
+    process_alive,
+    rank_file,
+    stop_request_path,
+)
 
 
 def empty_blank_exit_records(run_dir: str | Path, nprocs: int) -> None:
@@ -97,128 +60,11 @@ def empty_blank_exit_records(run_dir: str | Path, nprocs: int) -> None:
     what it is, no record. A written record is left alone."""
     for rank in range(nprocs):
         try:
-            with open(_path(run_dir, rank, "exit"), "r+b") as f:
+            with open(rank_file(run_dir, rank, "exit"), "r+b") as f:
                 if not f.read().strip():
                     f.truncate(0)
         except OSError:  # no record (the rank never started), or an unreadable run dir
             pass
-
-
-# The local launcher's pid and host, in its ranks' environment: ranks on its host stop when
-# it is gone (a pid means nothing on another host).
-LAUNCHER_PID = "ADPSGD_LAUNCHER_PID"
-LAUNCHER_HOST = "ADPSGD_LAUNCHER_HOST"
-# Where ranks send their heartbeats over the network (HOST:PORT), when the job spans hosts.
-HEARTBEAT_TO = "ADPSGD_HEARTBEAT_TO"
-# An elastic job across hosts: the seconds without the launcher's answer after which a rank
-# takes itself for cut off (launcher.link_timeout_s); the answer's first word.
-LINK_TIMEOUT = "ADPSGD_LINK_TIMEOUT"
-LOST_ANSWER = "lost"
-TRAINING = "training"  # a heartbeat's last word once the rank trains (its start-up is over)
-
-
-def launcher_here() -> int | None:
-    """The launcher's pid when it runs on this rank's host, else None."""
-    pid, host = os.environ.get(LAUNCHER_PID), os.environ.get(LAUNCHER_HOST)
-    return int(pid) if pid and host in (None, socket.gethostname()) else None
-
-
-def watch_launcher(pid: int, on_gone) -> None:
-    """Call ``on_gone()`` (from a daemon thread) when process ``pid`` ends."""
-
-    def watch() -> None:
-        try:
-            fd = os.pidfd_open(pid)
-        except (AttributeError, OSError):
-            fd = None
-        if fd is not None:
-            select.select([fd], [], [])  # readable once the process has ended
-            os.close(fd)
-        else:
-            while process_alive(pid):
-                time.sleep(1.0)
-        on_gone()
-
-    threading.Thread(target=watch, name="launcher-watch", daemon=True).start()
-
-
-def start_heartbeat(run_dir: str | Path, rank: int,
-                    progress: Callable[[], int | None] = lambda: None,
-                    operation: Callable[[], str | None] = lambda: None,
-                    on_lost: Callable[[list[int]], None] | None = None,
-                    on_cut_off: Callable[[float], None] | None = None,
-                    on_launcher_gone: Callable[[], None] = lambda: None) -> None:
-    """A daemon thread that touches the rank's pid file every HEARTBEAT_S. Once
-    ``progress()`` (the global samples the rank has seen) has a value, each beat rewrites the
-    file with it as a third field, which a launcher that restarts a failed job reads (see
-    ``rank_progress``), and what ``operation()`` says the rank is doing as the rest of the
-    line (``rank_operation``: named when the rank stalls or dies); on a full disk the beat only
-    touches the file (its time changes).
-
-    In an elastic job across hosts (``ADPSGD_LINK_TIMEOUT`` set), the network heartbeats go
-    from a :class:`LauncherLink` thread instead, which hears the launcher's answers and calls
-    ``on_lost``, ``on_cut_off`` and ``on_launcher_gone``; they never wait on the run dir's
-    file system."""
-    path = _path(run_dir, rank, "pid")
-    tmp = path.with_name(path.name + ".beat")
-    identity = f"{os.getpid()} {socket.gethostname()}"
-    target, link_timeout = os.environ.get(HEARTBEAT_TO), os.environ.get(LINK_TIMEOUT)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    beat_words = f"{rank} {identity}"
-    send = datagram_sender(target, lambda: (beat_words if progress() is None else
-                                            f"{beat_words} {TRAINING}").encode(), sock)
-    linked = bool(target and link_timeout and on_lost and on_cut_off)
-    if linked:  # the launcher takes a silent rank for lost first, and the rank learns it
-        LauncherLink(sock, target, send, float(link_timeout) + 2 * HEARTBEAT_S, on_lost,
-                     on_cut_off, on_launcher_gone)
-
-    def beat() -> None:
-        while True:
-            if not linked:
-                send()
-            try:
-                samples = progress()
-                if samples is None:
-                    os.utime(path)
-                else:
-                    doing = " ".join((operation() or "").split())  # one line
-                    tmp.write_text(f"{identity} {samples} {doing}".rstrip() + "\n")
-                    os.replace(tmp, path)
-            except OSError:
-                try:
-                    os.utime(path)
-                except OSError:
-                    pass
-            time.sleep(HEARTBEAT_S)
-
-    threading.Thread(target=beat, name="heartbeat", daemon=True).start()
-
-
-def datagram_sender(target: str | None, payload: bytes | Callable[[], bytes],
-                    sock: socket.socket | None = None) -> Callable[[], None]:
-    """A function that sends ``payload`` (or what it returns) to ``target`` (HOST:PORT) as one
-    UDP datagram (from ``sock``, else a socket of its own), never raising (a lost datagram is
-    a missed beat); a no-op without a target."""
-    if not target:
-        return lambda: None
-    address = None
-    sock = sock or socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-
-    def send() -> None:
-        nonlocal address
-        try:
-            address = address or udp_address(target)
-            sock.sendto(payload() if callable(payload) else payload, address)
-        except (OSError, ValueError, AttributeError):  # AttributeError: a rank's state
-            address = None  # resolve again next time (the network may come back)
-
-    return send
-
-
-def udp_address(target: str) -> tuple:
-    """The socket address of ``target`` (HOST:PORT) for UDP (raises OSError or ValueError)."""
-    host, _, port = target.rpartition(":")
-    return socket.getaddrinfo(host, int(port), socket.AF_INET, socket.SOCK_DGRAM)[0][4]
 
 
 class HeartbeatListener:
@@ -290,68 +136,10 @@ class HeartbeatListener:
         self.sock.close()
 
 
-class LauncherLink:
-    """A rank's end of the answered heartbeats (:class:`HeartbeatListener`), in a thread of
-    its own: ``on_lost(ranks)`` for the learners the launcher newly takes for lost (this
-    rank among them if the launcher lost it); ``on_cut_off(seconds)`` once when no answer
-    came for ``timeout_s`` (from this side, a cut link looks like every peer across it gone:
-    the launcher decides which side goes on); ``on_launcher_gone()`` once when the launcher's
-    host says that nobody listens there any more (the launcher died; its socket is connected
-    to hear that ICMP answer)."""
-
-    def __init__(self, sock: socket.socket, target: str, send: Callable[[], None],
-                 timeout_s: float, on_lost: Callable[[list[int]], None],
-                 on_cut_off: Callable[[float], None],
-                 on_launcher_gone: Callable[[], None]) -> None:
-        self.sock, self.target, self.send, self.timeout_s = sock, target, send, timeout_s
-        self.on_lost, self.on_cut_off, self.on_launcher_gone = (on_lost, on_cut_off,
-                                                                on_launcher_gone)
-        threading.Thread(target=self._listen, name="launcher-link", daemon=True).start()
-
-    def _connect(self) -> bool:
-        try:
-            self.sock.connect(udp_address(self.target))
-            return True
-        except (OSError, ValueError):  # no route or no name yet: silence, for now
-            return False
-
-    def _listen(self) -> None:
-        self.sock.settimeout(HEARTBEAT_S / 4)
-        answered = sent = time.monotonic()
-        connected = self._connect()
-        self.send()
-        known: set[int] = set()
-        while True:
-            if time.monotonic() - sent >= HEARTBEAT_S:
-                sent = time.monotonic()
-                connected = connected or self._connect()
-                self.send()
-            try:
-                words = self.sock.recv(65536).split()
-            except TimeoutError:
-                words = []
-            except ConnectionRefusedError:
-                self.on_launcher_gone()
-                return
-            except OSError:  # an unreachable network: an answer that did not come
-                time.sleep(HEARTBEAT_S / 4)
-                words = []
-            now = time.monotonic()
-            if words[:1] == [LOST_ANSWER.encode()]:
-                answered = now
-                lost = {int(word) for word in words[1:] if word.isdigit()}
-                if lost - known:
-                    self.on_lost(sorted(lost - known))
-                    known |= lost
-            elif now - answered > self.timeout_s:
-                self.on_cut_off(now - answered)
-                return
-
-
 def rank_host(run_dir: str | Path, rank: int) -> str | None:
     """The host the rank runs on, from its pid file (None before it wrote one)."""
     try:
-        return _path(run_dir, rank, "pid").read_text().split()[1]
+        return rank_file(run_dir, rank, "pid").read_text().split()[1]
     except (OSError, IndexError):
         return None
 
@@ -361,12 +149,8 @@ def clear_rank_files(run_dir: str | Path, nprocs: int) -> None:
     be mistaken for this one's."""
     for rank in range(nprocs):
         for suffix in ("pid", "exit"):
-            _path(run_dir, rank, suffix).unlink(missing_ok=True)
-    _stop_request_path(run_dir).unlink(missing_ok=True)
-
-
-def _stop_request_path(run_dir: str | Path) -> Path:
-    return Path(run_dir) / LOGS / "stop.request"
+            rank_file(run_dir, rank, suffix).unlink(missing_ok=True)
+    stop_request_path(run_dir).unlink(missing_ok=True)
 
 
 def write_stop_request(run_dir: str | Path, signums: list[int]) -> None:
@@ -375,7 +159,7 @@ def write_stop_request(run_dir: str | Path, signums: list[int]) -> None:
     rank in time, however little time passed between a rank's pid file and its first step
     (a fifth of a second on a fast machine, less than the launcher's poll). A note that
     cannot be written is left out: the signals still follow the pid files."""
-    path = _stop_request_path(run_dir)
+    path = stop_request_path(run_dir)
     tmp = path.with_name(path.name + ".tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -385,20 +169,11 @@ def write_stop_request(run_dir: str | Path, signums: list[int]) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def stop_requests(run_dir: str | Path) -> list[int]:
-    """The stop signals the launcher of this job noted (none when it noted none)."""
-    try:
-        names = _stop_request_path(run_dir).read_text().split()
-    except (OSError, UnicodeDecodeError):  # a damaged note asks for nothing
-        return []
-    return [signal.Signals[name] for name in names if name in signal.Signals.__members__]
-
-
 def exit_record(run_dir: str | Path, rank: int) -> dict | None:
     """``{"status", "message", "samples"}`` once the rank wrote its exit record, else None
     (a record written before ``samples`` was: none)."""
     try:
-        text = _path(run_dir, rank, "exit").read_text().strip()
+        text = rank_file(run_dir, rank, "exit").read_text().strip()
         record = json.loads(text) if text else None
     except (OSError, ValueError):
         return None
@@ -440,7 +215,7 @@ def failure_records(run_dir: str | Path, nprocs: int) -> list[FailureRecord]:
     for rank in range(nprocs):
         record = exit_record(run_dir, rank)
         if record and record["status"] not in (0, EXIT_PREEMPTED, EXIT_STOPPED):
-            when = _path(run_dir, rank, "exit").stat().st_mtime
+            when = rank_file(run_dir, rank, "exit").stat().st_mtime
             found.append(FailureRecord(rank, record["status"], record.get("message"), when))
     return sorted(found, key=lambda r: r.when)
 
@@ -455,14 +230,14 @@ def failure_times(run_dir: str | Path, nprocs: int) -> dict[int, float]:
     for rank in range(nprocs):
         status = exit_status(run_dir, rank)
         if status not in (None, 0, EXIT_PREEMPTED, EXIT_STOPPED, EXIT_PEER_LOST):
-            failed[rank] = _path(run_dir, rank, "exit").stat().st_mtime
+            failed[rank] = rank_file(run_dir, rank, "exit").stat().st_mtime
     return failed
 
 
 def rank_pid(run_dir: str | Path, rank: int) -> int | None:
     """The rank's pid if it runs on this host (the only pids we can check or signal)."""
     try:
-        pid, host = _path(run_dir, rank, "pid").read_text().split()[:2]
+        pid, host = rank_file(run_dir, rank, "pid").read_text().split()[:2]
     except (OSError, ValueError):
         return None
     return int(pid) if host == socket.gethostname() else None
@@ -473,7 +248,7 @@ def rank_progress(run_dir: str | Path, rank: int) -> int | None:
     wrote an exit record (None: neither reported)."""
     reported = []
     try:
-        fields = _path(run_dir, rank, "pid").read_text().split()
+        fields = rank_file(run_dir, rank, "pid").read_text().split()
         if len(fields) > 2:
             reported.append(int(fields[2]))
     except (OSError, ValueError):
@@ -497,7 +272,7 @@ def samples_reported(run_dir: str | Path, nprocs: int) -> int | None:
 def rank_operation(run_dir: str | Path, rank: int) -> str | None:
     """What the rank was doing at its last heartbeat (None: not reported)."""
     try:
-        fields = _path(run_dir, rank, "pid").read_text().split()
+        fields = rank_file(run_dir, rank, "pid").read_text().split()
     except OSError:
         return None
     return " ".join(fields[3:]) or None
@@ -507,25 +282,9 @@ def heartbeat_age(run_dir: str | Path, rank: int, now: float) -> float | None:
     """Seconds since the rank's last heartbeat (its pid file's time); None before its first.
     Read from the shared run dir, so it works for ranks on other nodes too."""
     try:
-        return now - _path(run_dir, rank, "pid").stat().st_mtime
+        return now - rank_file(run_dir, rank, "pid").stat().st_mtime
     except OSError:
         return None
-
-
-def process_alive(pid: int) -> bool:
-    """True for a running process; False once it is gone or a zombie (dead, not yet reaped
-    by mpiexec's proxy)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return True  # no /proc: trust kill(0)
-    return state not in ("Z", "X")
 
 
 # How long the launcher waits for the ranks it killed to exit before it returns.
@@ -761,7 +520,7 @@ class RankWatchdog:
 
     def all_started(self) -> bool:
         """Every rank wrote its pid file (so every rank can take a forwarded signal)."""
-        return all(_path(self.run_dir, rank, "pid").exists() for rank in range(self.nprocs))
+        return all(rank_file(self.run_dir, rank, "pid").exists() for rank in range(self.nprocs))
 
     def rank_of_pid(self, pid: int) -> int | None:
         self.refresh()

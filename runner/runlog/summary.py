@@ -1,7 +1,7 @@
 """summary.json: what a run reports when it ends (or fails), and the console's reading of it.
 
 Built by rank 0 from every rank's report (:func:`build_summary`); written by the launcher for a
-job that died before its ranks could (:func:`write_failure_summary`); read back by the
+job that died before its ranks could (runner/launch/failure_summary.py); read back by the
 commands (:func:`primary_metric`, :func:`results_table`).
 """
 
@@ -10,15 +10,11 @@ from __future__ import annotations
 import json
 import os
 import platform
-import time
 from pathlib import Path
 from typing import Any
 
-from ..errors import UserError
-from .failure_events import read_events, write_events_text
 from .learner_times import learners_of, slowest_learner_line
-from .records import read_metrics, read_restarts, write_json_atomic
-from .writer import hparams_of, write_session_end, write_session_start
+from .records import read_metrics
 
 TIMES = ("compute", "comm", "idle", "data", "eval", "checkpoint", "comm_busy", "milestone_wait")
 
@@ -33,65 +29,6 @@ def host_record() -> dict[str, Any]:
     except OSError:
         machine = platform.node()
     return {"name": platform.node(), "cores": int(cores or 1), "machine": machine}
-
-
-def rank_report(trainer: Any) -> dict[str, Any]:
-    """What one rank of runner/trainer.py's Trainer reports, at every evaluation (TensorBoard's
-    per-rank charts) and at the end (summary.json): time split, algorithm numbers, steps,
-    skipped batches, milestones met, host, device and how its tensors travelled."""
-    from ..train.compute_path import device_record
-
-    t = trainer
-    membership = getattr(t, "membership", None)
-    return {"time": {**t.timers.snapshot(), "comm_busy": t.comm.busy_s},
-            # The number it was launched with (an elastic run renumbers the ranks).
-            "learner": (membership.learners[t.world.rank] if membership is not None
-                        else t.world.rank),
-            "node": t.world.node, "algo": t.algo.stats(), "steps": t.state.step,
-            "skipped_batches": t.state.skipped_batches, "milestones": t.milestone_waits,
-            "host": host_record(), "device": device_record(t.compute.device),
-            "comm_backend": t.comm.backend, "comm_staging": t.comm.staging_record(),
-            "bytes_sent": t.comm.traffic.report(t.state.step)}
-
-
-def gather_summary(trainer: Any, status: str) -> dict[str, Any]:
-    """Collective, at the end of a run of runner/trainer.py's Trainer: every rank's report,
-    totals and parameter digest go to rank 0, which saves the final model of a completed run
-    and writes summary.json and the hparams session; returns the summary (empty elsewhere)."""
-    from ..comm.buffers import parameter_digest
-
-    t = trainer
-    seconds = t.timers.seconds
-    elapsed = time.perf_counter() - t.start_time - seconds["eval"] - seconds["checkpoint"]
-    train_time = t.comm.allreduce_numbers([elapsed], op="max")[0]
-    membership = t.membership  # elastic runs: the learners lost on the way
-    samples = (t.comm.allreduce_numbers([t.state.local_samples])[0]
-               + (membership.lost_samples if membership else 0))
-    digests = t.comm.gather_objects((t.world.node, parameter_digest(t.param_buffers)))
-    recipe_reports = t.comm.gather_objects(t.recipe.rank_report())
-    per_rank = t.comm.gather_objects(rank_report(t))
-    if not t.world.is_main:
-        return {}
-    if status == "completed":
-        t.checkpointer.save_final(t.model, t.state.step)
-    last = t.checkpointer.last
-    run = {"steps": t.state.step, "samples": int(samples), "train_s": train_time,
-           "wall_s": time.perf_counter() - t.start_time,
-           # The newest checkpoint, and the one this session resumed from (if any).
-           "checkpoint": str(last) if last else None,
-           "resumed_from": str(t.resumed_from.path) if t.resumed_from else None,
-           "restarts": read_restarts(t.run_dir),
-           # Ranks lost, stalled or failed in earlier jobs of this run (restarts).
-           "events": read_events(t.run_dir),
-           # The ranks launched, learners lost and joined (launcher.elastic), distinct
-           # samples used per epoch (lockstep algorithms).
-           "nprocs": t.cfg.launcher.nprocs, "learners_at_end": t.world.size,
-           "membership": membership.events if membership else [],
-           "epoch_samples": t.ledger.closed if t.ledger is not None else None}
-    summary = build_summary(status, t.cfg, t.world, run, t.state.history, per_rank, digests,
-                            t.recipe, recipe_reports)
-    t.runlog.finish(summary)
-    return summary
 
 
 def bytes_sent_entry(sent: list[dict[str, Any]]) -> dict[str, Any]:
@@ -184,59 +121,6 @@ def session_summary(run_dir: str | Path) -> dict[str, Any] | None:
     if path.exists() and path.stat().st_mtime >= start:
         return json.loads(path.read_text())
     return None
-
-
-def write_failure_summary(run_dir: str | Path, cfg: Any, exit_status: int,
-                          status: str = "failed", samples_reached: int | None = None) -> None:
-    """summary.json of a job that ended without a summary of its own (a rank failed or died,
-    or a second Ctrl-C stopped it at once): ``status``, the exit status, the checkpoint to
-    resume from and how far the run got by its newest checkpoint or evaluation (``steps``,
-    ``samples``; 0 before the first step), so that a script scanning run dirs sees every
-    run's outcome; and its TensorBoard hparams session, with the last evaluation's metrics.
-    A summary the ranks wrote in this session is kept (then they got far enough to say
-    more), with the job's status and exit status: ranks that the MPI runtime stopped as it
-    ended a failed job wrote "preempted", but the job failed. ``samples_reached``: the global
-    samples the ranks had trained by their last heartbeats (None: unknown), which a job
-    stopped at once reaches beyond its newest checkpoint; written as ``samples_reached``."""
-    from torch.utils.tensorboard.writer import FileWriter
-
-    from ..checkpoint.files import complete_checkpoints
-
-    if (written := session_summary(run_dir)) is not None:
-        if (written.get("status"), written.get("exit_status")) != (status, exit_status):
-            write_json_atomic(Path(run_dir) / "summary.json",
-                              {**written, "status": status, "exit_status": exit_status})
-        return
-    checkpoints = complete_checkpoints(run_dir)
-    try:
-        evals = [r for r in read_metrics(run_dir) if r.get("split") == "eval"]
-    except UserError:  # a damaged file must not hide why the job failed: left out here
-        evals = []
-    events = read_events(run_dir)
-    nprocs = cfg.launcher.nprocs
-    # How far the run dir shows the run got: its newest checkpoint or evaluation (0 for a
-    # job stopped before its first step), so that every summary.json has steps and samples.
-    reached = [(c.step, c.samples) for c in checkpoints[-1:]]
-    reached += [(e["step"], e["samples"]) for e in evals[-1:]
-                if isinstance(e.get("step"), int) and isinstance(e.get("samples"), int)]
-    steps, samples = max(reached, default=(0, 0))
-    write_json_atomic(Path(run_dir) / "summary.json", {
-        "status": status, "exit_status": exit_status, "algo": cfg.algo.name,
-        "recipe": cfg.recipe.name, "nprocs": nprocs, "steps": steps, "samples": samples,
-        "samples_reached": max(samples_reached or 0, samples),
-        "checkpoint": str(checkpoints[-1].path) if checkpoints else None,
-        "last_eval": evals[-1] if evals else None, "logs": str(Path(run_dir) / "logs"),
-        "restarts": read_restarts(run_dir), "events": events,
-        # An elastic job's losses and joins before it failed, as its summary lists them.
-        "membership": [{k: v for k, v in e.items() if k not in ("time", "cause", "operation")}
-                       for e in events if e.get("event") in ("lost", "joined", "spare lost")]})
-    last = {k: v for k, v in (evals[-1] if evals else {}).items()
-            if k not in ("epoch", "step", "samples", "train_s", "split")}
-    writer = FileWriter(str(Path(run_dir) / "tb"))
-    write_session_start(writer, hparams_of(cfg))  # none if the run died before
-    write_session_end(writer, last, status)
-    write_events_text(writer, events, evals[-1]["step"] if evals else 0)
-    writer.close()
 
 
 # Keys of summary["final"] that are not the recipe's metric.

@@ -3,7 +3,7 @@ bytes each learner sent.
 
 A learner's time advances by what it does (compute, a transfer it cannot hide) and by waiting:
 for a slower peer (idle) or for bytes on the wire (comm). The split is the one real ranks
-report (runner/train/timers.py), in seconds of the modelled cluster. The bytes sent are
+report (runner/runlog/timers.py), in seconds of the modelled cluster. The bytes sent are
 counted under the keys real ranks use (runner/comm/traffic.py), where the drivers model a
 send, with the sizes that the time model charges.
 """

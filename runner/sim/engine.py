@@ -1,6 +1,6 @@
 """One simulated run: N learners in this process, in the virtual time of a modelled cluster.
 
-The run is built from the same parts as a real rank's (runner/trainer.py): the recipe's
+The run is built from the same parts as a real rank's (runner/trainer/loop.py): the recipe's
 datasets, model and metric; the shards (runner/train/data.py: learner i reads exactly the batches
 rank i would); the learning-rate schedule and the milestones in global samples; the evaluator
 (averaged model and learner 0's own); the run log (TensorBoard, metrics.jsonl, summary.json)
@@ -36,6 +36,7 @@ from ..recipe import RECIPES
 from ..runlog.console import ProgressBar, evaluation_postfix
 from ..runlog.summary import build_summary
 from ..runlog.throughput import Throughput
+from ..runlog.timers import Timers
 from ..runlog.writer import RunLog
 from ..train.compute_path import ComputePath
 from ..train.data import BatchFetcher, ShardedBatches
@@ -44,7 +45,6 @@ from ..train.lr_schedule import LRSchedule
 from ..train.milestones import CHECKPOINT, EVALUATE, Milestones
 from ..train.nonfinite import nonfinite_error
 from ..train.rng import seed_everything
-from ..train.timers import Timers
 from . import asynchronous, choco, diloco, lockstep, sgp  # noqa: F401 - they register their drivers
 from .clocks import Clocks
 from .cluster import ClusterModel, ComputeModel, resolved

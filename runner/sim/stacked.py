@@ -25,7 +25,7 @@ import torch
 from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
 
-from ..train.optim import parameter_groups
+from ..algos.optim import parameter_groups
 
 log = logging.getLogger("adpsgd")
 

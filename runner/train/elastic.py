@@ -49,7 +49,7 @@ from ..comm.world import mpi
 from ..errors import TooFewLearners, UserError
 from ..runlog.failure_events import record_event
 from .data import ShardedBatches
-from .regroup import learner_comms, rebuild, unread_pass
+from .new_world import learner_comms, unread_pass
 from .streams import Streams, stream_of
 
 log = logging.getLogger("adpsgd")
@@ -475,7 +475,7 @@ class Membership:
         survivors_samples = comm.allreduce_numbers([t.state.local_samples])[0]
         self.lost_samples = int(t.state.lockstep_samples - survivors_samples)
         unread = unread_pass(old_shards, epoch, done_steps)
-        rebuild(t, world, comm, node_comm, (epoch, self.dealing_order(epoch, unread)))
+        t.regroup(world, comm, node_comm, (epoch, self.dealing_order(epoch, unread)))
         return repeated
 
     def deal_async(self, heard: list[float], lost_ranks: list[int], lost: list[int],
@@ -505,7 +505,7 @@ class Membership:
                 free_quietly(unused.mpi_comm)
             return
         mine = self.streams.deal(survivors, lost_counts)[self.learners[world.rank]]
-        rebuild(t, world, comm, node_comm, None, own=(mine.epoch, mine.current))
+        t.regroup(world, comm, node_comm, None, own=(mine.epoch, mine.current))
 
     def same_failure(self, in_flight: dict[int, tuple[int, np.ndarray]]
                      ) -> tuple[int, int, list[int]] | None:

@@ -1,7 +1,7 @@
 """A run's counters: what a rank has done so far and where it is in its data.
 
 One object with ``state_dict``/``load_state_dict`` so that a checkpoint stores it whole and a
-resumed run continues it (runner/trainer.py builds a rank's checkpoint from it, the model,
+resumed run continues it (runner/trainer/loop.py builds a rank's checkpoint from it, the model,
 the optimizer, the algorithm and the RNGs).
 """
 

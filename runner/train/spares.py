@@ -24,7 +24,7 @@ Growing back, collective over every process alive, after a committed step:
    ledger's closed epochs and carried counts, membership, learning rate, and the samples of
    the current pass nobody has trained on yet); joining spare k receives the model,
    optimizer and algorithm state of learner k mod the old count, its *donor*;
-4. every learner rebuilds for the new size (elastic.rebuild): the rest of the pass is dealt
+4. every learner rebuilds for the new size (Trainer.regroup): the rest of the pass is dealt
    to all of them, so every sample of the epoch is still used once. Asynchronous learners
    instead each keep the rest of their own pass, the joiners share what the lost learners
    had still to train of theirs (streams.py), and a joiner's model and momentum are the
@@ -46,7 +46,7 @@ from ..comm import World
 from ..comm.world import mpi
 from ..errors import UserError
 from .faults import FaultInjector
-from .regroup import learner_comms, rebuild, unread_pass
+from .new_world import learner_comms, unread_pass
 from .rng import rank_seed, seed_everything
 
 log = logging.getLogger("adpsgd")
@@ -192,7 +192,7 @@ def grow(m: Any) -> bool:
         t.stop.close()
     if t.ledger is not None:  # every count so far, carried by all: a learner lost later
         t.ledger.carry(comm, [])  # takes only its part of the rest of the pass with it
-    rebuild(t, world, comm, node_comm, job["partial"], algo_state, job["lr"], own=own)
+    t.regroup(world, comm, node_comm, job["partial"], algo_state, job["lr"], own=own)
     if pending is not None:  # the loss's point, after the first learner's run log is made
         m.chart(len(before))
     if joiners:

@@ -14,7 +14,7 @@ from runner.algos import TrainContext
 from runner.algos.ssgd import SSGD
 from runner.comm.communicator import Communicator
 from runner.comm.world import detect_world, mpi
-from runner.train.timers import Timers
+from runner.runlog.timers import Timers
 
 from harness import run_on_ranks
 

@@ -1,50 +1,30 @@
-"""Regrouping the learners of an elastic job (launcher.elastic; runner/train/elastic.py and
-runner/train/spares.py): the rest of the current pass dealt to the new set of learners, and
-the trainer pointed at them (communicators, data, algorithm, schedule)."""
+"""How a Trainer goes on with another set of learners (launcher.elastic: a loss, a spare
+that joins): communicators, data, evaluation, checkpoints, stop agreement, a new algorithm
+object and the learning-rate schedule, all pointed at the new world
+(:meth:`runner.trainer.Trainer.regroup`)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..algos import ALGORITHMS
+from ..checkpoint.preemption import StopAgreement
 from ..comm import Communicator, World
-from ..comm.traffic import Traffic
 from ..comm.ulfm import free_quietly
 from ..errors import ConfigError, UserError
-from .data import ShardedBatches
+from ..runlog.console import ProgressBar
+from ..runlog.records import read_metrics
+from ..runlog.writer import RunLog
+from ..train.lr_schedule import LRSchedule
+from ..train.new_world import dealt_again
+
+if TYPE_CHECKING:
+    from .loop import Trainer
 
 
-def unread_pass(shards: ShardedBatches, epoch: int, done_steps: int) -> np.ndarray:
-    """The samples of ``epoch``'s pass that no rank of ``shards`` has trained on after its
-    first ``done_steps`` steps."""
-    return np.concatenate([shards.unread(epoch, done_steps, r) for r in range(shards.size)])
-
-
-def dealt_again(old: ShardedBatches, world: World,
-                partial: tuple[int, np.ndarray] | None = None) -> ShardedBatches:
-    """``old``'s data dealt to the ranks of ``world``; ``partial``: the current epoch and
-    the samples nobody has trained on in it."""
-    shards = ShardedBatches(old.n_items, world.rank, world.size, old.batch_size, old.seed,
-                            old.shuffle)
-    shards.partial = partial
-    return shards
-
-
-def learner_comms(learner_mpi: Any, timeout_s: float, traffic: Traffic,
-                  nodes: list[int] | None = None) -> tuple[World, Communicator, Communicator]:
-    """The World and the world and node communicators of the learners' MPI communicator
-    (collective over it); ``traffic``: this rank's count of bytes sent, which goes on;
-    ``nodes``: each rank's node as launched, kept (else the nodes are the machines)."""
-    from ..comm.world import detect_world
-
-    comm = Communicator(learner_mpi, "mpi", name="world", timeout_s=timeout_s, traffic=traffic)
-    world, node_mpi = detect_world(learner_mpi, None, nodes)
-    return world, comm, Communicator(node_mpi, "mpi", name="node", timeout_s=timeout_s,
-                                     traffic=traffic)
-
-
-def rebuild(t: Any, world: World, comm: Communicator, node_comm: Communicator,
+def regroup(t: Trainer, world: World, comm: Communicator, node_comm: Communicator,
             partial: tuple[int, np.ndarray] | None, algo_state: dict[str, Any] | None = None,
             rate: float | None = None, own: tuple[int, np.ndarray] | None = None) -> None:
     """Point trainer ``t`` at the learners of ``world``: communicators (the old ones are
@@ -54,13 +34,6 @@ def rebuild(t: Any, world: World, comm: Communicator, node_comm: Communicator,
     The new algorithm takes over from the old one after a loss, or loads
     ``algo_state`` (a joining spare: its donor's; the others: their own); the schedule
     climbs from ``rate`` (default: the old one's rate now)."""
-    from ..algos import ALGORITHMS
-    from ..checkpoint.preemption import StopAgreement
-    from ..runlog.console import ProgressBar
-    from ..runlog.records import read_metrics
-    from ..runlog.writer import RunLog
-    from .lr_schedule import LRSchedule
-
     became_main = world.is_main and not t.world.is_main
     for closing in (t.comm, t.ctx.node_comm):  # revoked after a loss, idle after a join
         closing.close()

@@ -20,32 +20,33 @@ import numpy as np
 import torch
 from omegaconf import DictConfig
 
-from .algos import ALGORITHMS, TrainContext
-from .checkpoint import rank_state
-from .checkpoint.checkpointer import Checkpointer
-from .checkpoint.preemption import STOPPED, StopAgreement
-from .checkpoint.resize import RESIZED
-from .comm import Communicator, World
-from .comm.buffers import broadcast_model, flatten_parameters
-from .errors import UserError, warn_user
-from .recipe import RECIPES
-from .runlog.console import ProgressBar, evaluation_postfix
-from .runlog.records import record_training_again
-from .runlog.summary import gather_summary, rank_report
-from .runlog.throughput import Throughput
-from .runlog.writer import RunLog
-from .train.compute_path import ComputePath
-from .train.data import BatchFetcher, ShardedBatches
-from .train.elastic import EpochLedger, Membership, elastic_step, lost_samples
-from .train.evaluation import Evaluator
-from .train.faults import FaultInjector
-from .train.lr_schedule import LRSchedule
-from .train.milestones import CHECKPOINT, EVALUATE, STOP_CHECK, Milestones
-from .train.nonfinite import BatchSkipper, nonfinite_error, refuse_poisoned_state
-from .train.optim import SGD, parameter_groups
-from .train.rng import rank_seed, seed_everything
-from .train.run_state import RunState
-from .train.timers import Timers
+from ..algos import ALGORITHMS, TrainContext
+from ..algos.optim import SGD, parameter_groups
+from ..checkpoint import rank_state
+from ..checkpoint.checkpointer import Checkpointer
+from ..checkpoint.preemption import STOPPED, StopAgreement
+from ..checkpoint.resize import RESIZED
+from ..comm import Communicator, World
+from ..comm.buffers import broadcast_model, flatten_parameters
+from ..errors import UserError, warn_user
+from ..recipe import RECIPES
+from ..runlog.console import ProgressBar, evaluation_postfix
+from ..runlog.records import record_training_again
+from ..runlog.throughput import Throughput
+from ..runlog.timers import Timers
+from ..runlog.writer import RunLog
+from ..train.compute_path import ComputePath
+from ..train.data import BatchFetcher, ShardedBatches
+from ..train.elastic import EpochLedger, Membership, elastic_step, lost_samples
+from ..train.evaluation import Evaluator
+from ..train.faults import FaultInjector
+from ..train.lr_schedule import LRSchedule
+from ..train.milestones import CHECKPOINT, EVALUATE, STOP_CHECK, Milestones
+from ..train.nonfinite import BatchSkipper, nonfinite_error, refuse_poisoned_state
+from ..train.rng import rank_seed, seed_everything
+from ..train.run_state import RunState
+from .regroup import regroup
+from .report import gather_summary, rank_report
 
 log = logging.getLogger("adpsgd")
 
@@ -324,6 +325,12 @@ class Trainer:
             self.runlog.scalars({"train/loss": mean_loss, "train/lr": self.lr,
                                  "train/samples_per_s": rate}, self.state.step)
         self.progress.update(self.state.samples, loss=f"{mean_loss:.4f}", lr=f"{self.lr:.4g}")
+
+    def regroup(self, world: World, comm: Communicator, node_comm: Communicator,
+                partial: tuple[int, np.ndarray] | None, algo_state: dict[str, Any] | None = None,
+                rate: float | None = None, own: tuple[int, np.ndarray] | None = None) -> None:
+        """Go on with the learners of ``world`` (launcher.elastic): runner/trainer/regroup.py."""
+        regroup(self, world, comm, node_comm, partial, algo_state, rate, own)
 
     # ---- evaluation and checkpoints ----------------------------------------------------
     def evaluate(self, final: bool = False, met: bool = False) -> None:
