@@ -348,7 +348,7 @@ def run_ranks(nprocs: int, program: Sequence[str], timeout_s: float, what: str,
     """Run ``python PROGRAM...`` (e.g. ``["benchmarks/harness.py", DIR]``) on ``nprocs`` real
     ranks, placed as :func:`rank_command` says; return its stdout. A failure or a timeout is
     one UserError line with the output's last lines."""
-    from runner.launch.local import stop_process_group
+    from runner.launch.stop_forwarding import stop_process_group
 
     command, env = rank_command(nprocs, program, placement)
     # Its own session, so that a timeout or Ctrl-C stops every rank, not only mpiexec.

@@ -12,7 +12,8 @@ import pytest
 from runner.comm.hostfile import Host, ranks_per_host, read_hostfile
 from runner.errors import ConfigError
 from runner.launch.hosts import hostfile_args, unanswered_host
-from runner.launch.local import MpiexecOutput, MpiexecStderr, killed_elsewhere
+from runner.launch.job_reports import killed_elsewhere
+from runner.launch.mpiexec_output import MpiexecOutput, MpiexecStderr
 
 
 def hostfile(tmp_path, text: str) -> str:

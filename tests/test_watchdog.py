@@ -14,7 +14,7 @@ import pytest
 
 from runner import ctrl_c
 from runner.checkpoint.preemption import install_stop_handlers, request_stop, stop_reason
-from runner.launch.local import ForcedStop, StopForwarding
+from runner.launch.stop_forwarding import ForcedStop, StopForwarding
 from runner.launch.watchdog import (
     ExitPoller,
     HeartbeatListener,

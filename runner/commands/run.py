@@ -236,7 +236,7 @@ def run_job(cfg: DictConfig) -> None:
         # start of mpiexec: no rank has started) is a stop like the others, at once; in the
         # instant after it let them go, the run may have completed already.
         ctrl_c.answered()
-        from ..launch.local import FIRST_CTRL_C
+        from ..launch.stop_forwarding import FIRST_CTRL_C
         from ..runlog.summary import session_summary
 
         if (session_summary(run_dir) or {}).get("status") == "completed":

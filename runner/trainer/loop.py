@@ -24,13 +24,13 @@ from ..algos import ALGORITHMS, TrainContext
 from ..algos.optim import SGD, parameter_groups
 from ..checkpoint import rank_state
 from ..checkpoint.checkpointer import Checkpointer
-from ..checkpoint.preemption import STOPPED, StopAgreement
+from ..checkpoint.preemption import StopAgreement
 from ..checkpoint.resize import RESIZED
 from ..comm import Communicator, World
 from ..comm.buffers import broadcast_model, flatten_parameters
 from ..errors import UserError, warn_user
 from ..recipe import RECIPES
-from ..runlog.console import ProgressBar, evaluation_postfix
+from ..runlog.console import ProgressBar
 from ..runlog.records import record_training_again
 from ..runlog.throughput import Throughput
 from ..runlog.timers import Timers
@@ -41,17 +41,18 @@ from ..train.elastic import EpochLedger, Membership, elastic_step, lost_samples
 from ..train.evaluation import Evaluator
 from ..train.faults import FaultInjector
 from ..train.lr_schedule import LRSchedule
-from ..train.milestones import CHECKPOINT, EVALUATE, STOP_CHECK, Milestones
-from ..train.nonfinite import BatchSkipper, nonfinite_error, refuse_poisoned_state
+from ..train.milestones import Milestones
+from ..train.nonfinite import BatchSkipper, nonfinite_error
 from ..train.rng import rank_seed, seed_everything
 from ..train.run_state import RunState
+from .meetings import Meetings
 from .regroup import regroup
-from .report import gather_summary, rank_report
+from .report import gather_summary
 
 log = logging.getLogger("adpsgd")
 
 
-class Trainer:
+class Trainer(Meetings):
     def __init__(self, cfg: DictConfig, run_dir: str | Path, world: World, comm: Communicator,
                  node_comm: Communicator, device: torch.device,
                  progress_stream: TextIO | None = None):
@@ -104,19 +105,7 @@ class Trainer:
             warn_user(short, progress_stream)
         self.algo = ALGORITHMS.get(cfg.algo.name).build(cfg.algo, self.ctx)
         self.algo.setup(self.model, self.optimizer)
-        loading = dict(num_workers=tcfg.num_workers, persistent_workers=tcfg.persistent_workers,
-                       pin_memory=tcfg.pin_memory and device.type == "cuda")
-        self.fetch = BatchFetcher(self.train_set, self.recipe.collate, **loading)
-        # Default: where the recipe's to_device works on a GPU, except in elastic runs (a
-        # regrouping rebuilds the loader that the prefetching thread would be reading).
-        prefetch = tcfg.prefetch_to_device
-        self.prefetch = (device.type == "cuda" and self.recipe.prefetches_to_device()
-                         and not cfg.launcher.get("elastic") if prefetch is None else prefetch)
-        self.evaluator = Evaluator(
-            self.recipe, self.model, self.param_buffers, self.compute, comm,
-            BatchFetcher(eval_set, self.recipe.collate, **loading),
-            ShardedBatches(len(eval_set), world.rank, world.size, tcfg.eval_batch_size,
-                           cfg.seed, shuffle=False), self.run_dir, world.is_main)
+        self._build_loaders(eval_set, device)
         global_batch = world.size * tcfg.batch_size
         self.schedule = LRSchedule(o, global_batch, len(self.train_set), tcfg.epochs)
         self.milestones = Milestones(len(self.train_set), tcfg.epochs, global_batch,
@@ -131,8 +120,7 @@ class Trainer:
         self.milestone_waits = 0  # evaluations and checkpoints met (see _meet)
         self.algo_finished = False  # algo.finish() has run (see _finish_algorithm)
         self.paused = False  # algo.pause() has run and algo.resume() not yet (see _meet)
-        # preempted or stopped (runner/checkpoint/preemption.py)
-        self.stop_status: str | None = None
+        self.stop_status: str | None = None  # preempted or stopped (checkpoint/preemption.py)
         if self.resumed_from:
             rank_state.restore(self, resume_state)
         if world.is_main:  # after a restart (launcher.max_restarts): the run trains again
@@ -145,6 +133,25 @@ class Trainer:
                               resume_at=resume_at) if world.is_main else None)
         if self.runlog and self.resumed_from:
             self.runlog.rewrite_metrics(self.state.history)
+
+    def _build_loaders(self, eval_set: Any, device: torch.device) -> None:
+        """The training batches' fetcher, whether they are prefetched to the device, and the
+        held-out set's evaluator."""
+        tcfg, world = self.cfg.trainer, self.world
+        loading = dict(num_workers=tcfg.num_workers, persistent_workers=tcfg.persistent_workers,
+                       pin_memory=tcfg.pin_memory and device.type == "cuda")
+        self.fetch = BatchFetcher(self.train_set, self.recipe.collate, **loading)
+        # Default: where the recipe's to_device works on a GPU, except in elastic runs (a
+        # regrouping rebuilds the loader that the prefetching thread would be reading).
+        prefetch = tcfg.prefetch_to_device
+        self.prefetch = (device.type == "cuda" and self.recipe.prefetches_to_device()
+                         and not self.cfg.launcher.get("elastic") if prefetch is None
+                         else prefetch)
+        self.evaluator = Evaluator(
+            self.recipe, self.model, self.param_buffers, self.compute, self.comm,
+            BatchFetcher(eval_set, self.recipe.collate, **loading),
+            ShardedBatches(len(eval_set), world.rank, world.size, tcfg.eval_batch_size,
+                           self.cfg.seed, shuffle=False), self.run_dir, world.is_main)
 
     # ---- training --------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
@@ -213,66 +220,6 @@ class Trainer:
         self.progress.update(state.samples)
         self._pass_milestones()
 
-    def _pass_milestones(self) -> None:
-        """Act on every milestone the sample count has reached, in order (an evaluation makes
-        an asynchronous count exact, which may reach further ones)."""
-        while (milestone := self.milestones.due(self.state.samples)) is not None:
-            if milestone.kind != STOP_CHECK:  # the collective ones: every rank waits there
-                self.algo.milestone_reached(milestone.samples)
-            if milestone.kind == EVALUATE and milestone.final:
-                self._meet()
-                if self.state.samples < milestone.samples:  # an estimate ran ahead: train on
-                    self.milestones.rearm()
-                    self._leave()
-                    return
-                self._finish_algorithm()  # nothing may change the model after it is scored
-                self.evaluate(final=True, met=True)
-            else:
-                if milestone.kind == EVALUATE:
-                    self.evaluate()
-                elif milestone.kind == CHECKPOINT:
-                    self.save_checkpoint("scheduled")
-                # Met anyway at an evaluation or a checkpoint: a stop is agreed there at once
-                # (none after the final evaluation: the run has completed), else at the checks.
-                reason = (self.stop.check(self.state.step) if milestone.kind == STOP_CHECK else
-                          None if self.algo_finished else self.stop.now())
-                if reason:
-                    log.info("stop requested (%s): checkpointing at step %d", "Ctrl-C" if
-                             reason == STOPPED else "SIGUSR1/SIGTERM", self.state.step)
-                    self.stop_status = reason
-                    return
-
-    def _meet(self) -> None:
-        """Before a collective milestone (evaluation, checkpoint): quiesce the algorithm and
-        agree on the exact global sample count. The time spent here is waiting for the
-        slowest rank to reach the milestone (idle), also kept apart as milestone_wait."""
-        with self.timers.time("idle"), self.timers.time("milestone_wait"):
-            if not (self.algo_finished or self.paused):
-                self.algo.pause()
-                self.paused = True
-            # The exact global count (asynchronous ranks only estimate it), lost learners' too.
-            self.state.samples = int(self.comm.allreduce_numbers([self.state.local_samples])[0]
-                                     + lost_samples(self.membership))
-            self.algo.sync_global_samples(self.state.samples)
-        self.milestone_waits += 1
-
-    def _leave(self) -> None:
-        """After a collective milestone: the algorithm goes on, unless it has finished or
-        another collective milestone is due at this same count (an epoch's evaluation, then
-        its checkpoint): gossip resumed between the two would be waited for again at once."""
-        # The count may have been corrected downwards, and the pause was not training.
-        self.throughput.restart(time.perf_counter(), self.state.samples)
-        if not (self.algo_finished or self.milestones.collective_due(self.state.samples)):
-            self.algo.resume()
-            self.paused = False
-
-    def _finish_algorithm(self) -> None:
-        """End the algorithm's communication (collective, once): at the final evaluation, or
-        after the loop when a stop came first."""
-        if not self.algo_finished:
-            self.algo.finish()
-            self.algo_finished = True
-
     def train_step(self, batch: Any, local_count: int, global_count: int) -> None:
         state, algo, skipper = self.state, self.algo, self.skipper
         state.step += 1
@@ -331,51 +278,6 @@ class Trainer:
                 rate: float | None = None, own: tuple[int, np.ndarray] | None = None) -> None:
         """Go on with the learners of ``world`` (launcher.elastic): runner/trainer/regroup.py."""
         regroup(self, world, comm, node_comm, partial, algo_state, rate, own)
-
-    # ---- evaluation and checkpoints ----------------------------------------------------
-    def evaluate(self, final: bool = False, met: bool = False) -> None:
-        """Score the model(s) on the held-out set (collective); ``met``: the ranks have met
-        at this milestone already (see :meth:`_meet`)."""
-        if not met:
-            self._meet()
-        state = self.state
-        if not final and self.milestones.another_due(EVALUATE, state.samples):
-            # The exact count (the same on every rank now) passed the next evaluation too:
-            # score the model once, there, rather than twice in a row.
-            self._leave()
-            return
-        log.info("evaluating at step %d (%d samples)", state.step, state.samples)
-        with self.timers.time("eval"), self.comm.traffic.aside():
-            self.faults.slow_evaluation()
-            results = self.evaluator.score(self.algo.identical_replicas, final)
-            consensus = self.evaluator.consensus_distance()
-            per_rank = self.comm.gather_objects(rank_report(self))
-        self._leave()
-        epoch = state.samples / len(self.train_set)
-        log.info("eval at epoch %.2f step %d: %s", epoch, state.step,
-                 {s: {k: round(v, 4) for k, v in m.items()} for s, m in results.items()})
-        if self.runlog:
-            wall, spent = time.perf_counter() - self.start_time, self.timers.seconds
-            where = {"epoch": round(epoch, 4), "step": state.step, "samples": state.samples,
-                     "wall_s": round(wall, 3), "lr": self.lr,
-                     "train_s": round(wall - spent["eval"] - spent["checkpoint"], 3)}
-            state.history += self.runlog.record_evaluation(results, consensus, per_rank, where,
-                                                           self.evaluator.examples)
-        self.progress.update(state.samples, force=True, **evaluation_postfix(results))
-
-    def save_checkpoint(self, reason: str) -> None:
-        """Collective: quiesce the algorithm, refuse a poisoned state, write every rank's
-        state (runner/checkpoint/checkpointer.py)."""
-        self._meet()
-        state = self.state
-        refuse_poisoned_state(self.param_buffers, state.loss_is_finite(), self.comm,
-                              self.world.rank, state.step, self.checkpointer.last)
-        self.checkpointer.save(state.samples, state.step, state.samples / len(self.train_set),
-                               reason, self._rank_state)
-        self._leave()
-
-    def _rank_state(self) -> dict[str, Any]:
-        return rank_state.capture(self)
 
     # ---- summary -------------------------------------------------------------------------
     def finalize(self, status: str = "completed") -> dict[str, Any]:
