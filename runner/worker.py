@@ -23,9 +23,10 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import NoReturn, TextIO
+from typing import Any, NoReturn, TextIO
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -216,19 +217,10 @@ def _run_rank(run_dir: Path, in_process: bool) -> int:
 
     import recipes  # noqa: F401 - fills the recipe registry (runner/recipe.py)
 
-    from .comm.communicator import (
-        Communicator,
-        init_torch_distributed,
-        shutdown_torch_distributed,
-        tensor_backend,
-        torch_subgroups,
-    )
+    from .comm.communicator import shutdown_torch_distributed
     from .comm.pairwise import ExchangeTimeout
-    from .comm.traffic import Traffic
-    from .comm.world import detect_world, mpi
+    from .comm.world import mpi
     from .runlog.timers import activity
-    from .train.compute_path import resolve_device
-    from .train.spares import split_spares
     from .trainer import Trainer
 
     tune_mpi(run_dir)
@@ -236,84 +228,26 @@ def _run_rank(run_dir: Path, in_process: bool) -> int:
     world_mpi = MPI.COMM_WORLD
     rank = world_mpi.Get_rank()
     trainer = None
+    main_thread = threading.get_ident()
     try:
-        console = setup_logging(run_dir, rank, redirect_fds=not in_process)
-        if not in_process:
-            write_pid_file(run_dir, rank)
-            # The samples this rank has seen, for a launcher that restarts a failed job.
-            main_thread = threading.get_ident()
-            start_heartbeat(run_dir, rank,
-                            lambda: trainer.state.samples if trainer is not None else None,
-                            lambda: activity(trainer.timers, trainer.state.step,
-                                             DEADLINES.waiting(main_thread)),
-                            on_lost=partial(learners_lost_elsewhere, run_dir, rank),
-                            on_cut_off=lambda silent_s: cut_off(
-                                run_dir, rank, f"no answer from the launcher for "
-                                f"{silent_s:.0f} s"),
-                            on_launcher_gone=partial(launcher_gone, None))
-            hold_shared(run_dir)
+        # The heartbeat says how far this rank got, for a launcher that restarts a failed job.
+        console = start_rank_files(
+            run_dir, rank, in_process,
+            progress=lambda: trainer.state.samples if trainer is not None else None,
+            doing=lambda: activity(trainer.timers, trainer.state.step,
+                                   DEADLINES.waiting(main_thread)))
     except OSError as ex:  # nowhere to write: say it on the terminal, end the job
         print(f"adpsgd-run: error: {start_failure(ex, run_dir)}", file=sys.stderr, flush=True)
         if world_mpi.Get_size() > 1:
             world_mpi.Abort(2)
         return 2
-    # Under the local launcher, it prints a failure's line from the exit record (a print here
-    # can die with MPI_Abort before mpiexec forwards it) and its death stops the ranks on
-    # its host (the others lose their peers with them).
-    launcher = os.environ.get(LAUNCHER_PID)
-    watched = launcher_here()
-    if watched and not in_process:
-        watch_launcher(watched, lambda: launcher_gone(watched))
-
-    def say(message: str) -> None:
-        if not launcher or in_process:
-            print(message, file=console, flush=True)
-
-    def give_up(message: str) -> None:  # a communication timed out (monitor thread)
-        log.error("%s", message)
-        write_exit_record(run_dir, rank, EXIT_PEER_LOST, comm_timeout_line(message))
-        say(comm_timeout_line(message))
-        world_mpi.Abort(EXIT_PEER_LOST)
-
-    DEADLINES.on_expired = give_up
+    say = speaking_to_the_launcher(run_dir, world_mpi, console, in_process)
     try:
         cfg = load_run_config(run_dir)
         threads = os.environ.get("OMP_NUM_THREADS")
         if threads:
             torch.set_num_threads(int(threads))
-        # An elastic job's spares (launcher.spares) wait alone until a learner is lost.
-        learner_mpi, world, node_mpi = split_spares(world_mpi, cfg.launcher)
-        if world is None:
-            world, node_mpi = detect_world(learner_mpi, cfg.launcher.procs_per_node)
-        log.info("rank %d of %d, node %d (local rank %d of %d), pid %d", world.rank, world.size,
-                 world.node, world.local_rank, world.local_size, os.getpid())
-        device = resolve_device(cfg.trainer.device, world.host_rank)
-        gpus = torch.cuda.device_count() if device.type == "cuda" else 0
-        # Elastic runs move tensors over MPI, whose communicators shrink (NCCL's cannot).
-        backend = ("mpi" if cfg.launcher.get("elastic") else
-                   tensor_backend(cfg.comm.backend, device.type, world.host_size, gpus))
-        if device.type == "cuda" and backend == "mpi" and world.rank == 0:
-            if cfg.launcher.get("elastic"):
-                why = "an elastic run's communicators must shrink, which NCCL's cannot"
-            elif cfg.comm.backend == "auto":
-                why = (f"{world.host_size} ranks share {gpus} GPU(s) on a machine and NCCL "
-                       "needs one GPU per rank")
-            else:
-                why = "comm.backend=mpi"
-            log.info("%s: tensors go over MPI through pinned host memory", why)
-        node_group, started_torch_group = None, False
-        if backend != "mpi":
-            started_torch_group = init_torch_distributed(world_mpi, backend)
-            members = world_mpi.allgather(world.node)
-            groups = [[r for r, n in enumerate(members) if n == node]
-                      for node in range(world.num_nodes)]
-            node_group = torch_subgroups(groups)[world.node]
-        timeout = cfg.comm.timeout_s
-        traffic = Traffic()  # the bytes this rank sends, over either communicator
-        comm = Communicator(learner_mpi, backend, name="world", timeout_s=timeout,
-                            traffic=traffic)
-        node_comm = Communicator(node_mpi, backend, torch_group=node_group, name="node",
-                                 timeout_s=timeout, traffic=traffic)
+        world, comm, node_comm, device, started_torch_group = learner_world(cfg, world_mpi)
         trainer = Trainer(cfg, run_dir, world, comm, node_comm, device, progress_stream=console)
         if not in_process:
             # A signal the launcher took before this rank wrote its pid file may still be on
@@ -346,16 +280,125 @@ def _run_rank(run_dir: Path, in_process: bool) -> int:
         message, status = None, EXIT_STOPPED
     except BaseException as ex:  # noqa: BLE001 - every failure must end the job, never hang it
         log_error_to_file("unhandled exception:\n%s", traceback.format_exc())
-        if (full := disk_full(ex, run_dir)) is not None:
-            last = trainer.checkpointer.last if trainer else None
-            message, status = f"adpsgd-run: error: {full.with_checkpoint(last)}", 2
-        elif isinstance(ex, MPI.Exception):  # a lost connection to a peer, mostly
-            message = mpi_failure_line(rank, ex, run_dir / "logs" / f"rank{rank}.log")
-            status = EXIT_PEER_LOST
+        message, status = unexpected_failure(ex, run_dir, rank, trainer)
+    return end_failed_rank(run_dir, world_mpi, trainer, message, status, say)
+
+
+def start_rank_files(run_dir: Path, rank: int, in_process: bool,
+                     progress: Callable[[], int | None], doing: Callable[[], str | None]
+                     ) -> TextIO:
+    """The rank's log, and (a rank of its own process) its pid file, heartbeat (``progress``:
+    the global samples it has seen; ``doing``: what it does now) and share of the run dir's
+    lock; returns the console stream. Raises OSError where the run dir takes no file."""
+    console = setup_logging(run_dir, rank, redirect_fds=not in_process)
+    if not in_process:
+        write_pid_file(run_dir, rank)
+        start_heartbeat(run_dir, rank, progress, doing,
+                        on_lost=partial(learners_lost_elsewhere, run_dir, rank),
+                        on_cut_off=lambda silent_s: cut_off(
+                            run_dir, rank, f"no answer from the launcher for "
+                            f"{silent_s:.0f} s"),
+                        on_launcher_gone=partial(launcher_gone, None))
+        hold_shared(run_dir)
+    return console
+
+
+def speaking_to_the_launcher(run_dir: Path, world_mpi: Any, console: TextIO,
+                             in_process: bool) -> Callable[[str], None]:
+    """How this rank says a failure's line: under the local launcher, which prints it from
+    the exit record (a print here can die with MPI_Abort before mpiexec forwards it), not at
+    all; else on the console. The rank also stops when the launcher on its host dies (the
+    others lose their peers with it), and a communication that times out ends the job."""
+    rank = world_mpi.Get_rank()
+    launcher = os.environ.get(LAUNCHER_PID)
+    watched = launcher_here()
+    if watched and not in_process:
+        watch_launcher(watched, lambda: launcher_gone(watched))
+
+    def say(message: str) -> None:
+        if not launcher or in_process:
+            print(message, file=console, flush=True)
+
+    def give_up(message: str) -> None:  # a communication timed out (monitor thread)
+        log.error("%s", message)
+        write_exit_record(run_dir, rank, EXIT_PEER_LOST, comm_timeout_line(message))
+        say(comm_timeout_line(message))
+        world_mpi.Abort(EXIT_PEER_LOST)
+
+    DEADLINES.on_expired = give_up
+    return say
+
+
+def learner_world(cfg: DictConfig, world_mpi: Any) -> tuple[Any, Any, Any, Any, bool]:
+    """This rank's learners (an elastic job's spares wait apart: launcher.spares): their
+    World, world and node communicators, the rank's device, and whether torch.distributed
+    was started for them (a tensor backend other than MPI)."""
+    import torch
+
+    from .comm.communicator import (
+        Communicator,
+        init_torch_distributed,
+        tensor_backend,
+        torch_subgroups,
+    )
+    from .comm.traffic import Traffic
+    from .comm.world import detect_world
+    from .train.compute_path import resolve_device
+    from .train.spares import split_spares
+
+    learner_mpi, world, node_mpi = split_spares(world_mpi, cfg.launcher)
+    if world is None:
+        world, node_mpi = detect_world(learner_mpi, cfg.launcher.procs_per_node)
+    log.info("rank %d of %d, node %d (local rank %d of %d), pid %d", world.rank, world.size,
+             world.node, world.local_rank, world.local_size, os.getpid())
+    device = resolve_device(cfg.trainer.device, world.host_rank)
+    gpus = torch.cuda.device_count() if device.type == "cuda" else 0
+    # Elastic runs move tensors over MPI, whose communicators shrink (NCCL's cannot).
+    backend = ("mpi" if cfg.launcher.get("elastic") else
+               tensor_backend(cfg.comm.backend, device.type, world.host_size, gpus))
+    if device.type == "cuda" and backend == "mpi" and world.rank == 0:
+        if cfg.launcher.get("elastic"):
+            why = "an elastic run's communicators must shrink, which NCCL's cannot"
+        elif cfg.comm.backend == "auto":
+            why = (f"{world.host_size} ranks share {gpus} GPU(s) on a machine and NCCL "
+                   "needs one GPU per rank")
         else:
-            message = (f"adpsgd-run: rank {rank} failed: {type(ex).__name__}: {one_line(ex)} "
-                       f"(traceback in {run_dir / 'logs' / f'rank{rank}.log'})")
-            status = 1
+            why = "comm.backend=mpi"
+        log.info("%s: tensors go over MPI through pinned host memory", why)
+    node_group, started_torch_group = None, False
+    if backend != "mpi":
+        started_torch_group = init_torch_distributed(world_mpi, backend)
+        members = world_mpi.allgather(world.node)
+        groups = [[r for r, n in enumerate(members) if n == node]
+                  for node in range(world.num_nodes)]
+        node_group = torch_subgroups(groups)[world.node]
+    timeout = cfg.comm.timeout_s
+    traffic = Traffic()  # the bytes this rank sends, over either communicator
+    comm = Communicator(learner_mpi, backend, name="world", timeout_s=timeout, traffic=traffic)
+    node_comm = Communicator(node_mpi, backend, torch_group=node_group, name="node",
+                             timeout_s=timeout, traffic=traffic)
+    return world, comm, node_comm, device, started_torch_group
+
+
+def unexpected_failure(ex: BaseException, run_dir: Path, rank: int, trainer: Any
+                       ) -> tuple[str, int]:
+    """The line and exit status of a failure nobody raised on purpose: a full disk, an MPI
+    error (a lost connection to a peer, mostly), anything else."""
+    from .comm.world import mpi
+
+    if (full := disk_full(ex, run_dir)) is not None:
+        last = trainer.checkpointer.last if trainer else None
+        return f"adpsgd-run: error: {full.with_checkpoint(last)}", 2
+    if isinstance(ex, mpi().Exception):
+        return mpi_failure_line(rank, ex, run_dir / "logs" / f"rank{rank}.log"), EXIT_PEER_LOST
+    return (f"adpsgd-run: rank {rank} failed: {type(ex).__name__}: {one_line(ex)} "
+            f"(traceback in {run_dir / 'logs' / f'rank{rank}.log'})"), 1
+
+
+def end_failed_rank(run_dir: Path, world_mpi: Any, trainer: Any, message: str | None,
+                    status: int, say: Callable[[str], None]) -> int:
+    """A failed rank's end: its exit record and line, then the job taken down with it."""
+    rank = world_mpi.Get_rank()
     state = getattr(trainer, "state", None)  # None before the trainer had one
     write_exit_record(run_dir, rank, status, message,
                       samples=state.samples if state is not None else None)

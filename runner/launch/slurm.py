@@ -146,53 +146,19 @@ class SlurmConfig(LauncherConfig):
                     f"or write the script only with {prefix}.dry_run=true")
 
 
-def render_script(cfg: SlurmConfig, run_cfg: DictConfig, run_dir: Path, workdir: Path) -> str:
-    """The text of job.sbatch for a run dir (absolute paths: it may be submitted from
-    anywhere)."""
-    q = shlex.quote
-    name = cfg.job_name or f"adpsgd-{run_cfg.recipe.name}-{run_cfg.algo.name}"
-    options = [f"--job-name={name}", f"--nodes={cfg.nodes}",
-               f"--ntasks-per-node={cfg.procs_per_node}", f"--cpus-per-task={cfg.cpus_per_task}"]
-    if cfg.gpus_per_node:
-        options.append(f"--gpus-per-node={cfg.gpus_per_node}")
-    options.append(f"--time={cfg.time}")
-    options += [f"--{key}={getattr(cfg, key)}" for key in ("partition", "account", "qos")
-                if getattr(cfg, key)]
-    options += [f"--chdir={workdir}", f"--output={run_dir}/logs/slurm-%j.out",
-                "--open-mode=append"]  # a requeued job appends to the same log
-    if cfg.signal_lead_s:
-        options.append(f"--signal=B:USR1@{cfg.signal_lead_s}")
-    options.append("--requeue")
-    options += [sbatch_option(line) for line in cfg.extra_sbatch]
-
-    python = cfg.python or sys.executable
-    if cfg.rank_launcher == "srun":
-        # --kill-on-bad-exit: a rank that dies takes its step down at once (as mpiexec's
-        # clean-up does) instead of leaving its peers waiting for it until a timeout.
-        ranks = ["srun", f"--mpi={cfg.srun_mpi}", "--kill-on-bad-exit=1",
-                 f"--ntasks-per-node={cfg.procs_per_node}",
-                 f"--cpus-per-task={cfg.cpus_per_task}", *cfg.srun_args]
-    else:
-        ranks = [find_mpiexec(cfg.mpiexec), "-n", str(cfg.nprocs), "-ppn",
-                 str(cfg.procs_per_node), *cfg.mpiexec_args]
-    # srun's $overlap is empty until a restart (unquoted: nothing when empty).
-    overlap = " $overlap" if cfg.rank_launcher == "srun" else ""
-    ranks_line = " ".join(q(word) for word in ranks) + overlap + \
-        ' "$PYTHON" -m runner.worker "$RUN_DIR"'
-    setup = "\n".join(cfg.setup) if cfg.setup else "# (none: launcher.setup)"
-    header = "\n".join(f"#SBATCH {option}" for option in options)
-    return f"""#!/bin/bash
-# adpsgd job: {run_cfg.algo.name} on {run_cfg.recipe.name}, {cfg.nodes} node(s) x \
-{cfg.procs_per_node} rank(s), written by `adpsgd-run launcher=slurm`.
-# Submitting it again (sbatch {run_dir}/{JOB_SCRIPT}) continues the run from its newest checkpoint.
+# The batch job (job.sbatch): str.format fields in braces, the shell's own braces doubled.
+JOB_TEMPLATE = """#!/bin/bash
+# adpsgd job: {algo} on {recipe}, {nodes} node(s) x \
+{procs_per_node} rank(s), written by `adpsgd-run launcher=slurm`.
+# Submitting it again (sbatch {run_dir}/{job_script}) continues the run from its newest checkpoint.
 {header}
 
-RUN_DIR={q(str(run_dir))}
-PYTHON={q(python)}
-MAX_REQUEUES={cfg.max_requeues}
-MAX_RESTARTS={cfg.max_restarts}  # ranks started again in this allocation after a lost rank
-PREEMPTED={EXIT_PREEMPTED}  # the ranks' status after a checkpoint on USR1/TERM
-REQUEUE={REQUEUE}  # runner.launch.batch_steps's answer when a node of the allocation is lost
+RUN_DIR={run_dir_quoted}
+PYTHON={python}
+MAX_REQUEUES={max_requeues}
+MAX_RESTARTS={max_restarts}  # ranks started again in this allocation after a lost rank
+PREEMPTED={preempted}  # the ranks' status after a checkpoint on USR1/TERM
+REQUEUE={requeue}  # runner.launch.batch_steps's answer when a node of the allocation is lost
 
 # Environment set-up (launcher.setup):
 {setup}
@@ -271,10 +237,10 @@ if [ "$status" -eq "$PREEMPTED" ]; then
         echo "adpsgd: checkpoint written; requeueing (requeue $((restarts + 1)) of $MAX_REQUEUES)"
         scontrol requeue "$SLURM_JOB_ID" && exit 0
         requeued && echo "adpsgd: SLURM has requeued the job meanwhile" && exit 0
-        echo "adpsgd: scontrol requeue failed; continue with: sbatch $RUN_DIR/{JOB_SCRIPT}"
+        echo "adpsgd: scontrol requeue failed; continue with: sbatch $RUN_DIR/{job_script}"
     else
         echo "adpsgd: checkpoint written; requeue limit ($MAX_REQUEUES) reached; continue with:" \\
-             "sbatch $RUN_DIR/{JOB_SCRIPT}"
+             "sbatch $RUN_DIR/{job_script}"
     fi
 elif [ "$node_lost" = 1 ]; then
     if [ "$restarts" -lt "$MAX_REQUEUES" ]; then
@@ -295,6 +261,49 @@ case "$status" in
 esac
 exit "$status"
 """
+
+
+def render_script(cfg: SlurmConfig, run_cfg: DictConfig, run_dir: Path, workdir: Path) -> str:
+    """The text of job.sbatch for a run dir (absolute paths: it may be submitted from
+    anywhere)."""
+    q = shlex.quote
+    name = cfg.job_name or f"adpsgd-{run_cfg.recipe.name}-{run_cfg.algo.name}"
+    options = [f"--job-name={name}", f"--nodes={cfg.nodes}",
+               f"--ntasks-per-node={cfg.procs_per_node}", f"--cpus-per-task={cfg.cpus_per_task}"]
+    if cfg.gpus_per_node:
+        options.append(f"--gpus-per-node={cfg.gpus_per_node}")
+    options.append(f"--time={cfg.time}")
+    options += [f"--{key}={getattr(cfg, key)}" for key in ("partition", "account", "qos")
+                if getattr(cfg, key)]
+    options += [f"--chdir={workdir}", f"--output={run_dir}/logs/slurm-%j.out",
+                "--open-mode=append"]  # a requeued job appends to the same log
+    if cfg.signal_lead_s:
+        options.append(f"--signal=B:USR1@{cfg.signal_lead_s}")
+    options.append("--requeue")
+    options += [sbatch_option(line) for line in cfg.extra_sbatch]
+
+    python = cfg.python or sys.executable
+    if cfg.rank_launcher == "srun":
+        # --kill-on-bad-exit: a rank that dies takes its step down at once (as mpiexec's
+        # clean-up does) instead of leaving its peers waiting for it until a timeout.
+        ranks = ["srun", f"--mpi={cfg.srun_mpi}", "--kill-on-bad-exit=1",
+                 f"--ntasks-per-node={cfg.procs_per_node}",
+                 f"--cpus-per-task={cfg.cpus_per_task}", *cfg.srun_args]
+    else:
+        ranks = [find_mpiexec(cfg.mpiexec), "-n", str(cfg.nprocs), "-ppn",
+                 str(cfg.procs_per_node), *cfg.mpiexec_args]
+    # srun's $overlap is empty until a restart (unquoted: nothing when empty).
+    overlap = " $overlap" if cfg.rank_launcher == "srun" else ""
+    ranks_line = " ".join(q(word) for word in ranks) + overlap + \
+        ' "$PYTHON" -m runner.worker "$RUN_DIR"'
+    setup = "\n".join(cfg.setup) if cfg.setup else "# (none: launcher.setup)"
+    header = "\n".join(f"#SBATCH {option}" for option in options)
+    return JOB_TEMPLATE.format(
+        algo=run_cfg.algo.name, recipe=run_cfg.recipe.name, nodes=cfg.nodes,
+        procs_per_node=cfg.procs_per_node, run_dir=run_dir, job_script=JOB_SCRIPT,
+        header=header, run_dir_quoted=q(str(run_dir)), python=q(python),
+        max_requeues=cfg.max_requeues, max_restarts=cfg.max_restarts, preempted=EXIT_PREEMPTED,
+        requeue=REQUEUE, setup=setup, ranks_line=ranks_line)
 
 
 @LAUNCHERS.register("slurm")

@@ -304,33 +304,9 @@ def measured_cluster(summary_path: str | Path, base: ClusterConfig | None = None
     if len(per_rank) != n or len(steps) != n or sum(steps) <= 0 or samples <= 0:
         raise UserError(f"{path} has no per-rank times or steps for its {n} ranks",
                         SUMMARY_FIX)
-    faults = run.get("faults") or {}
-    straggler = faults.get("straggler") or {}
-    slowed = set(straggler.get("ranks") or []) if straggler.get("factor", 1) > 1 else set()
-    delay = float(faults.get("delay_s") or 0.0) / 2
-    normal = [r for r in range(n) if r not in slowed] or list(range(n))
-    per_sample = float(np.mean([(per_rank[r]["compute"] - steps[r] * delay)
-                                / (samples * steps[r] / sum(steps)) for r in normal]))
-    train_s = float(_field(summary, "train_s", path))
-    timed = np.mean([sum(per_rank[r].get(k, 0.0) for k in ("compute", "comm", "idle"))
-                     for r in range(n)])
-    overhead = max(0.0, (train_s - float(timed)) / max(steps))
-    contention = 0.0
     shared = any(ranks > cores for ranks, cores in _machines(_hosts(summary, path)))
-    if shared:
-        contention = float(np.mean([
-            (per_rank[r].get("idle", 0.0) - per_rank[r].get("milestone_wait", 0.0))
-            / max(per_rank[r]["compute"] - steps[r] * delay, 1e-9) for r in normal]))
-        contention = max(0.0, contention)
-    nbytes = _model_bytes(path.parent / "checkpoints" / "final_rank0.pt")
-    buckets = math.ceil(nbytes / (float((run.get("comm") or {}).get("bucket_mb", 4.0)) * 2**20))
-    comm = float(np.mean([per_rank[r]["comm"] / max(steps[r], 1) for r in range(n)]))
-    if comm <= 0:
-        raise UserError(f"{path}: the run spent no measurable time communicating", SUMMARY_FIX)
-    messages = 2 * (n - 1) * buckets
-    alpha = min(MEASURED_LATENCY_US * 1e-6, comm / (2 * messages))
-    bandwidth = 2 * (n - 1) / n * nbytes / (comm - messages * alpha)
-    link = LinkConfig(latency_us=alpha * 1e6, bandwidth_gbps=bandwidth * 8 / 1e9)
+    per_sample, overhead, contention = _fitted_compute(summary, run, path, shared)
+    link, comm, nbytes = _fitted_allreduce_link(path, run, per_rank, steps)
     base = _as_cluster(base)
     intra = link
     if base.from_network:
@@ -353,6 +329,48 @@ def measured_cluster(summary_path: str | Path, base: ClusterConfig | None = None
                     f"batch {batch} per rank, {nbytes / 1e6:.3g} MB of parameters"
                     + (f", ranks sharing cores (contention {contention:.2f})"
                        if contention else ""))
+
+
+def _fitted_compute(summary: dict, run: dict, path: Path, shared: bool
+                    ) -> tuple[float, float, float]:
+    """``measured_cluster``'s compute: seconds per sample, per-step overhead and contention
+    (``shared``: ranks shared a host's cores)."""
+    per_rank, steps = summary["per_rank"], summary["steps_per_rank"]
+    n, samples = len(per_rank), float(summary["samples"])
+    faults = run.get("faults") or {}
+    straggler = faults.get("straggler") or {}
+    slowed = set(straggler.get("ranks") or []) if straggler.get("factor", 1) > 1 else set()
+    delay = float(faults.get("delay_s") or 0.0) / 2
+    normal = [r for r in range(n) if r not in slowed] or list(range(n))
+    per_sample = float(np.mean([(per_rank[r]["compute"] - steps[r] * delay)
+                                / (samples * steps[r] / sum(steps)) for r in normal]))
+    train_s = float(_field(summary, "train_s", path))
+    timed = np.mean([sum(per_rank[r].get(k, 0.0) for k in ("compute", "comm", "idle"))
+                     for r in range(n)])
+    overhead = max(0.0, (train_s - float(timed)) / max(steps))
+    contention = 0.0
+    if shared:
+        contention = float(np.mean([
+            (per_rank[r].get("idle", 0.0) - per_rank[r].get("milestone_wait", 0.0))
+            / max(per_rank[r]["compute"] - steps[r] * delay, 1e-9) for r in normal]))
+        contention = max(0.0, contention)
+    return per_sample, overhead, contention
+
+
+def _fitted_allreduce_link(path: Path, run: dict, per_rank: list[dict], steps: list[int]
+                           ) -> tuple[LinkConfig, float, int]:
+    """``measured_cluster``'s link: the one on which a ring allreduce of the model's bytes
+    takes the run's communication seconds per step; those seconds; the model's bytes."""
+    n = len(per_rank)
+    nbytes = _model_bytes(path.parent / "checkpoints" / "final_rank0.pt")
+    buckets = math.ceil(nbytes / (float((run.get("comm") or {}).get("bucket_mb", 4.0)) * 2**20))
+    comm = float(np.mean([per_rank[r]["comm"] / max(steps[r], 1) for r in range(n)]))
+    if comm <= 0:
+        raise UserError(f"{path}: the run spent no measurable time communicating", SUMMARY_FIX)
+    messages = 2 * (n - 1) * buckets
+    alpha = min(MEASURED_LATENCY_US * 1e-6, comm / (2 * messages))
+    bandwidth = 2 * (n - 1) / n * nbytes / (comm - messages * alpha)
+    return LinkConfig(latency_us=alpha * 1e6, bandwidth_gbps=bandwidth * 8 / 1e9), comm, nbytes
 
 
 def network_link(path: str | Path, rate: str) -> LinkConfig:
