@@ -26,12 +26,13 @@ import traceback
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import Any, NoReturn, TextIO
+from typing import Any, TextIO
 
 from omegaconf import DictConfig, OmegaConf
 
 from .checkpoint.preemption import PREEMPTED, STOPPED, install_stop_handlers, request_stop
 from .comm.deadline import DEADLINES, CommTimeout
+from .elastic.launcher_link import cut_off, learners_lost_elsewhere
 from .errors import (
     EXIT_PEER_LOST,
     EXIT_PREEMPTED,
@@ -156,41 +157,6 @@ def launcher_gone(pid: int | None) -> None:
     log.warning("adpsgd-run (%s), which started this job, is gone: checkpointing and "
                 "stopping", f"pid {pid}" if pid else "on another host")
     request_stop(signal.SIGINT)
-
-
-def learners_lost_elsewhere(run_dir: Path, rank: int, ranks: list[int]) -> None:
-    """The launcher of an elastic job across hosts takes learners ``ranks`` for lost (it
-    stopped hearing them: a cut link, a host gone down or hung): MPI is told so, and this
-    rank's operations with them fail as with dead peers; a rank named itself stops."""
-    from .comm.ulfm import declare_failed
-
-    if rank in ranks:
-        cut_off(run_dir, rank, "the launcher took this learner for lost (its heartbeats "
-                "stopped reaching it)")
-    log.warning("the launcher took learner(s) %s for lost: no heartbeat from them",
-                ", ".join(map(str, ranks)))
-    if not declare_failed(ranks):
-        log.error("this MPI cannot be told that peers are lost: the job ends at "
-                  "launcher.stall_timeout_s")
-
-
-def cut_off(run_dir: Path, rank: int, why: str) -> NoReturn:
-    """Leave at once, aborting nothing: the job goes on across the cut without this side.
-    What is said goes to the rank's log and exit record (EXIT_PEER_LOST), by a thread given
-    2 s, since the run dir's file system may be behind the same cut. The process itself exits
-    0: Open MPI's mpiexec ends the job with a non-zero status (or waits on it) when a rank
-    that it still hears, the cut healed or the host resumed, leaves with one, which reported
-    the job the others finished as failed."""
-
-    def say() -> None:
-        log.error("rank %d: %s: this side of a cut link stops; the job goes on without it",
-                  rank, why)
-        write_exit_record(run_dir, rank, EXIT_PEER_LOST)
-
-    writer = threading.Thread(target=say, daemon=True)
-    writer.start()
-    writer.join(2.0)
-    os._exit(0)
 
 
 def run_rank(run_dir: str | Path, in_process: bool = False) -> int:
@@ -343,8 +309,8 @@ def learner_world(cfg: DictConfig, world_mpi: Any) -> tuple[Any, Any, Any, Any, 
     )
     from .comm.traffic import Traffic
     from .comm.world import detect_world
+    from .elastic.spares import split_spares
     from .train.compute_path import resolve_device
-    from .train.spares import split_spares
 
     learner_mpi, world, node_mpi = split_spares(world_mpi, cfg.launcher)
     if world is None:

@@ -23,12 +23,12 @@ from test_cli import assert_one_line_error
 
 from runner.checkpoint.files import complete_checkpoints
 from runner.commands.run import check_command_line
+from runner.elastic.membership import EpochLedger, Membership, StepSnapshot
+from runner.elastic.streams import Streams, stream_of
 from runner.errors import EXIT_TOO_FEW_LEARNERS
 from runner.launch.ulfm_mpi import ULFM_PREFIX
 from runner.launch.watchdog import rank_progress
 from runner.train.data import ShardedBatches
-from runner.train.elastic import EpochLedger, Membership, StepSnapshot
-from runner.train.streams import Streams, stream_of
 
 from conftest import BIN, REPO, read_run, run_cli, run_mpi
 
@@ -72,6 +72,22 @@ def test_elastic_settings_that_cannot_work_end_with_one_line(capsys, args, cause
     with pytest.raises(SystemExit) as exit_info:
         check_command_line(["recipe=digit_images", *args])
     assert_one_line_error(exit_info.value.code, capsys.readouterr().err, cause, fix)
+
+
+def test_every_asynchronous_elastic_algorithm_says_what_it_heard_of_the_others():
+    """What the elastic path asks of an algorithm is declared on Algorithm; heard_samples has
+    no default an asynchronous learner could live with, so each such algorithm has its own."""
+    from runner.algos import ALGORITHMS
+    from runner.algos.base import Algorithm
+
+    asynchronous = [name for name in ALGORITHMS.names()
+                    if (cls := ALGORITHMS.get(name)).elastic and cls.asynchronous]
+    assert asynchronous  # adpsgd and hadpsgd
+    for name in asynchronous:
+        assert ALGORITHMS.get(name).heard_samples is not Algorithm.heard_samples, name
+    for method in ("check_peers", "continue_after_loss", "heard_samples",
+                   "start_joiners_at_the_mean"):
+        assert callable(getattr(Algorithm, method)), method
 
 
 def test_an_undone_step_puts_back_model_buffers_and_optimizer_state():

@@ -140,12 +140,14 @@ def test_schemas_and_registries_are_leaves():
 
 # The floors of the house, top to bottom: a module imports only its own floor and those below
 # (a package's modules by their longest prefix here). CLI -> launcher -> a rank's worker ->
-# the trainer (and the simulator, which drives the same parts) -> checkpoints -> the training
+# the trainer -> elastic training, entered from the trainer -> the simulator, which drives
+# the same parts as the trainer -> checkpoints -> the training
 # loop's parts -> algorithms -> what a run records -> topology, communication -> recipes ->
 # config, registries and errors.
 FLOORS = [("runner.commands",), ("runner.launch",), ("runner.worker",), ("runner.trainer",),
-          ("runner.sim",), ("runner.checkpoint",), ("runner.train",), ("runner.algos",),
-          ("runner.runlog",), ("runner.topology",), ("runner.comm",), ("recipes",),
+          ("runner.elastic",), ("runner.sim",), ("runner.checkpoint",), ("runner.train",),
+          ("runner.algos",), ("runner.runlog",), ("runner.topology",), ("runner.comm",),
+          ("recipes",),
           ("runner", "runner.config", "runner.recipe", "runner.errors", "runner.lazy",
            "runner.ctrl_c")]
 
@@ -171,6 +173,16 @@ def test_no_import_runs_up_the_floors():
     of the training loop (timers and the flat SGD sit below them), what a run records
     nothing of checkpoints (the launcher's failure summary lists them)."""
     assert imports_up(import_graph()) == []
+
+
+def test_nothing_below_the_elastic_package_imports_it():
+    """Elastic training is one layer over the trainer's parts: only the trainer and the
+    worker (a rank's start: spares split off, the launcher's link) enter it."""
+    graph = import_graph()
+    users = {module for module, targets in graph.items() if not module.startswith(
+        "runner.elastic") and any(t.startswith("runner.elastic") for t in targets)}
+    assert users == {"runner.trainer.loop", "runner.trainer.meetings", "runner.trainer.regroup",
+                     "runner.worker"}, users
 
 
 def test_the_floors_rule_catches_an_import_up():

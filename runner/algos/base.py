@@ -125,7 +125,7 @@ class Algorithm:
     identical_replicas: ClassVar[bool] = False  # every rank holds the same model after a step
     asynchronous: ClassVar[bool] = False  # ranks progress at their own pace
     uses_topology: ClassVar[bool] = False
-    # Survives a lost learner under launcher.elastic (runner/train/elastic.py): lockstep
+    # Survives a lost learner under launcher.elastic (runner/elastic/membership.py): lockstep
     # steps that can be undone, or asynchronous ones whose exchange in flight is dropped
     # (check_peers()), and continue_after_loss() for what must go on.
     elastic: ClassVar[bool] = False
@@ -293,10 +293,23 @@ class Algorithm:
 
     def continue_after_loss(self, previous: Algorithm) -> None:
         """Take over from ``previous``, the object of the same algorithm before a learner was
-        lost (launcher.elastic; runner/train/elastic.py): this one is built for the survivors,
+        lost (launcher.elastic; runner/elastic/membership.py): this one is built for the survivors,
         after every rank undid the step in flight; ``previous``'s communication in flight is
         lost with its communicators. Counters and phases that must go on are copied here;
         by default there are none."""
+
+    def heard_samples(self) -> list[float]:
+        """Asynchronous and elastic: every rank's samples trained, as this rank last heard
+        them (a lost learner is taken to have trained that much: runner/elastic/
+        membership.py). Lockstep learners know the count exactly and are never asked."""
+        raise NotImplementedError(f"{type(self).__name__} is asynchronous and elastic: it must "
+                                  "say what it heard of the others' samples (heard_samples)")
+
+    def start_joiners_at_the_mean(self, comm: Any, joining: bool, counted: bool) -> None:
+        """Asynchronous and elastic, collective over ``comm`` (the learners after spares
+        joined): where a joining spare's model starts (``joining``: this rank is one;
+        ``counted``: this survivor stands for its participant). By default a joiner keeps its
+        donor's state, loaded already (runner/elastic/spares.py)."""
 
     def load_merged_state(self, state: dict[str, Any], step: int, epoch: float) -> None:
         """Start from the mean over a checkpoint's ranks of their ``state_dict()`` (floating

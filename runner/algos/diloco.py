@@ -17,7 +17,7 @@ local SGD with the same period (tests/test_equivalence_mpi.py, to 1e-10). The in
 optimizer's state (momentum) stays local and carries over rounds.
 
 Checkpoints hold theta and the outer optimizer's state (its momentum). Not elastic yet: a step
-that ends a round changes theta, which the step's undo (runner/train/elastic.py) does not
+that ends a round changes theta, which the step's undo (runner/elastic/membership.py) does not
 cover.
 """
 

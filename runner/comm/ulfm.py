@@ -9,7 +9,7 @@ a revoked communicator: *agree* (a fault-tolerant AND over the survivors, whose 
 same on all of them) and *shrink* (a new communicator of the survivors, ranks renumbered in
 their old order).
 
-The protocol built on it (runner/train/elastic.py): every communicator a rank uses is
+The protocol built on it (runner/elastic/membership.py): every communicator a rank uses is
 :func:`track`-ed; a rank whose step raised an MPI error revokes them all
 (:func:`revoke_all`), so that no survivor stays blocked; every survivor then calls
 :func:`agree` on the world communicator, and if the step did not succeed everywhere,

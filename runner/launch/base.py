@@ -28,13 +28,13 @@ class LauncherConfig(Section):
     # A rank whose heartbeat stopped this long ago (a stopped process, a hung node) ends the
     # job (launcher=local; under SLURM the job script's step watcher); 0: never.
     stall_timeout_s: float = 60.0
-    # Go on without a learner that dies, instead of ending the job (runner/train/elastic.py;
+    # Go on without a learner that dies, instead of ending the job (runner/elastic/membership.py;
     # launcher=local, with an MPI that has ULFM).
     elastic: bool = False
     # An elastic job ends when fewer learners than this remain.
     min_learners: int = 1
     # Processes started beside the learners of an elastic job that wait and replace lost
-    # ones, so that the job grows back to nprocs learners (runner/train/spares.py).
+    # ones, so that the job grows back to nprocs learners (runner/elastic/spares.py).
     spares: int = 0
 
     def check(self, prefix: str, cfg: DictConfig) -> None:

@@ -360,8 +360,8 @@ class LocalLauncher(Launcher):
                 lambda: self.reports.report_stalled(run_dir, stalled), event="stalled",
                 learner=stalled.rank, host=stalled.host)
         # The learners this launcher took for lost (a cut link, a hung host) left with an
-        # exit record of EXIT_PEER_LOST if they came back before the end (runner/worker.py's
-        # cut_off): the job is what the others made of it.
+        # exit record of EXIT_PEER_LOST if they came back before the end (cut_off, in
+        # runner/elastic/launcher_link.py): the job is what the others made of it.
         listener = job.watchdog.listener
         cut = listener.declared() if self.cfg.elastic and listener else set()
         exits = [s for r, s in job.watchdog.exit_statuses().items() if r not in cut]

@@ -66,7 +66,7 @@ class Supervision:
                     self.cfg.stall_timeout_s)) is not None:
                 if self.cfg.elastic and stalled.host is None:
                     # A hung process on this host is made a lost one: its death is what the
-                    # others' MPI notices and goes on without (runner/train/elastic.py), as
+                    # others' MPI notices and goes on without (runner/elastic/membership.py), as
                     # they go on without a learner behind a cut link.
                     self.kill_stalled(watchdog.run_dir, stalled)
                     continue
@@ -74,7 +74,7 @@ class Supervision:
                 return self.end_job(proc, watchdog)
             if self.cfg.elastic or watchdog.check() is None:
                 # Nobody died, or a rank failed first with a message (and aborts); in an
-                # elastic job the survivors go on without the dead (runner/train/elastic.py).
+                # elastic job the survivors go on without the dead (runner/elastic/membership.py).
                 continue
             seen_dead = seen_dead or time.monotonic()
             if (status := proc.poll()) is not None:

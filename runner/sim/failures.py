@@ -1,5 +1,5 @@
 """Node failures over a run's failure-free schedule: goodput when the job restarts from its
-last checkpoint, against elastic continuation (runner/train/elastic.py).
+last checkpoint, against elastic continuation (runner/elastic/membership.py).
 
 Inputs: the failure-free training seconds of the run (``work_s``, what the simulator's timing
 gives for its sample budget), and a :class:`FailureModel`. Nodes fail independently, each as

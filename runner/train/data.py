@@ -42,7 +42,7 @@ class ShardedBatches:
         # (epoch, the dataset indices of that epoch's pass, in dealing order): a partial pass
         self.partial: tuple[int, np.ndarray] | None = None
         # (epoch, this rank's own samples of that pass, in order): an asynchronous learner's
-        # pass after a loss in an elastic job (runner/train/streams.py)
+        # pass after a loss in an elastic job (runner/elastic/streams.py)
         self.own: tuple[int, np.ndarray] | None = None
 
     def pass_order(self, epoch: int) -> np.ndarray:

@@ -28,6 +28,7 @@ from ..checkpoint.preemption import StopAgreement
 from ..checkpoint.resize import RESIZED
 from ..comm import Communicator, World
 from ..comm.buffers import broadcast_model, flatten_parameters
+from ..elastic.membership import EpochLedger, Membership, elastic_step, lost_samples
 from ..errors import UserError, warn_user
 from ..recipe import RECIPES
 from ..runlog.console import ProgressBar
@@ -37,7 +38,6 @@ from ..runlog.timers import Timers
 from ..runlog.writer import RunLog
 from ..train.compute_path import ComputePath
 from ..train.data import BatchFetcher, ShardedBatches
-from ..train.elastic import EpochLedger, Membership, elastic_step, lost_samples
 from ..train.evaluation import Evaluator
 from ..train.faults import FaultInjector
 from ..train.lr_schedule import LRSchedule

@@ -11,8 +11,8 @@ from typing import Any
 
 from ..checkpoint import rank_state
 from ..checkpoint.preemption import STOPPED
+from ..elastic.membership import lost_samples
 from ..runlog.console import evaluation_postfix
-from ..train.elastic import lost_samples
 from ..train.milestones import CHECKPOINT, EVALUATE, STOP_CHECK
 from ..train.nonfinite import refuse_poisoned_state
 from .report import rank_report

@@ -13,12 +13,12 @@ from ..algos import ALGORITHMS
 from ..checkpoint.preemption import StopAgreement
 from ..comm import Communicator, World
 from ..comm.ulfm import free_quietly
+from ..elastic.new_world import dealt_again
 from ..errors import ConfigError, UserError
 from ..runlog.console import ProgressBar
 from ..runlog.records import read_metrics
 from ..runlog.writer import RunLog
 from ..train.lr_schedule import LRSchedule
-from ..train.new_world import dealt_again
 
 if TYPE_CHECKING:
     from .loop import Trainer

@@ -7,7 +7,7 @@ model, optimizer) alone, then waits for word from the first learner. It takes no
 learners' steps, so waiting costs them nothing; it polls a receive every
 ``STANDBY_POLL_S``:
 
-* a loss: the learners revoke ``everyone`` (runner/train/elastic.py), which fails the
+* a loss: the learners revoke ``everyone`` (runner/elastic/membership.py), which fails the
   spare's receive; the spare takes part in the shrink and in the learners' new split, and
   waits again;
 * ``join``: after a loss, lockstep learners call the spares in at the next step they agree
@@ -45,9 +45,9 @@ import torch
 from ..comm import World
 from ..comm.world import mpi
 from ..errors import UserError
-from .faults import FaultInjector
+from ..train.faults import FaultInjector
+from ..train.rng import rank_seed, seed_everything
 from .new_world import learner_comms, unread_pass
-from .rng import rank_seed, seed_everything
 
 log = logging.getLogger("adpsgd")
 

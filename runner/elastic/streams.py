@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .data import ShardedBatches
+from ..train.data import ShardedBatches
 
 
 @dataclass

@@ -24,7 +24,7 @@ other: a lost peer shows up as an MPI error in the gossip (or a milestone's coll
 learner that sees it revokes its communicators so that every other one sees an error within a
 step, and the survivors go on without undoing anything but the averaging in flight
 (:meth:`Membership.attempt_async`); what the lost learner had still to train of its pass is
-dealt to them (runner/train/streams.py).
+dealt to them (runner/elastic/streams.py).
 
 Learners keep the number they were launched with (their logs, heartbeats and injected faults
 go by it); their rank in the communicator is renumbered among the survivors.
@@ -48,7 +48,7 @@ from ..comm.ulfm import agree, free_quietly, is_mpi_error, revoke_all, shrink, t
 from ..comm.world import mpi
 from ..errors import TooFewLearners, UserError
 from ..runlog.failure_events import record_event
-from .data import ShardedBatches
+from ..train.data import ShardedBatches
 from .new_world import learner_comms, unread_pass
 from .streams import Streams, stream_of
 
@@ -185,7 +185,7 @@ class EpochLedger:
 
 
 class Membership:
-    """The learners alive, the spares waiting (launcher.spares; runner/train/spares.py), and
+    """The learners alive, the spares waiting (launcher.spares; runner/elastic/spares.py), and
     the step transaction that survives losing learners.
 
     ``everyone`` is a communicator of every process of the job still alive, learners and
@@ -587,7 +587,7 @@ class Membership:
 
     def close(self) -> None:
         """At the end of a learner's run: the first learner releases the spares still
-        waiting (runner/train/spares.py)."""
+        waiting (runner/elastic/spares.py)."""
         if self.trainer.world.is_main and self.spares:
             from .spares import RELEASE, notify
 

@@ -1,5 +1,5 @@
-"""What a new set of learners starts from (launcher.elastic; runner/train/elastic.py and
-runner/train/spares.py): their communicators, and the rest of the current pass dealt to them.
+"""What a new set of learners starts from (launcher.elastic; runner/elastic/membership.py and
+runner/elastic/spares.py): their communicators, and the rest of the current pass dealt to them.
 The Trainer then points itself at them (runner/trainer/regroup.py)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import numpy as np
 
 from ..comm import Communicator, World
 from ..comm.traffic import Traffic
-from .data import ShardedBatches
+from ..train.data import ShardedBatches
 
 
 def unread_pass(shards: ShardedBatches, epoch: int, done_steps: int) -> np.ndarray:
