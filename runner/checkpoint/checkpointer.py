@@ -1,7 +1,7 @@
 """A run's checkpoints: writing them (collectively) and finding the one to resume from.
 
 The trainer (runner/trainer/) decides when (checkpoint milestones, runner/train/milestones.py,
-and graceful stops) and hands :meth:`Checkpointer.save` what a rank saves (runner/checkpoint/
+and graceful stops) and hands :meth:`Checkpointer.save` what a rank saves (runner/trainer/
 rank_state.py: everything that decides its future); runner/checkpoint/files.py owns the files.
 Lockstep algorithms therefore resume bit for bit. A job with another number of ranks (or
 ``resume_averaged=true``) starts every rank from the mean of the checkpoint's states instead,

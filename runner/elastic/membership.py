@@ -51,6 +51,7 @@ from ..runlog.failure_events import record_event
 from ..train.data import ShardedBatches
 from .new_world import learner_comms, unread_pass
 from .streams import Streams, stream_of
+from .trainer_view import ElasticTrainer
 
 log = logging.getLogger("adpsgd")
 
@@ -193,7 +194,7 @@ class Membership:
     keep the number they were launched with (``members``: of each rank of ``everyone``;
     ``learners``: of each rank of the learners' communicator, in rank order)."""
 
-    def __init__(self, trainer: Any, min_learners: int):
+    def __init__(self, trainer: ElasticTrainer, min_learners: int):
         self.trainer = trainer
         self.min_learners = min_learners
         self.target = trainer.cfg.launcher.nprocs  # learners the job was launched with
@@ -233,7 +234,7 @@ class Membership:
             t.runlog.scalars({"membership/learners": learners}, t.state.samples)
 
     @classmethod
-    def of(cls, trainer: Any) -> Membership | None:
+    def of(cls, trainer: ElasticTrainer) -> Membership | None:
         """The membership of an elastic run (collective over every process), None for the
         others. A spare waits in here until it replaces a lost learner or the job ends
         (:attr:`waiting` stays True then)."""

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -48,6 +48,9 @@ from ..errors import UserError
 from ..train.faults import FaultInjector
 from ..train.rng import rank_seed, seed_everything
 from .new_world import learner_comms, unread_pass
+
+if TYPE_CHECKING:
+    from .membership import Membership
 
 log = logging.getLogger("adpsgd")
 
@@ -76,7 +79,7 @@ def split_spares(world_mpi: Any, launcher: Any) -> tuple[Any, World | None, Any]
     return MPI.COMM_SELF.Dup(), world, MPI.COMM_SELF.Dup()
 
 
-def notify(m: Any, notice: Any) -> None:
+def notify(m: Membership, notice: Any) -> None:
     """The first learner's ``notice`` to every spare (one that died meanwhile is skipped)."""
     MPI = mpi()
     for spare in m.spares:
@@ -86,7 +89,7 @@ def notify(m: Any, notice: Any) -> None:
             log.info("spare %d did not take word (%s): gone", spare, notice)
 
 
-def standby(m: Any) -> None:
+def standby(m: Membership) -> None:
     """A spare waits (see the module's docstring) until it has joined the learners or the
     job has ended (its world is still a spare's then)."""
     me = mpi().COMM_WORLD.Get_rank()
@@ -113,7 +116,7 @@ def standby(m: Any) -> None:
     raise error
 
 
-def _word(m: Any) -> Any:
+def _word(m: Membership) -> Any:
     """The first learner's next word; None when ``everyone`` was revoked (a loss)."""
     MPI = mpi()
     try:
@@ -127,7 +130,7 @@ def _word(m: Any) -> Any:
         return None
 
 
-def grow(m: Any) -> bool:
+def grow(m: Membership) -> bool:
     """Collective over every process alive: spares replace the lost learners (see the
     module's docstring). True on every process that is a learner afterwards."""
     t = m.trainer
@@ -212,7 +215,7 @@ def on_cpu(state: Any) -> Any:
     return state
 
 
-def job_state(m: Any) -> dict[str, Any]:
+def job_state(m: Membership) -> dict[str, Any]:
     """What a joining spare needs of the job, as the first learner has it."""
     t = m.trainer
     epoch, done_steps = t.state.position
@@ -229,7 +232,7 @@ def job_state(m: Any) -> dict[str, Any]:
             "partial": partial, "streams": None if m.streams is None else m.streams.streams}
 
 
-def take_job_state(m: Any, job: dict[str, Any], donated: dict[str, Any],
+def take_job_state(m: Membership, job: dict[str, Any], donated: dict[str, Any],
                    me: int) -> None:
     """A joining spare takes the job's counters and its donor's model and optimizer."""
     t = m.trainer

@@ -22,7 +22,6 @@ from omegaconf import DictConfig
 
 from ..algos import ALGORITHMS, TrainContext
 from ..algos.optim import SGD, parameter_groups
-from ..checkpoint import rank_state
 from ..checkpoint.checkpointer import Checkpointer
 from ..checkpoint.preemption import StopAgreement
 from ..checkpoint.resize import RESIZED
@@ -46,6 +45,7 @@ from ..train.nonfinite import BatchSkipper, nonfinite_error
 from ..train.rng import rank_seed, seed_everything
 from ..train.run_state import RunState
 from .meetings import Meetings
+from .rank_state import restore_rank_state
 from .regroup import regroup
 from .report import gather_summary
 
@@ -122,7 +122,7 @@ class Trainer(Meetings):
         self.paused = False  # algo.pause() has run and algo.resume() not yet (see _meet)
         self.stop_status: str | None = None  # preempted or stopped (checkpoint/preemption.py)
         if self.resumed_from:
-            rank_state.restore(self, resume_state)
+            restore_rank_state(self, resume_state)
         if world.is_main:  # after a restart (launcher.max_restarts): the run trains again
             record_training_again(self.run_dir)
         self.lr = self.schedule.lr_at(self.state.samples)

@@ -9,12 +9,12 @@ import logging
 import time
 from typing import Any
 
-from ..checkpoint import rank_state
 from ..checkpoint.preemption import STOPPED
 from ..elastic.membership import lost_samples
 from ..runlog.console import evaluation_postfix
 from ..train.milestones import CHECKPOINT, EVALUATE, STOP_CHECK
 from ..train.nonfinite import refuse_poisoned_state
+from .rank_state import capture_rank_state
 from .report import rank_report
 
 log = logging.getLogger("adpsgd")
@@ -126,4 +126,4 @@ class Meetings:
         self._leave()
 
     def _rank_state(self) -> dict[str, Any]:
-        return rank_state.capture(self)
+        return capture_rank_state(self)

@@ -1,6 +1,6 @@
 """What a rank's checkpoint holds, and how a rank continues from one.
 
-A rank's file holds everything that decides its future (:func:`capture`):
+A rank's file holds everything that decides its future (:func:`capture_rank_state`):
 
 * the model (decentralized replicas differ) and the optimizer state (momentum buffers);
 * the algorithm's state (runner/algos/*: counters, gossip progress, a completed in-flight
@@ -13,26 +13,30 @@ A rank's file holds everything that decides its future (:func:`capture`):
   TensorBoard events after the checkpoint are dropped), so a resumed run continues the
   same files.
 
-Both functions take the trainer (runner/trainer/loop.py), whose parts they read and restore.
+Both functions take the Trainer (runner/trainer/loop.py), whose parts they read and restore;
+the files themselves are runner/checkpoint/'s.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ..checkpoint.files import Checkpoint
+from ..checkpoint.resize import RESIZED, start_here
 from ..errors import UserError, one_line
 from ..train.rng import capture_rng, restore_rng
-from .files import Checkpoint
-from .resize import RESIZED, start_here
+
+if TYPE_CHECKING:
+    from .loop import Trainer
 
 log = logging.getLogger("adpsgd")
 
 
-def capture(trainer: Any) -> dict[str, Any]:
+def capture_rank_state(trainer: Trainer) -> dict[str, Any]:
     """Everything that decides this rank's future (what Checkpointer.save writes)."""
     t = trainer
     saved = {"model": t.model.state_dict(), "optimizer": t.optimizer.state_dict(),
@@ -51,7 +55,7 @@ def capture(trainer: Any) -> dict[str, Any]:
     return saved
 
 
-def restore(trainer: Any, saved: dict[str, Any]) -> None:
+def restore_rank_state(trainer: Trainer, saved: dict[str, Any]) -> None:
     """Continue from the checkpoint resumed from (after the model, optimizer and algorithm
     exist): from this rank's own state, or from the state merged from every rank's when the
     checkpoint was written by another number of ranks (runner/checkpoint/resize.py)."""
