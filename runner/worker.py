@@ -404,7 +404,7 @@ def exit_at_once(status: int) -> None:
             pass
     from .comm import ulfm
 
-    if MPI.Is_initialized() and not MPI.Is_finalized() and not ulfm.LOST_PEERS:
+    if MPI.Is_initialized() and not MPI.Is_finalized() and not ulfm.lost_peers():
         MPI.Finalize()
     os._exit(status)
 
@@ -436,7 +436,7 @@ def main() -> None:
 
     # Every rank ended normally, or this one goes without the peers it lost (MPI_Finalize
     # would wait for them).
-    if status in (0, EXIT_PREEMPTED, EXIT_STOPPED) or ulfm.LOST_PEERS:
+    if status in (0, EXIT_PREEMPTED, EXIT_STOPPED) or ulfm.lost_peers():
         exit_at_once(status)
     raise SystemExit(status)
 

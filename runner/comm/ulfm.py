@@ -27,19 +27,69 @@ from pathlib import Path
 
 from .world import mpi
 
-# Communicators this process uses (world, its duplicates, node): what a failure revokes.
-# (mpi4py's communicators cannot be hashed; a freed one turns into COMM_NULL.)
-_TRACKED: list = []
+
+class FailureState:
+    """What this process knows of failures: the communicators it uses (world, its
+    duplicates, node), which a failure revokes, and whether it has lost peers (MPI_Finalize
+    can then wait forever for them: seen with Open MPI 5.0.11, survivors of a kill -9 hung in
+    it, so the process exits without it). MPI's state is per process, and so is this one:
+    :data:`PROCESS`."""
+
+    def __init__(self) -> None:
+        # (mpi4py's communicators cannot be hashed; a freed one turns into COMM_NULL.)
+        self.tracked: list = []
+        self.lost_peers = False
+
+    def track(self, mpi_comm):
+        """Remember ``mpi_comm`` for :meth:`revoke_all`; returns it."""
+        MPI = mpi()
+        # A communicator of this process alone never waits on another; revoked, it would
+        # stay so.
+        if mpi_comm is not None and mpi_comm != MPI.COMM_SELF:
+            self.tracked[:] = [c for c in self.tracked if c != MPI.COMM_NULL]
+            self.tracked.append(mpi_comm)
+        return mpi_comm
+
+    def revoke_all(self) -> None:
+        """Revoke every tracked communicator: every survivor blocked on one of them returns."""
+        MPI = mpi()
+        for comm in list(self.tracked):
+            if comm == MPI.COMM_NULL:
+                continue
+            try:
+                comm.Revoke()
+            except MPI.Exception:  # revoked already, or freed
+                pass
+
+    def shrink(self, mpi_comm) -> Shrunk:
+        """The survivors' communicator and who is gone (collective over the survivors)."""
+        MPI = mpi()
+        lost_before, self.lost_peers = self.lost_peers, True  # one may die during the shrink
+        new = mpi_comm.Shrink()
+        new.Set_errhandler(MPI.ERRORS_RETURN)
+        survivors = MPI.Group.Translate_ranks(new.Get_group(), list(range(new.Get_size())),
+                                              mpi_comm.Get_group())
+        lost = sorted(set(range(mpi_comm.Get_size())) - set(survivors))
+        # After a shrink that lost nobody, Finalize is safe.
+        self.lost_peers = lost_before or bool(lost)
+        self.track(new)
+        return Shrunk(new, list(survivors), lost)
 
 
-def track(mpi_comm):
-    """Remember ``mpi_comm`` for :func:`revoke_all`; returns it."""
-    MPI = mpi()
-    # A communicator of this process alone never waits on another; revoked, it would stay so.
-    if mpi_comm is not None and mpi_comm != MPI.COMM_SELF:
-        _TRACKED[:] = [c for c in _TRACKED if c != MPI.COMM_NULL]
-        _TRACKED.append(mpi_comm)
-    return mpi_comm
+@dataclass(frozen=True)
+class Shrunk:
+    comm: object  # the survivors' communicator
+    survivors: list[int]  # their ranks in the old communicator, in new rank order
+    lost: list[int]  # the old ranks that are gone
+
+
+PROCESS = FailureState()
+track, revoke_all, shrink = PROCESS.track, PROCESS.revoke_all, PROCESS.shrink
+
+
+def lost_peers() -> bool:
+    """Whether this process has lost peers (it then exits without MPI_Finalize)."""
+    return PROCESS.lost_peers
 
 
 class GarbledMessage(RuntimeError):
@@ -56,18 +106,6 @@ def is_mpi_error(ex: BaseException) -> bool:
     return isinstance(ex, (mpi().Exception, GarbledMessage))
 
 
-def revoke_all() -> None:
-    """Revoke every tracked communicator: every survivor blocked on one of them returns."""
-    MPI = mpi()
-    for comm in list(_TRACKED):
-        if comm == MPI.COMM_NULL:
-            continue
-        try:
-            comm.Revoke()
-        except MPI.Exception:  # revoked already, or freed
-            pass
-
-
 def agree(mpi_comm, ok: bool) -> bool:
     """Collective over the survivors: True only if every survivor says ``ok`` and nobody
     failed since the last agreement (the outcome is the same on every survivor)."""
@@ -76,33 +114,6 @@ def agree(mpi_comm, ok: bool) -> bool:
         return bool(mpi_comm.Agree(int(ok)))
     except MPI.Exception:  # a process failed that not every survivor had acknowledged
         return False
-
-
-@dataclass(frozen=True)
-class Shrunk:
-    comm: object  # the survivors' communicator
-    survivors: list[int]  # their ranks in the old communicator, in new rank order
-    lost: list[int]  # the old ranks that are gone
-
-
-# Whether this process has lost peers: MPI_Finalize can then wait forever for them (seen
-# with Open MPI 5.0.11: survivors of a kill -9 hung in it), so the process exits without it.
-LOST_PEERS = False
-
-
-def shrink(mpi_comm) -> Shrunk:
-    """The survivors' communicator and who is gone (collective over the survivors)."""
-    global LOST_PEERS
-    MPI = mpi()
-    lost_before, LOST_PEERS = LOST_PEERS, True  # a process may die during the shrink
-    new = mpi_comm.Shrink()
-    new.Set_errhandler(MPI.ERRORS_RETURN)
-    survivors = MPI.Group.Translate_ranks(new.Get_group(), list(range(new.Get_size())),
-                                          mpi_comm.Get_group())
-    lost = sorted(set(range(mpi_comm.Get_size())) - set(survivors))
-    LOST_PEERS = lost_before or bool(lost)  # after a shrink that lost nobody, Finalize is safe
-    track(new)
-    return Shrunk(new, list(survivors), lost)
 
 
 # PMIx's status for a process that ended without finalizing (PMIX_ERR_PROC_TERM_WO_SYNC):
@@ -139,8 +150,7 @@ def declare_failed(ranks: list[int]) -> bool:
         return False
     proc_for_name.restype, proc_for_name.argtypes = ctypes.c_void_p, [ctypes.c_uint64]
     failed.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_bool]
-    global LOST_PEERS
-    LOST_PEERS = True
+    PROCESS.lost_peers = True
     for rank in ranks:
         if (proc := proc_for_name(job | (rank << 32))) is not None:
             # not forwarded: every survivor hears it from the launcher
