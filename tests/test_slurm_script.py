@@ -158,11 +158,13 @@ def test_a_job_that_runs_again_resumes_from_its_own_newest_checkpoint(tmp_path, 
 
 
 @pytest.mark.slow
-def test_the_restart_step_prints_what_it_does(tmp_path):
+# runner.launch.restart: the name a job.sbatch written by an earlier version calls.
+@pytest.mark.parametrize("module", ["runner.launch.batch_steps", "runner.launch.restart"])
+def test_the_restart_step_prints_what_it_does(tmp_path, module):
     import sys
 
     write_run_config(tmp_path, None)
-    restart = [sys.executable, "-m", "runner.launch.batch_steps", str(tmp_path)]
+    restart = [sys.executable, "-m", module, str(tmp_path)]
     first = subprocess.run(restart, capture_output=True, text=True, timeout=60)
     assert first.returncode == 0 and first.stdout == "", first.stderr
     checkpoint = tmp_path / "checkpoints" / "samples-0000000064"
