@@ -26,7 +26,7 @@ import traceback
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -52,6 +52,9 @@ from .runlog.liveness import (
 )
 from .runlog.records import RUN_CONFIG
 from .runlog.run_lock import hold_shared
+
+if TYPE_CHECKING:  # imported in the rank, after MPI starts: it loads torch
+    from .trainer import Trainer
 
 QUIET_ABORT_DELAY_S = 5.0  # a rank whose error another rank reports waits this long
 log = logging.getLogger("adpsgd")
@@ -346,7 +349,7 @@ def learner_world(cfg: DictConfig, world_mpi: Any) -> tuple[Any, Any, Any, Any, 
     return world, comm, node_comm, device, started_torch_group
 
 
-def unexpected_failure(ex: BaseException, run_dir: Path, rank: int, trainer: Any
+def unexpected_failure(ex: BaseException, run_dir: Path, rank: int, trainer: Trainer | None
                        ) -> tuple[str, int]:
     """The line and exit status of a failure nobody raised on purpose: a full disk, an MPI
     error (a lost connection to a peer, mostly), anything else."""
@@ -361,7 +364,7 @@ def unexpected_failure(ex: BaseException, run_dir: Path, rank: int, trainer: Any
             f"(traceback in {run_dir / 'logs' / f'rank{rank}.log'})"), 1
 
 
-def end_failed_rank(run_dir: Path, world_mpi: Any, trainer: Any, message: str | None,
+def end_failed_rank(run_dir: Path, world_mpi: Any, trainer: Trainer | None, message: str | None,
                     status: int, say: Callable[[str], None]) -> int:
     """A failed rank's end: its exit record and line, then the job taken down with it."""
     rank = world_mpi.Get_rank()
