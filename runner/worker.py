@@ -153,12 +153,23 @@ def tune_mpi(run_dir: Path) -> None:
         os.environ.setdefault(name, value)
 
 
-def launcher_gone(pid: int | None) -> None:
+def launcher_gone(pid: int | None, console: TextIO) -> None:
     """The launcher that supervises this job died (kill -9, a closed session): without it
     nobody watches the ranks, so they checkpoint and stop (status stopped). ``pid``: None
-    when it ran on another host (its host said so, runner/runlog/liveness.py)."""
+    when it ran on another host (its host said so, runner/runlog/liveness.py). What the rank
+    would print on ``console`` (the progress bar, its last line) goes to its log from now
+    on: nobody reads mpiexec's output any more, and mpiexec, killed by the first line it
+    passes on (SIGPIPE), would take the ranks down before they wrote summary.json."""
     log.warning("adpsgd-run (%s), which started this job, is gone: checkpointing and "
                 "stopping", f"pid {pid}" if pid else "on another host")
+    try:
+        console.flush()
+    except (OSError, ValueError):  # a console already broken: nothing more reaches it
+        pass
+    try:
+        os.dup2(sys.stderr.fileno(), console.fileno())  # fd 2 is the rank's log
+    except (OSError, ValueError):
+        pass
     request_stop(signal.SIGINT)
 
 
@@ -267,7 +278,7 @@ def start_rank_files(run_dir: Path, rank: int, in_process: bool,
                         on_cut_off=lambda silent_s: cut_off(
                             run_dir, rank, f"no answer from the launcher for "
                             f"{silent_s:.0f} s"),
-                        on_launcher_gone=partial(launcher_gone, None))
+                        on_launcher_gone=partial(launcher_gone, None, console))
         hold_shared(run_dir)
     return console
 
@@ -282,7 +293,7 @@ def speaking_to_the_launcher(run_dir: Path, world_mpi: Any, console: TextIO,
     launcher = os.environ.get(LAUNCHER_PID)
     watched = launcher_here()
     if watched and not in_process:
-        watch_launcher(watched, lambda: launcher_gone(watched))
+        watch_launcher(watched, lambda: launcher_gone(watched, console))
 
     def say(message: str) -> None:
         if not launcher or in_process:

@@ -28,8 +28,9 @@ def fingerprint(run_dir: Path) -> dict[str, str]:
             for p in sorted(run_dir.rglob("*")) if p.is_file()}
 
 
-def start(tmp_path: Path, run_dir: Path, overrides: list[str]) -> subprocess.Popen:
-    return subprocess.Popen([str(BIN / "adpsgd-run"), *JOB, *overrides,
+def start(tmp_path: Path, run_dir: Path, overrides: list[str], job: list[str] = JOB
+          ) -> subprocess.Popen:
+    return subprocess.Popen([str(BIN / "adpsgd-run"), *job, *overrides,
                              f"hydra.run.dir={run_dir}"], cwd=tmp_path, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             start_new_session=True)
@@ -71,9 +72,14 @@ def test_a_fresh_start_in_another_runs_dir_is_refused_and_touches_nothing(tmp_pa
 def test_a_killed_launcher_stops_its_ranks_and_the_dir_has_one_job(tmp_path):
     """kill -9 of adpsgd-run: its ranks notice, checkpoint and stop within seconds; while
     they still run, a second job in the same dir is refused with one line naming the first;
-    afterwards resume=auto continues."""
+    afterwards resume=auto continues. The job shows its progress, as by default: rank 0's
+    last progress line, passed on by an mpiexec whose reader is gone, once killed mpiexec
+    and the ranks with it before they wrote summary.json."""
     run_dir = tmp_path / "run"
-    first = start(tmp_path, run_dir, ["trainer.epochs=300", "trainer.checkpoint_every=50"])
+    with_progress = [word for word in JOB if not word.startswith("trainer.progress=")]
+    first = start(tmp_path, run_dir, ["trainer.epochs=300", "trainer.checkpoint_every=50",
+                                      "faults.delay_s=0.2"],
+                  with_progress)
     try:
         wait_for(lambda: (run_dir / "metrics.jsonl").exists(), "the first job never evaluated")
         assert len(workers(run_dir)) == 2
