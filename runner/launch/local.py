@@ -331,11 +331,11 @@ class LocalLauncher(Launcher):
             finally:
                 if listener:
                     listener.close()
-        job = EndedJob(run_dir, proc, status, watchdog, forwarding, output, supervision,
-                       time.time(), None)
+        ended = time.time()
         output.join()
         errors.join()
-        job.lost_daemon_host = output.lost_daemon_host or errors.lost_daemon_host
+        job = EndedJob(run_dir, proc, status, watchdog, forwarding, output, supervision, ended,
+                       output.lost_daemon_host or errors.lost_daemon_host)
         watchdog.kill_leftovers()  # a rank that outlived mpiexec would be an orphan
         try:  # and a helper of mpiexec's (an Open MPI prterun outlived an elastic job once)
             os.killpg(proc.pid, signal.SIGKILL)
