@@ -39,6 +39,7 @@ learners starts them at 0 again.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from ..config.section import require
@@ -155,6 +156,22 @@ def message_bytes(like: torch.Tensor, cfg: ChocoConfig, wire: torch.dtype | None
             "qsgd": size + d, "sign": size + math.ceil(d / 8)}[cfg.compression]
 
 
+def mix_in_(x: torch.Tensor, public: torch.Tensor, mixed: torch.Tensor, q: torch.Tensor,
+            own_weight: float, received: Iterable[tuple[float, torch.Tensor]], gamma: float
+            ) -> None:
+    """One learner's update after it sent ``q = Q(x - xhat)``, in place (both engines)::
+
+        xhat <- xhat + q;  s <- s + W[i,i] q + sum_j W[j,i] q_j;  x <- x + gamma (s - xhat)
+
+    ``received``: the (W[j,i], q_j) of its in-neighbours, in ascending order of j; an iterable,
+    so that a rank waits for its messages only once its own part is added."""
+    public.add_(q)
+    mixed.add_(q * own_weight)
+    for weight, theirs in received:
+        mixed.add_(theirs * weight)
+    x.add_((mixed - public) * gamma)
+
+
 def check_topology(topology, key: str = "topology") -> None:
     if topology.time_varying or topology.directed:
         raise ConfigError(key, f"choco keeps its neighbours' public copies, so it needs a "
@@ -202,13 +219,14 @@ class Choco(Algorithm):
                 message, q = compress(x - public, self.cfg, draws(self.seed, rank, step, b),
                                       self.wire)
                 handle = self.comm.exchange_(message, self.peers, inbox)
-                public.add_(q)
-                mixed.add_(q * self.weights[rank])
-                received = handle.wait()
-                for peer in self.peers:
-                    mixed.add_(decode(received[peer], x, self.cfg, self.wire)
-                               * self.weights[peer])
-                x.add_((mixed - public) * self.cfg.gamma)
+                mix_in_(x, public, mixed, q, self.weights[rank], self._arrivals(handle, x),
+                        self.cfg.gamma)
+
+    def _arrivals(self, handle, like: torch.Tensor) -> Iterator[tuple[float, torch.Tensor]]:
+        """The in-neighbours' (W[j,i], q_j), decoded once their messages have arrived."""
+        received = handle.wait()
+        for peer in self.peers:
+            yield self.weights[peer], decode(received[peer], like, self.cfg, self.wire)
 
     def state_dict(self):
         return {"public": [t.clone() for t in self.public],

@@ -23,6 +23,7 @@ cover.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -61,6 +62,23 @@ def outer_optimizer(theta: list[torch.Tensor], cfg: DiLoCoConfig) -> SGD:
                nesterov=cfg.outer_momentum > 0)
 
 
+def outer_step_(outer: SGD, thetas: list[torch.Tensor], xs: list[torch.Tensor],
+                mean_pseudo_gradient_: Callable[[torch.Tensor, torch.Tensor, torch.Tensor],
+                                                None]) -> None:
+    """The end of a round, in place (both engines)::
+
+        theta.grad <- mean_i (theta - x_i);  theta <- OuterSGD(theta);  x_i <- theta
+
+    ``mean_pseudo_gradient_(theta, x, out)`` writes the learners' mean of theta - x_i to
+    ``out``: an allreduce on a rank, a mean over the rows in the simulator (whose ``x`` is
+    every learner's, one row each; theta is one copy, which the reset broadcasts)."""
+    for theta, x in zip(thetas, xs):
+        mean_pseudo_gradient_(theta, x, theta.grad)
+    outer.step()
+    for theta, x in zip(thetas, xs):
+        x.copy_(theta)
+
+
 @ALGORITHMS.register("diloco")
 class DiLoCo(Algorithm):
     Config = DiLoCoConfig
@@ -88,14 +106,13 @@ class DiLoCo(Algorithm):
             self._synced = False
             return
         with self.timers.time("comm"), torch.no_grad():
-            for x, theta in zip(self.x, self.theta):
-                torch.sub(theta, x, out=theta.grad)
-                self.comm.allreduce_(theta.grad, op="mean", wire=self.wire)
-            self.outer.step()
-            for x, theta in zip(self.x, self.theta):
-                x.copy_(theta)
+            outer_step_(self.outer, self.theta, self.x, self._allreduce_pseudo_gradient)
         self._synced = True
         self.rounds += 1
+
+    def _allreduce_pseudo_gradient(self, theta: torch.Tensor, x: torch.Tensor,
+                                   out: torch.Tensor) -> None:
+        self.comm.allreduce_(torch.sub(theta, x, out=out), op="mean", wire=self.wire)
 
     def state_dict(self):
         return {"theta": [t.detach().clone() for t in self.theta],

@@ -23,12 +23,17 @@ starts; a switch still to come is moved to the new world's steps (runner/checkpo
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ..config.section import require
 from .base import AlgoConfig
 from .registry import ALGORITHMS
 from .ssgd import SSGD
+
+if TYPE_CHECKING:
+    import torch
 
 SYNCHRONOUS, LOCAL, AVERAGE = "synchronous", "local", "average"
 
@@ -40,6 +45,14 @@ def step_kind(step: int, switch_step: int, period: int) -> str:
     if step <= switch_step:
         return SYNCHRONOUS
     return AVERAGE if (step - switch_step) % period == 0 else LOCAL
+
+
+def average_models_(buffers: Iterable[torch.Tensor],
+                    mean_: Callable[[torch.Tensor], object]) -> None:
+    """x_i <- (1/n) sum_j x_j for every flat buffer, in place (both engines): ``mean_`` is an
+    allreduce's mean on a rank, a mean over the learners' rows in the simulator."""
+    for flat in buffers:
+        mean_(flat)
 
 
 @dataclass
@@ -127,8 +140,8 @@ class LocalSGD(SSGD):
             self._synced = False
             return
         with self.timers.time("comm"):
-            for flat in self.ctx.param_buffers:
-                self.comm.allreduce_(flat, op="mean", wire=self.wire)
+            average_models_(self.ctx.param_buffers,
+                            lambda flat: self.comm.allreduce_(flat, op="mean", wire=self.wire))
         self._synced = True
         self.averagings += 1
 

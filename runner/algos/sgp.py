@@ -31,10 +31,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TypeVar
 
 from ..lazy import torch
 from .base import AlgoConfig, Algorithm
 from .registry import ALGORITHMS
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -52,9 +55,27 @@ def push_peers(rank: int, size: int, step: int) -> tuple[int, int]:
     return (rank + hop) % size, (rank - hop) % size
 
 
+def halve_for_push_(x: torch.Tensor, sent: torch.Tensor, wire: torch.dtype | None = None
+                    ) -> None:
+    """``sent <- x / 2`` (rounded to ``wire`` when set), ``x <- x - sent``: the half kept and
+    the half pushed add up to x exactly, so the learners' sum moves only by their steps. For a
+    numerator buffer and for the push-sum weight, on a rank and on the simulator's stacked
+    rows alike."""
+    torch.mul(x, 0.5, out=sent)
+    if wire is not None:
+        sent.copy_(sent.to(wire))
+    x.sub_(sent)  # x - x/2 is x/2 exactly: the same as halving when nothing is rounded
+
+
 def fold_(x: torch.Tensor, received: torch.Tensor) -> torch.Tensor:
     """``x <- x + received``, where ``x`` already holds the half kept (both engines)."""
     return x.add_(received)
+
+
+def due_fold(overlap: bool, in_flight: T | None, push: T) -> tuple[T | None, T | None]:
+    """(the push to fold in now, the one left in flight) after ``push`` was posted: SGP folds
+    a push in at once; overlap SGP folds the previous one and leaves this one in flight."""
+    return (in_flight, push) if overlap else (push, None)
 
 
 @ALGORITHMS.register("sgp")
@@ -105,25 +126,16 @@ class SGP(Algorithm):
             x = self.z  # holds x until the division below
             handles = []
             for flat, sent, received in zip(x, self._sent[slot], self._received[slot]):
-                torch.mul(flat, 0.5, out=sent)
-                if self.wire is None:
-                    flat.mul_(0.5)
-                else:  # keep what rounding the pushed half leaves out: the sum stays exact
-                    sent.copy_(sent.to(self.wire))
-                    flat.sub_(sent)
+                halve_for_push_(flat, sent, self.wire)
                 handles.append(self.comm.exchange_(sent, [out_peer], {in_peer: received},
                                                    wire=self.wire))
-            torch.mul(self.weight, 0.5, out=self._weight_sent[slot])
-            self.weight.mul_(0.5)
+            halve_for_push_(self.weight, self._weight_sent[slot])
             handles.append(self.comm.exchange_(self._weight_sent[slot], [out_peer],
                                                {in_peer: self._weight_received[slot]}))
             self.pushes += 1
-            if self.cfg.overlap:  # fold in the previous push; this one arrives next step
-                previous, self._pending = self._pending, (slot, handles)
-                if previous is not None:
-                    self._fold(*previous)
-            else:
-                self._fold(slot, handles)
+            fold_now, self._pending = due_fold(self.cfg.overlap, self._pending, (slot, handles))
+            if fold_now is not None:
+                self._fold(*fold_now)
             self._to_model()
 
     def _to_model(self) -> None:

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from ..algos.choco import compress, draws, message_bytes
+from ..algos.choco import compress, draws, message_bytes, mix_in_
 from ..topology import TOPOLOGIES
 from .lockstep import LockstepDriver
 from .registry import SIM_DRIVERS
@@ -42,15 +42,12 @@ class ChocoDriver(LockstepDriver):
             for i in range(self.n):
                 message, q[i] = compress(x[i] - self.public[i], self.cfg,
                                          draws(self.seed, i, step, 0), self.sim.wire)
-            self.public.add_(q)
             peers = []
             for i, weights in enumerate(self.columns):
-                self.mixed[i].add_(q[i] * weights[i])
                 mine = sorted(p for p in weights if p != i)
-                for p in mine:
-                    self.mixed[i].add_(q[p] * weights[p])
+                mix_in_(x[i], self.public[i], self.mixed[i], q[i], weights[i],
+                        [(weights[p], q[p]) for p in mine], self.cfg.gamma)
                 peers.append(mine)
-            x.add_((self.mixed - self.public) * self.cfg.gamma)
         self.sim.clocks.receive(peers, sent_at, self.nbytes)
 
     def state_dict(self) -> dict[str, Any]:

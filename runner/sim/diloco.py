@@ -8,9 +8,14 @@ from typing import Any
 
 import torch
 
-from ..algos.diloco import outer_optimizer
+from ..algos.diloco import outer_optimizer, outer_step_
 from .lockstep import LockstepDriver
 from .registry import SIM_DRIVERS
+
+
+def mean_over_rows(theta: torch.Tensor, x: torch.Tensor, out: torch.Tensor) -> None:
+    """Every learner's allreduce of theta - x_i, at once."""
+    torch.mean(theta.unsqueeze(0) - x, dim=0, out=out)
 
 
 @SIM_DRIVERS.register("diloco")
@@ -39,11 +44,8 @@ class DiLoCoDriver(LockstepDriver):
         if step % self.cfg.period:
             self.synced = False
             return
-        x = self.sim.x
         with torch.no_grad():
-            torch.mean(self.theta.unsqueeze(0) - x, dim=0, out=self.theta.grad)
-            self.outer.step()
-            x.copy_(self.theta.unsqueeze(0).expand_as(x))
+            outer_step_(self.outer, [self.theta], [self.sim.x], mean_over_rows)
         self.allreduce_together()
         self.synced = True
         self.rounds += 1

@@ -22,11 +22,16 @@ from ..algos.dasgd import launch_due, merge_, merge_due
 from ..algos.delay_by_one import matching_partner
 from ..algos.delay_by_one import mix_ as delay_mix_
 from ..algos.dpsgd import mix_
-from ..algos.local_sgd import AVERAGE, SYNCHRONOUS, step_kind
+from ..algos.local_sgd import AVERAGE, SYNCHRONOUS, average_models_, step_kind
 from ..comm.buffers import parameter_digest
 from ..comm.communicator import ring_bytes
 from ..topology import TOPOLOGIES
 from .registry import SIM_DRIVERS
+
+
+def rows_to_their_mean_(x: torch.Tensor) -> torch.Tensor:
+    """Every learner's allreduce of its row, at once: each row becomes the rows' mean."""
+    return x.copy_(x.mean(0, keepdim=True).expand_as(x))
 
 
 class LockstepDriver:
@@ -246,7 +251,7 @@ class LocalSGDDriver(SSGDDriver):
         self.compute_all(step, counts)
         self.synced = kind == AVERAGE
         if kind == AVERAGE:
-            self.sim.x.copy_(self.sim.x.mean(0, keepdim=True).expand_as(self.sim.x))
+            average_models_([self.sim.x], rows_to_their_mean_)
             self.allreduce_together()
             self.averagings += 1
 
@@ -300,7 +305,7 @@ class DaSGDDriver(LockstepDriver):
         if launch_due(t, self.tau):
             x = self.sim.x
             self.snapshot = x.clone()
-            self.average = x.mean(0, keepdim=True).expand_as(x).clone()
+            self.average = rows_to_their_mean_(x.clone())
             self.launched_at = t
             self.launches += 1
             self.reduce_started = float(self.sim.clocks.t.max())  # the last learner launches

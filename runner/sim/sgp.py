@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..algos.sgp import fold_, push_peers
+from ..algos.sgp import due_fold, fold_, halve_for_push_, push_peers
 from .lockstep import LockstepDriver
 from .registry import SIM_DRIVERS
 
@@ -51,18 +51,14 @@ class SGPDriver(LockstepDriver):
         x = self.sim.x
         senders = [push_peers(i, self.n, step)[1] for i in range(self.n)]
         index = torch.tensor(senders)
-        sent = x * 0.5
-        x.mul_(0.5)
-        weight_sent = self.weight * 0.5
-        self.weight.mul_(0.5)
+        sent, weight_sent = torch.empty_like(x), torch.empty_like(self.weight)
+        halve_for_push_(x, sent)  # the simulator charges a narrower wire but does not round
+        halve_for_push_(self.weight, weight_sent)
         push = (sent[index], weight_sent[index], senders, self.sim.clocks.t.copy())
         self.pushes += 1
-        if self.overlap:
-            previous, self.pending = self.pending, push
-            if previous is not None:
-                self._fold(previous)
-        else:
-            self._fold(push)
+        fold_now, self.pending = due_fold(self.overlap, self.pending, push)
+        if fold_now is not None:
+            self._fold(fold_now)
         self._scale(divide=True)
 
     def finish(self):
