@@ -60,7 +60,7 @@ NAMED_PATH = re.compile(r"(?<![\w/.-])((?:runner|recipes|benchmarks|scripts|test
 # Files that a text creates as an example: the tutorial's new algorithm and its driver, the
 # base classes' Example:: blocks, a benchmark's --markdown output.
 EXAMPLE_PATHS = {"runner/algos/model_mixing.py", "conf/algo/model_mixing.yaml",
-                 "runner/sim/model_mixing.py", "conf/recipe/two_blobs.yaml",
+                 "runner/sim/drivers/model_mixing.py", "conf/recipe/two_blobs.yaml",
                  "conf/algo/periodic_averaging.yaml", "docs/bench.md"}
 
 

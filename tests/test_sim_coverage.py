@@ -1,5 +1,5 @@
 """Every registered algorithm runs under launcher=sim, or says why it cannot: a driver in
-runner/sim/ registered under its name, or ``no_simulator_because`` on its class (which the
+runner/sim/drivers/ registered under its name, or ``no_simulator_because`` on its class (which the
 simulator's error line then gives)."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import pytest
 
 from runner.algos import ALGORITHMS, Algorithm
 from runner.errors import ConfigError
+from runner.sim.drivers import SIM_DRIVERS
 from runner.sim.engine import build_driver
-from runner.sim.registry import SIM_DRIVERS
 
 
 def uncovered() -> list[str]:

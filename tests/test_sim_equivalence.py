@@ -9,6 +9,8 @@ import sys
 import pytest
 import torch
 
+from runner.sim.drivers import SIM_DRIVERS
+
 from conftest import MPI_SCRIPTS, case_report, run_mpi_cases
 
 pytestmark = pytest.mark.mpi
@@ -37,6 +39,9 @@ CASES = {
     "adpsgd": ["algo=adpsgd", "algo.record_trace=true", "faults.delay_s=0.003"],
     "hadpsgd": ["algo=hadpsgd", "algo.record_trace=true", "faults.delay_s=0.003"],
 }
+# A driver no case names (a new algorithm's) is compared in its default setting.
+CASES.update({name: [f"algo={name}"] for name in SIM_DRIVERS.names()
+              if not any(f"algo={name}" in overrides for overrides in CASES.values())})
 
 
 @pytest.fixture(scope="module")

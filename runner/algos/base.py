@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 from omegaconf import DictConfig
 
@@ -39,6 +39,15 @@ from ..runlog.timers import Timers
 # An algorithm that averages every so many steps and does so fewer times than this in a whole
 # run is hardly what its name says: the run is warned (check_run_length).
 FEW_AVERAGINGS = 3
+
+
+
+class Reduction(NamedTuple):
+    """A setting (``overrides`` of the algorithm's run) in which it ends with the parameters
+    of the run that ``reference`` configures (SSGD unless it says otherwise)."""
+
+    overrides: tuple[str, ...]
+    reference: tuple[str, ...] = ("algo=ssgd",)
 
 
 @dataclass
@@ -132,10 +141,15 @@ class Algorithm:
     # Its nodes are part of the algorithm (hadpsgd's super learners): an elastic job's
     # survivors keep the nodes they were launched in, rather than being grouped by machine.
     keeps_nodes: ClassVar[bool] = False
-    # Why launcher=sim cannot run this algorithm, when it has no driver in runner/sim/ (the
-    # simulator's error line says it; tests/test_sim_coverage.py asks every algorithm for one
-    # or the other).
+    # Why launcher=sim cannot run this algorithm, when it has no driver in runner/sim/drivers/
+    # (the simulator's error line says it; tests/test_sim_coverage.py asks every algorithm for
+    # one or the other).
     no_simulator_because: ClassVar[str | None] = None
+    # Settings in which it computes what another algorithm does, by case name: the invariants
+    # its docstring states, as runs (tests/test_equivalence_mpi.py trains each on 4 ranks in
+    # float64 with plain SGD and requires the other's parameters, to 1e-9). Read from the
+    # class itself, not inherited.
+    reduces_to: ClassVar[dict[str, Reduction]] = {}
 
     def __init__(self, cfg: Any, ctx: TrainContext):
         self.cfg = cfg

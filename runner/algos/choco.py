@@ -46,7 +46,7 @@ from ..config.section import require
 from ..errors import ConfigError
 from ..lazy import torch
 from ..topology import TOPOLOGIES
-from .base import AlgoConfig, Algorithm
+from .base import AlgoConfig, Algorithm, Reduction
 from .registry import ALGORITHMS
 
 COMPRESSIONS = ("identity", "topk", "randomk", "qsgd", "sign")
@@ -182,6 +182,10 @@ def check_topology(topology, key: str = "topology") -> None:
 
 @ALGORITHMS.register("choco")
 class Choco(Algorithm):
+    reduces_to = {"choco-identity-consensus-1-is-dpsgd": Reduction(
+        ("algo.compression=identity", "algo.gamma=1", "topology=ring", "optim.momentum=0.9"),
+        ("algo=dpsgd", "topology=ring", "algo.ordering=step_then_average",
+         "optim.momentum=0.9"))}
     Config = ChocoConfig
     uses_topology = True
 

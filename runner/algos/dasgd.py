@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from ..comm.communicator import Handle
 from ..config.section import require
 from ..lazy import torch
-from .base import AlgoConfig, Algorithm
+from .base import AlgoConfig, Algorithm, Reduction
 from .registry import ALGORITHMS
 
 
@@ -73,6 +73,7 @@ class DaSGDConfig(AlgoConfig):
 
 @ALGORITHMS.register("dasgd")
 class DaSGD(Algorithm):
+    reduces_to = {"dasgd-blocking-every-step": Reduction(("algo.tau=1", "algo.delay=0"))}
     Config = DaSGDConfig
     elastic = True
 

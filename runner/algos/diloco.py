@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 
 from ..config.section import require
 from ..lazy import torch
-from .base import AlgoConfig, Algorithm
+from .base import AlgoConfig, Algorithm, Reduction
 from .registry import ALGORITHMS
 
 if TYPE_CHECKING:
@@ -81,6 +81,9 @@ def outer_step_(outer: SGD, thetas: list[torch.Tensor], xs: list[torch.Tensor],
 
 @ALGORITHMS.register("diloco")
 class DiLoCo(Algorithm):
+    reduces_to = {"diloco-outer-sgd-1-is-local-sgd": Reduction(
+        ("algo.period=3", "algo.outer_lr=1", "algo.outer_momentum=0", "optim.momentum=0.9"),
+        ("algo=local_sgd", "algo.period=3", "optim.momentum=0.9"))}
     Config = DiLoCoConfig
 
     @classmethod

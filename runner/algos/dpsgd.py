@@ -31,7 +31,7 @@ from ..config.section import require
 from ..errors import ConfigError
 from ..lazy import torch
 from ..topology import TOPOLOGIES
-from .base import AlgoConfig, Algorithm
+from .base import AlgoConfig, Algorithm, Reduction
 from .registry import ALGORITHMS
 
 
@@ -102,6 +102,8 @@ class Gossip:
 
 @ALGORITHMS.register("dpsgd")
 class DPSGD(Algorithm):
+    reduces_to = {"dpsgd-complete-graph": Reduction(
+        ("topology=complete", "algo.ordering=step_then_average"))}
     Config = DPSGDConfig
     uses_topology = True
     elastic = True

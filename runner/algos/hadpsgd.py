@@ -32,6 +32,7 @@ from ..comm.hostfile import ranks_per_host, read_hostfile
 from ..config.section import require
 from ..errors import ConfigError
 from .adpsgd import ADPSGD, ADPSGDConfig
+from .base import Reduction
 from .registry import ALGORITHMS
 
 
@@ -47,6 +48,7 @@ class HADPSGDConfig(ADPSGDConfig):
 
 @ALGORITHMS.register("hadpsgd")
 class HADPSGD(ADPSGD):
+    reduces_to = {"hadpsgd-one-node": Reduction(("launcher.procs_per_node=4",))}
     Config = HADPSGDConfig
     # A super learner that loses a member goes on with the others (the lowest rank left
     # leads it); one that loses all is lost as an AD-PSGD learner is.

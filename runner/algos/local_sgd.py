@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..config.section import require
-from .base import AlgoConfig
+from .base import AlgoConfig, Reduction
 from .registry import ALGORITHMS
 from .ssgd import SSGD
 
@@ -72,6 +72,8 @@ class LocalSGDConfig(AlgoConfig):
 
 @ALGORITHMS.register("local_sgd")
 class LocalSGD(SSGD):
+    reduces_to = {"local-sgd-period-1": Reduction(("algo.period=1",)),
+                  "post-local-sgd-before-the-switch": Reduction(("algo.switch_epoch=5",))}
     Config = LocalSGDConfig
 
     @classmethod

@@ -3,7 +3,7 @@
 Everything that happens to a participant's model x (a learner; hadpsgd: a super learner) is a
 sequence of four operations, the same whether a real run records them (under the model lock,
 ``algo.record_trace=true``: runner/algos/adpsgd.py, runner/comm/pairwise.py) or the
-simulator's schedule produces them (runner/sim/asynchronous.py)::
+simulator's schedule produces them (runner/sim/drivers/adpsgd.py)::
 
     ["read"]                replica <- x                 (the next gradient is taken here)
     ["apply", lr]           x <- SGD step with the gradient at the replica (weight decay at

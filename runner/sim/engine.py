@@ -5,10 +5,9 @@ datasets, model and metric; the shards (runner/train/data.py: learner i reads ex
 rank i would); the learning-rate schedule and the milestones in global samples; the evaluator
 (averaged model and learner 0's own); the run log (TensorBoard, metrics.jsonl, summary.json)
 and ``checkpoints/final_rank0.pt``. What differs is who runs the algorithm: a driver over the
-stacked models (runner/sim/lockstep.py, runner/sim/asynchronous.py) calling the algorithm's own
-rule functions, and clocks in virtual seconds (runner/sim/clocks.py, runner/sim/cluster.py).
-``wall_s`` and the time split are seconds on the modelled cluster; ``host_s`` is what the
-simulation took here.
+stacked models (runner/sim/drivers/) calling the algorithm's own rule functions, and clocks
+in virtual seconds (runner/sim/clocks.py, runner/sim/cluster.py). ``wall_s`` and the time
+split are seconds on the modelled cluster; ``host_s`` is what the simulation took here.
 """
 
 from __future__ import annotations
@@ -45,11 +44,10 @@ from ..train.lr_schedule import LRSchedule
 from ..train.milestones import CHECKPOINT, EVALUATE, Milestones
 from ..train.nonfinite import nonfinite_error
 from ..train.rng import seed_everything
-from . import asynchronous, choco, diloco, lockstep, sgp  # noqa: F401 - they register their drivers
 from .clocks import Clocks
 from .cluster import ClusterModel, ComputeModel, resolved
+from .drivers import SIM_DRIVERS  # importing the package registers every driver
 from .failures import NodeFailures
-from .registry import SIM_DRIVERS
 from .stacked import StackedLearners, StackedSGD
 
 log = logging.getLogger("adpsgd")

@@ -1,12 +1,15 @@
-"""The lockstep algorithms under the simulator: SSGD, D-PSGD, local SGD, DaSGD, delay-by-one.
+"""How lockstep algorithms move under the simulator: the base of their drivers
+(runner/sim/drivers/: SSGD, D-PSGD, local SGD, DaSGD, delay-by-one, SGP, CHOCO, DiLoCo).
 
 Every learner takes step k together (the trainer's lockstep: same step count, the same batch
-of its shard as on a real rank). Each driver applies its algorithm's rule to the stacked
-models with the functions the MPI classes call (runner/algos/*.py: ``mix_``, ``merge_``,
-``step_kind``, ``launch_due``...), and keeps each learner's virtual clock: compute from the
+of its shard as on a real rank). :class:`LockstepDriver` deals the batches, computes the
+gradients, applies the optimizer and keeps each learner's virtual clock: compute from the
 cluster's compute model, communication from its network model. A learner that waits for a
-slower one is idle; the transfer time it cannot hide is communication. Collectives (an
-allreduce) become a mean over the learner dimension.
+slower one is idle; the transfer time it cannot hide is communication. A driver's ``step``
+applies its algorithm's rule to the stacked models with the functions the ranks call
+(runner/algos/*.py: ``mix_``, ``merge_``, ``outer_step_``, ``mix_in_``...), so the two
+engines differ only in how messages move: a collective (an allreduce) becomes a mean over the
+learner dimension (:func:`rows_to_their_mean_`).
 """
 
 from __future__ import annotations
@@ -18,15 +21,8 @@ import numpy as np
 import torch
 
 from ..algos.base import sample_weight
-from ..algos.dasgd import launch_due, merge_, merge_due
-from ..algos.delay_by_one import matching_partner
-from ..algos.delay_by_one import mix_ as delay_mix_
-from ..algos.dpsgd import mix_
-from ..algos.local_sgd import AVERAGE, SYNCHRONOUS, average_models_, step_kind
 from ..comm.buffers import parameter_digest
 from ..comm.communicator import ring_bytes
-from ..topology import TOPOLOGIES
-from .registry import SIM_DRIVERS
 
 
 def rows_to_their_mean_(x: torch.Tensor) -> torch.Tensor:
@@ -146,239 +142,3 @@ class LockstepDriver:
         """Every learner's share of an allreduce of one model (runner/comm/traffic.py)."""
         if self.n > 1:
             self.sim.clocks.count_sent("world/allreduce", ring_bytes(self.sim.nbytes, self.n))
-
-
-@SIM_DRIVERS.register("ssgd")
-class SSGDDriver(LockstepDriver):
-    """x <- x - gamma * mean_i(c_i n / C g_i): the averaged gradient applied on every row."""
-
-    identical_replicas = True
-
-    def step(self, step, batches, counts, global_count):
-        # The rows are equal, so the learners' weighted gradients are summed in one backward
-        # pass at row 0 (the allreduce's mean, by linearity); row 0 alone is stepped and
-        # copied to the others (its momentum too).
-        sim = self.sim
-        weights = self.weights(counts, global_count) / self.n
-        mean = sim.weighted_gradient(sim.x[0], batches, counts, weights)
-        sim.apply_update(torch.tensor([0]), mean.unsqueeze(0),
-                         torch.tensor([sim.lr], dtype=torch.float64))
-        sim.replicate_row(0)
-        self.compute_all(step, counts)
-        self.allreduce_together()
-
-
-@SIM_DRIVERS.register("dpsgd")
-class DPSGDDriver(LockstepDriver):
-    """x_i <- sum_j W[j, i] x_j, with the gradient at the pre-averaging model (ordering=dpsgd)
-    or after the step (step_then_average)."""
-
-    def __init__(self, sim):
-        super().__init__(sim)
-        cfg = sim.cfg
-        self.topology = TOPOLOGIES.get(cfg.topology.name)(cfg.topology, seed=cfg.seed)
-        self.ordering = cfg.algo.ordering
-        self._fixed: tuple | None = None
-
-    def neighbours(self, step: int) -> tuple[torch.Tensor, list[tuple[torch.Tensor,
-                                                                      torch.Tensor]]]:
-        """(self weights [N, 1], [(weights [N, 1], in-neighbour index [N]), ...] slots), from
-        the topology's in-weights of this step (absent slots have weight 0)."""
-        if self._fixed is not None:
-            return self._fixed
-        columns = [self.topology.in_weights(i, self.n, step) for i in range(self.n)]
-        degree = max(len(c) - 1 for c in columns)
-        own = torch.tensor([[c[i]] for i, c in enumerate(columns)], dtype=self.sim.dtype)
-        slots = []
-        for s in range(degree):
-            index, weight = [], []
-            for i, c in enumerate(columns):
-                peers = sorted(p for p in c if p != i)
-                index.append(peers[s] if s < len(peers) else i)
-                weight.append(c[peers[s]] if s < len(peers) else 0.0)
-            slots.append((torch.tensor(weight, dtype=self.sim.dtype).unsqueeze(1),
-                          torch.tensor(index)))
-        result = (own, slots)
-        if not self.topology.time_varying:
-            self._fixed = result
-        return result
-
-    def mix(self, step: int) -> list[list[int]]:
-        own, slots = self.neighbours(step)
-        x = self.sim.x
-        received = [(weight, x[index]) for weight, index in slots]  # copies: x^k of each peer
-        mix_(x, own, received)
-        return [[int(index[i]) for weight, index in slots if float(weight[i]) > 0]
-                for i in range(self.n)]
-
-    def step(self, step, batches, counts, global_count):
-        grads = self.local_gradients(batches, counts, global_count)
-        start = self.sim.clocks.t.copy()
-        seconds = self.compute_all(step, counts)
-        if self.ordering == "dpsgd":
-            peers = self.mix(step)
-            self.apply(grads)
-            sent_at = start  # x^k leaves as the step starts: overlaps the gradient
-        else:
-            self.apply(grads)
-            peers = self.mix(step)
-            sent_at = start + seconds
-        self.sim.clocks.receive(peers, sent_at, self.sim.nbytes)
-
-
-@SIM_DRIVERS.register("local_sgd")
-class LocalSGDDriver(SSGDDriver):
-    """Synchronous SGD up to the switch, then local steps and a model average every period."""
-
-    def __init__(self, sim):
-        super().__init__(sim)
-        cfg = sim.cfg.algo
-        self.switch_step = round(cfg.switch_epoch * sim.steps_per_epoch)
-        self.period = cfg.period
-        self.synced = True
-        self.averagings = 0
-
-    @property
-    def identical_replicas(self):  # type: ignore[override]
-        return self.synced
-
-    def step(self, step, batches, counts, global_count):
-        kind = step_kind(step, self.switch_step, self.period)
-        if kind == SYNCHRONOUS:
-            super().step(step, batches, counts, global_count)
-            return
-        self.apply(self.local_gradients(batches, counts, global_count))
-        self.compute_all(step, counts)
-        self.synced = kind == AVERAGE
-        if kind == AVERAGE:
-            average_models_([self.sim.x], rows_to_their_mean_)
-            self.allreduce_together()
-            self.averagings += 1
-
-    def stats(self):
-        local = float(self.switch_step == 0 or self.sim.step > self.switch_step)
-        return [{"averagings": self.averagings, "local": local} for _ in range(self.n)]
-
-    def state_dict(self):
-        return {**super().state_dict(), "synced": self.synced, "averagings": self.averagings}
-
-    def load_state_dict(self, state):
-        super().load_state_dict(state)
-        self.synced, self.averagings = state["synced"], state["averagings"]
-
-
-@SIM_DRIVERS.register("dasgd")
-class DaSGDDriver(LockstepDriver):
-    """Local steps; every tau steps a snapshot is averaged in the background and merged delay
-    steps later: x <- abar + (x - s)."""
-
-    def __init__(self, sim):
-        super().__init__(sim)
-        self.tau, self.delay = sim.cfg.algo.tau, sim.cfg.algo.delay
-        self.snapshot: torch.Tensor | None = None
-        self.average: torch.Tensor | None = None
-        self.launched_at = -1
-        self.reduced_at = 0.0  # virtual time the pending reduction completes
-        self.reduce_started = 0.0
-        self.synced = True
-        self.launches = self.merges = 0
-
-    @property
-    def identical_replicas(self):  # type: ignore[override]
-        return self.synced
-
-    def _merge(self) -> None:
-        clocks = self.sim.clocks
-        clocks.wait_until(np.full(self.n, self.reduce_started), "idle")
-        clocks.wait_until(np.full(self.n, self.reduced_at), "comm")
-        merge_(self.sim.x, self.snapshot, self.average)
-        self.snapshot = self.average = None
-        self.merges += 1
-
-    def step(self, step, batches, counts, global_count):
-        t = step - 1  # the rule counts steps from 0
-        self.apply(self.local_gradients(batches, counts, global_count))
-        self.compute_all(step, counts)
-        self.synced = False
-        if self.snapshot is not None and merge_due(t, self.launched_at, self.delay):
-            self._merge()
-        if launch_due(t, self.tau):
-            x = self.sim.x
-            self.snapshot = x.clone()
-            self.average = rows_to_their_mean_(x.clone())
-            self.launched_at = t
-            self.launches += 1
-            self.reduce_started = float(self.sim.clocks.t.max())  # the last learner launches
-            self.reduced_at = self.reduce_started + self.sim.cluster.allreduce_s(
-                list(range(self.n)), self.sim.nbytes)
-            self.count_allreduce()
-            if self.delay == 0:
-                self._merge()
-                self.synced = True
-
-    def finish(self):
-        if self.snapshot is not None:
-            self._merge()
-
-    def stats(self):
-        return [{"launches": self.launches, "merges": self.merges} for _ in range(self.n)]
-
-    def state_dict(self):
-        return {**super().state_dict(), "launched_at": self.launched_at, "synced": self.synced,
-                "launches": self.launches, "merges": self.merges,
-                "snapshot": self.snapshot, "average": self.average,
-                "reduced_at": self.reduced_at, "reduce_started": self.reduce_started}
-
-    def load_state_dict(self, state):
-        super().load_state_dict(state)
-        for key in ("launched_at", "synced", "launches", "merges", "snapshot", "average",
-                    "reduced_at", "reduce_started"):
-            setattr(self, key, state[key])
-
-
-class DelayByOneDriver(LockstepDriver):
-    """Each step every learner sends x^k to its matching partner p(k) and mixes in, after its
-    next gradient, the model its partner sent one step earlier: x <- (1-w) x + w y."""
-
-    def __init__(self, sim):
-        super().__init__(sim)
-        self.pattern, self.seed = sim.cfg.algo.pattern, sim.cfg.seed
-        self.previous: tuple[torch.Tensor, np.ndarray] | None = None  # (models, sent at)
-        self.previous_partner: list[int] = []
-
-    def step(self, step, batches, counts, global_count):
-        partners = [matching_partner(self.pattern, i, self.n, step, self.seed)
-                    for i in range(self.n)] if self.n > 1 else []
-        sent_models = self.sim.x.clone() if self.n > 1 else None
-        start = self.sim.clocks.t.copy()
-        grads = self.local_gradients(batches, counts, global_count)
-        self.compute_all(step, counts)
-        if self.previous is not None:
-            models, sent_at = self.previous
-            delay_mix_(self.sim.x, models[torch.tensor(self.previous_partner)])
-            self.sim.clocks.receive([[p] for p in self.previous_partner], sent_at,
-                                    self.sim.nbytes)
-        self.apply(grads)
-        if self.n > 1:
-            self.previous, self.previous_partner = (sent_models, start), partners
-
-    def finish(self):
-        """The last step's message is never mixed in, but the ranks wait for it to arrive."""
-        if self.previous is not None:
-            self.sim.clocks.receive([[p] for p in self.previous_partner], self.previous[1],
-                                    self.sim.nbytes)
-            self.previous = None
-
-    def state_dict(self):
-        if self.previous is None:
-            return {**super().state_dict(), "previous": None}
-        return {**super().state_dict(), "previous": self.previous[0],
-                "sent_at": torch.from_numpy(self.previous[1]), "partners": self.previous_partner}
-
-    def load_state_dict(self, state):
-        super().load_state_dict(state)
-        if state["previous"] is None:
-            self.previous = None
-        else:
-            self.previous = (state["previous"], state["sent_at"].numpy().copy())
-            self.previous_partner = list(state["partners"])

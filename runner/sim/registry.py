@@ -1,5 +1,5 @@
 """The simulator's drivers by algorithm name: ``SIM_DRIVERS.register(NAME)`` on the class that
-runs that algorithm over stacked models (runner/sim/lockstep.py, runner/sim/asynchronous.py)."""
+runs that algorithm over stacked models, one module each in runner/sim/drivers/."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ built on the meta device, its parameters counted at ``trainer.dtype``) and
 when it is small enough to load), and runs the same drivers as a learning simulation: the
 lockstep drivers' clocks (runner/sim/lockstep.py: compute from the cluster's compute model,
 allreduces and transfers from its network model) and AD-PSGD/H-ADPSGD's event schedule
-(runner/sim/asynchronous.py), with the same milestones (evaluations and checkpoints, where
+(runner/sim/drivers/adpsgd.py), with the same milestones (evaluations and checkpoints, where
 asynchronous learners meet) and the same shard sizes (runner/train/data.py). The drivers' tensor
 work runs on models of one parameter each (gradients are zeros of shape ``[k, 1]``, updates do
 nothing) and the gossip schedule's operations are counted, not executed, so a projection of

@@ -10,9 +10,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..algos.sgp import due_fold, fold_, halve_for_push_, push_peers
-from .lockstep import LockstepDriver
-from .registry import SIM_DRIVERS
+from ...algos.sgp import due_fold, fold_, halve_for_push_, push_peers
+from ..lockstep import LockstepDriver
+from ..registry import SIM_DRIVERS
 
 
 @SIM_DRIVERS.register("sgp")

@@ -28,16 +28,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..algos.adpsgd import ADPSGD
-from ..algos.trace import APPLY, MERGE, READ, SNAP, TraceExecutor, read_traces
-from ..comm.buffers import parameter_digest
-from ..comm.communicator import ring_bytes
-from ..comm.global_clock import ProgressTable
-from ..topology.pairing import is_active, passive_peers, peer_schedule
-from .event_queue import EventQueue
-from .lockstep import DelayByOneDriver
-from .network import SharedChannel
-from .registry import SIM_DRIVERS
+from ...algos.adpsgd import ADPSGD
+from ...algos.trace import APPLY, MERGE, READ, SNAP, TraceExecutor, read_traces
+from ...comm.buffers import parameter_digest
+from ...comm.communicator import ring_bytes
+from ...comm.global_clock import ProgressTable
+from ...topology.pairing import is_active, passive_peers, peer_schedule
+from ..event_queue import EventQueue
+from ..network import SharedChannel
+from ..registry import SIM_DRIVERS
+from .delay_by_one import DelayByOneDriver
 
 CONTROL_BYTES = 64  # a pickled flag or sample count (bcast_object)
 

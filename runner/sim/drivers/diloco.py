@@ -8,9 +8,9 @@ from typing import Any
 
 import torch
 
-from ..algos.diloco import outer_optimizer, outer_step_
-from .lockstep import LockstepDriver
-from .registry import SIM_DRIVERS
+from ...algos.diloco import outer_optimizer, outer_step_
+from ..lockstep import LockstepDriver
+from ..registry import SIM_DRIVERS
 
 
 def mean_over_rows(theta: torch.Tensor, x: torch.Tensor, out: torch.Tensor) -> None:

@@ -9,10 +9,10 @@ from typing import Any
 
 import torch
 
-from ..algos.choco import compress, draws, message_bytes, mix_in_
-from ..topology import TOPOLOGIES
-from .lockstep import LockstepDriver
-from .registry import SIM_DRIVERS
+from ...algos.choco import compress, draws, message_bytes, mix_in_
+from ...topology import TOPOLOGIES
+from ..lockstep import LockstepDriver
+from ..registry import SIM_DRIVERS
 
 
 @SIM_DRIVERS.register("choco")
