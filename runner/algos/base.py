@@ -30,7 +30,7 @@ from typing import Any, ClassVar, NamedTuple
 
 from omegaconf import DictConfig
 
-from ..comm import Communicator, World
+from ..comm import Communicator, Seat, World
 from ..config.section import Section
 from ..errors import ConfigError
 from ..lazy import torch
@@ -58,9 +58,7 @@ class AlgoConfig(Section):
 @dataclass
 class TrainContext:
     cfg: DictConfig  # the whole validated run config
-    world: World
-    comm: Communicator  # all ranks
-    node_comm: Communicator  # ranks of this (real or emulated) node
+    seat: Seat  # the world and its communicators (all ranks; this node's), moved as one
     device: torch.device
     timers: Timers
     param_buffers: list[torch.Tensor] = field(default_factory=list)  # the model, flat
@@ -69,6 +67,18 @@ class TrainContext:
     step_counts: list[int] = field(default_factory=list)
     steps_per_epoch: int = 0  # lockstep steps in one pass over the training set
     run_dir: Path = Path(".")
+
+    @property
+    def world(self) -> World:
+        return self.seat.world
+
+    @property
+    def comm(self) -> Communicator:
+        return self.seat.comm
+
+    @property
+    def node_comm(self) -> Communicator:
+        return self.seat.node_comm
 
 
 def wire_dtype(cfg: DictConfig) -> torch.dtype | None:

@@ -19,7 +19,7 @@ from typing import Any, TextIO
 import torch
 from omegaconf import OmegaConf
 
-from ..comm import Communicator, World
+from ..comm import Communicator, Seat, World
 from ..errors import UserError, warn_user
 from ..runlog.timers import Timers
 from .files import MARKER as CHECKPOINT_MARKER
@@ -48,11 +48,19 @@ class Checkpointer:
     says otherwise). ``warn``: where rank 0 says that it falls back from a damaged
     checkpoint."""
 
-    def __init__(self, cfg: Any, run_dir: Path, world: World, comm: Communicator,
-                 timers: Timers, warn: TextIO | None):
-        self.cfg, self.run_dir, self.world, self.comm = cfg, run_dir, world, comm
+    def __init__(self, cfg: Any, run_dir: Path, seat: Seat, timers: Timers,
+                 warn: TextIO | None):
+        self.cfg, self.run_dir, self.seat = cfg, run_dir, seat
         self.timers, self.warn = timers, warn
         self.last: Path | None = None  # the newest checkpoint written or resumed from
+
+    @property
+    def world(self) -> World:
+        return self.seat.world
+
+    @property
+    def comm(self) -> Communicator:
+        return self.seat.comm
 
     # ---- resume ------------------------------------------------------------------------
     def resolve(self, train_size: int) -> tuple[Checkpoint | None, dict[str, Any] | None]:

@@ -19,16 +19,6 @@ def unread_pass(shards: ShardedBatches, epoch: int, done_steps: int) -> np.ndarr
     return np.concatenate([shards.unread(epoch, done_steps, r) for r in range(shards.size)])
 
 
-def dealt_again(old: ShardedBatches, world: World,
-                partial: tuple[int, np.ndarray] | None = None) -> ShardedBatches:
-    """``old``'s data dealt to the ranks of ``world``; ``partial``: the current epoch and
-    the samples nobody has trained on in it."""
-    shards = ShardedBatches(old.n_items, world.rank, world.size, old.batch_size, old.seed,
-                            old.shuffle)
-    shards.partial = partial
-    return shards
-
-
 def learner_comms(learner_mpi: Any, timeout_s: float, traffic: Traffic,
                   nodes: list[int] | None = None) -> tuple[World, Communicator, Communicator]:
     """The World and the world and node communicators of the learners' MPI communicator

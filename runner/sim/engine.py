@@ -28,6 +28,7 @@ from ..algos import ALGORITHMS
 from ..algos.base import wire_dtype
 from ..checkpoint.checkpointer import Checkpointer
 from ..comm.communicator import Communicator
+from ..comm.seat import Seat
 from ..comm.traffic import traffic_report
 from ..comm.world import World, mpi
 from ..errors import ConfigError, UserError, warn_user
@@ -142,17 +143,19 @@ class Simulation:
         self.driver.setup()
         self.comm = Communicator(mpi().COMM_SELF, "mpi", name="self")
         loading = dict(num_workers=0, persistent_workers=False, pin_memory=False)
-        self.evaluator = Evaluator(
-            self.recipe, self.model, list(self.model.parameters()), self.compute, self.comm,
+        alone = World(rank=0, size=1, local_rank=0, local_size=1, node=0, num_nodes=1)
+        self.evaluator = Evaluator(  # scores the models it is given, in this one process
+            self.recipe, self.model, list(self.model.parameters()), self.compute,
+            Seat(alone, self.comm, self.comm),
             BatchFetcher(eval_set, self.recipe.collate, **loading),
             ShardedBatches(len(eval_set), 0, 1, tcfg.eval_batch_size, cfg.seed, shuffle=False),
-            self.run_dir, True)
+            self.run_dir)
         # The whole simulation is one process: its checkpoint is one file (rank0.pt) that
         # holds every learner, in a checkpoint of the job's launcher.nprocs ranks.
         self.world = World(rank=0, size=self.n, local_rank=0, local_size=self.procs_per_node,
                            node=0, num_nodes=-(-self.n // self.procs_per_node))
-        self.checkpointer = Checkpointer(cfg, self.run_dir, self.world, self.comm, Timers(),
-                                         progress_stream)
+        self.checkpointer = Checkpointer(cfg, self.run_dir, Seat(self.world, self.comm, self.comm),
+                                         Timers(), progress_stream)
         self.history: list[dict[str, Any]] = []
         self.host_before = 0.0  # host seconds of the sessions before a resume
         self.host_eval_s = 0.0

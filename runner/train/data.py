@@ -45,6 +45,15 @@ class ShardedBatches:
         # pass after a loss in an elastic job (runner/elastic/streams.py)
         self.own: tuple[int, np.ndarray] | None = None
 
+    def dealt_to(self, rank: int, size: int,
+                 partial: tuple[int, np.ndarray] | None = None) -> ShardedBatches:
+        """The same data dealt to rank ``rank`` of ``size``; ``partial``: the current epoch
+        and the samples nobody has trained on in it (a regrouped elastic job)."""
+        shards = ShardedBatches(self.n_items, rank, size, self.batch_size, self.seed,
+                                self.shuffle)
+        shards.partial = partial
+        return shards
+
     def pass_order(self, epoch: int) -> np.ndarray:
         """The dataset indices that epoch ``epoch`` deals, in order."""
         if self.partial is not None and self.partial[0] == epoch:

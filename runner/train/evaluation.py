@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from ..comm import Communicator
+from ..comm import Communicator, Seat
 from ..comm.buffers import flatten, flatten_parameters, unflatten
 from .compute_path import ComputePath
 from .data import BatchFetcher, ShardedBatches
@@ -24,16 +24,33 @@ from .data import BatchFetcher, ShardedBatches
 
 class Evaluator:
     def __init__(self, recipe: Any, model: torch.nn.Module, param_buffers: list[torch.Tensor],
-                 compute: ComputePath, comm: Communicator, fetch: BatchFetcher,
-                 shards: ShardedBatches, run_dir: Path, is_main: bool):
+                 compute: ComputePath, seat: Seat, fetch: BatchFetcher,
+                 shards: ShardedBatches, run_dir: Path):
         self.recipe, self.model, self.param_buffers = recipe, model, param_buffers
-        self.compute, self.comm = compute, comm
-        self.fetch, self.shards = fetch, shards
-        self.run_dir, self.is_main = run_dir, is_main
+        self.compute, self.seat = compute, seat
+        self.fetch, self._shards = fetch, shards
+        self.run_dir = run_dir
         # Running statistics (BatchNorm) stay local in training; evaluations average them.
         self.running_stats = any(b.is_floating_point() for b in model.buffers())
         self._scratch: torch.nn.Module | None = None
         self.examples: list[tuple[str, str, str]] = []  # rank 0's decoded samples, last scored
+
+    @property
+    def comm(self) -> Communicator:
+        return self.seat.comm
+
+    @property
+    def is_main(self) -> bool:
+        return self.seat.world.is_main
+
+    @property
+    def shards(self) -> ShardedBatches:
+        """The held-out set dealt to the learners of the seat's world (dealt again when
+        they change)."""
+        world = self.seat.world
+        if (self._shards.rank, self._shards.size) != (world.rank, world.size):
+            self._shards = self._shards.dealt_to(world.rank, world.size)
+        return self._shards
 
     def score(self, identical_replicas: bool, final: bool) -> dict[str, dict[str, float]]:
         """``{split: metrics}`` for every split this algorithm reports (collective)."""

@@ -25,7 +25,7 @@ from ..algos.optim import SGD, parameter_groups
 from ..checkpoint.checkpointer import Checkpointer
 from ..checkpoint.preemption import StopAgreement
 from ..checkpoint.resize import RESIZED
-from ..comm import Communicator, World
+from ..comm import Communicator, Seat, World
 from ..comm.buffers import broadcast_model, flatten_parameters
 from ..elastic.membership import EpochLedger, Membership, elastic_step, lost_samples
 from ..errors import UserError, warn_user
@@ -56,7 +56,10 @@ class Trainer(Meetings):
     def __init__(self, cfg: DictConfig, run_dir: str | Path, world: World, comm: Communicator,
                  node_comm: Communicator, device: torch.device,
                  progress_stream: TextIO | None = None):
-        self.cfg, self.run_dir, self.world, self.comm = cfg, Path(run_dir), world, comm
+        self.cfg, self.run_dir = cfg, Path(run_dir)
+        # Every part that talks to the other learners reads the world and its communicators
+        # here; a regroup (launcher.elastic) moves the seat and them with it.
+        self.seat = Seat(world, comm, node_comm)
         self.progress_stream = progress_stream
         self.timers = Timers()
         tcfg, o = cfg.trainer, cfg.optim
@@ -73,14 +76,16 @@ class Trainer(Meetings):
         self.param_buffers = flatten_parameters(self.model.parameters())
         with comm.traffic.aside():  # set-up, not training traffic
             broadcast_model(self.model, self.param_buffers, comm)
-        self.checkpointer = Checkpointer(cfg, self.run_dir, world, comm, self.timers,
+        self.checkpointer = Checkpointer(cfg, self.run_dir, self.seat, self.timers,
                                          progress_stream)
         self.resumed_from, resume_state = self.checkpointer.resolve(len(self.train_set))
         # Per rank from here on (a resized resume: fresh streams from its sample count).
         seed_everything(rank_seed(cfg.seed, world.rank, resume_state["trainer"]["samples"]
                                   if resume_state and RESIZED in resume_state else 0))
-        self.shards = ShardedBatches(len(self.train_set), world.rank, world.size,
-                                     tcfg.batch_size, cfg.seed)
+        self.ctx = TrainContext(cfg=cfg, seat=self.seat, device=device, timers=self.timers,
+                                param_buffers=self.param_buffers, run_dir=self.run_dir)
+        self.deal(ShardedBatches(len(self.train_set), world.rank, world.size, tcfg.batch_size,
+                                 cfg.seed))
         self.compute = ComputePath.from_config(tcfg, device,
                                                self.shards.steps_per_epoch * tcfg.epochs,
                                                self.recipe.compile_pays_after_steps)
@@ -91,11 +96,6 @@ class Trainer(Meetings):
         self.optimizer = SGD(
             parameter_groups(self.model, o.weight_decay, o.no_decay_norm_bias), lr=o.lr,
             momentum=o.momentum, nesterov=o.nesterov, weight_decay=o.weight_decay)
-        self.ctx = TrainContext(cfg=cfg, world=world, comm=comm, node_comm=node_comm,
-                                device=device, timers=self.timers,
-                                param_buffers=self.param_buffers,
-                                steps_per_epoch=self.shards.steps_per_epoch,
-                                run_dir=self.run_dir)
         # An averaging every N steps against a run of fewer: refused (every rank raises the
         # same error), or a warning when it happens only once or twice.
         short = ALGORITHMS.get(cfg.algo.name).check_run_length(
@@ -103,12 +103,11 @@ class Trainer(Meetings):
         if short and world.is_main:
             log.warning("%s", short)
             warn_user(short, progress_stream)
-        self.algo = ALGORITHMS.get(cfg.algo.name).build(cfg.algo, self.ctx)
-        self.algo.setup(self.model, self.optimizer)
+        self.build_algorithm()
         self._build_loaders(eval_set, device)
-        global_batch = world.size * tcfg.batch_size
-        self.schedule = LRSchedule(o, global_batch, len(self.train_set), tcfg.epochs)
-        self.milestones = Milestones(len(self.train_set), tcfg.epochs, global_batch,
+        self.schedule = self.schedule_for_the_world()
+        self.milestones = Milestones(len(self.train_set), tcfg.epochs,
+                                     world.size * tcfg.batch_size,
                                      tcfg.eval_every, tcfg.checkpoint_every,
                                      stop_check_every=1)  # the agreement spaces its checks
         self.faults = FaultInjector(cfg.faults, world.rank, cfg.seed)
@@ -118,8 +117,6 @@ class Trainer(Meetings):
                                      lambda: self.checkpointer.last)
                         if tcfg.on_nonfinite == "skip_batch" else None)
         self.milestone_waits = 0  # evaluations and checkpoints met (see _meet)
-        self.algo_finished = False  # algo.finish() has run (see _finish_algorithm)
-        self.paused = False  # algo.pause() has run and algo.resume() not yet (see _meet)
         self.stop_status: str | None = None  # preempted or stopped (checkpoint/preemption.py)
         if self.resumed_from:
             restore_rank_state(self, resume_state)
@@ -148,10 +145,40 @@ class Trainer(Meetings):
                          and not self.cfg.launcher.get("elastic") if prefetch is None
                          else prefetch)
         self.evaluator = Evaluator(
-            self.recipe, self.model, self.param_buffers, self.compute, self.comm,
+            self.recipe, self.model, self.param_buffers, self.compute, self.seat,
             BatchFetcher(eval_set, self.recipe.collate, **loading),
             ShardedBatches(len(eval_set), world.rank, world.size, tcfg.eval_batch_size,
-                           self.cfg.seed, shuffle=False), self.run_dir, world.is_main)
+                           self.cfg.seed, shuffle=False), self.run_dir)
+
+    # ---- what depends on the world: built here, at the start and at a regroup alike ------
+    @property
+    def world(self) -> World:
+        return self.seat.world
+
+    @property
+    def comm(self) -> Communicator:
+        return self.seat.comm
+
+    def deal(self, shards: ShardedBatches) -> None:
+        """Train on ``shards`` (the training set dealt to this world) from now on."""
+        self.shards = shards
+        self.ctx.steps_per_epoch = shards.steps_per_epoch
+
+    def build_algorithm(self) -> None:
+        """A new algorithm object for the seat's world, set up on the model."""
+        self.algo = ALGORITHMS.get(self.cfg.algo.name).build(self.cfg.algo, self.ctx)
+        self.algo.setup(self.model, self.optimizer)
+        self.paused = False  # algo.pause() has run and algo.resume() not yet (see _meet)
+        self.algo_finished = False  # algo.finish() has run (see _finish_algorithm)
+
+    def schedule_for_the_world(self) -> LRSchedule:
+        """The learning-rate schedule of the world's global batch."""
+        return LRSchedule(self.cfg.optim, self.world.size * self.cfg.trainer.batch_size,
+                          len(self.train_set), self.cfg.trainer.epochs)
+
+    def agree_on_stops(self) -> None:
+        """A stop agreement (preemption, Ctrl-C) among the world's learners."""
+        self.stop = StopAgreement(self.comm.mpi_comm, self.world.rank, self.comm.timeout_s)
 
     # ---- training --------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
@@ -167,7 +194,7 @@ class Trainer(Meetings):
                                     self.milestones.budget, state.samples,
                                     f"{self.cfg.algo.name} x{self.world.size}",
                                     self.cfg.trainer.progress_every_s)
-        self.stop = StopAgreement(self.comm.mpi_comm, self.world.rank, self.cfg.comm.timeout_s)
+        self.agree_on_stops()
         # Start together (set-up time differs between ranks), unless asked to stop meanwhile.
         self.stop_status = self.stop.at_start()
         first_step = state.step

@@ -1,7 +1,8 @@
 """How a Trainer goes on with another set of learners (launcher.elastic: a loss, a spare
-that joins): communicators, data, evaluation, checkpoints, stop agreement, a new algorithm
-object and the learning-rate schedule, all pointed at the new world
-(:meth:`runner.trainer.Trainer.regroup`)."""
+that joins, :meth:`runner.trainer.Trainer.regroup`): its seat moves to the new world (the
+algorithm's context, checkpoints and evaluation read it there), and what is built from the
+world (the data dealt, the stop agreement, the algorithm object, the learning-rate schedule)
+is built again by the same methods that built it at the start."""
 
 from __future__ import annotations
 
@@ -10,15 +11,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..algos import ALGORITHMS
-from ..checkpoint.preemption import StopAgreement
 from ..comm import Communicator, World
 from ..comm.ulfm import free_quietly
-from ..elastic.new_world import dealt_again
 from ..errors import ConfigError, UserError
 from ..runlog.console import ProgressBar
 from ..runlog.records import read_metrics
 from ..runlog.writer import RunLog
-from ..train.lr_schedule import LRSchedule
 
 if TYPE_CHECKING:
     from .loop import Trainer
@@ -35,38 +33,31 @@ def regroup(t: Trainer, world: World, comm: Communicator, node_comm: Communicato
     ``algo_state`` (a joining spare: its donor's; the others: their own); the schedule
     climbs from ``rate`` (default: the old one's rate now)."""
     became_main = world.is_main and not t.world.is_main
-    for closing in (t.comm, t.ctx.node_comm):  # revoked after a loss, idle after a join
+    # The communicators left: revoked after a loss, idle after a join.
+    for closing in t.seat.move(world, comm, node_comm):
         closing.close()
         free_quietly(closing.mpi_comm)
-    t.world, t.comm = world, comm
-    t.shards = dealt_again(t.shards, world, partial)
+    # The parts that read the seat (the algorithm's context, checkpoints, evaluation) follow
+    # it; what is built from the world is built again by the methods __init__ uses.
+    t.deal(t.shards.dealt_to(world.rank, world.size, partial))
     t.shards.own = own
-    t.ctx.world, t.ctx.comm, t.ctx.node_comm = world, comm, node_comm
-    t.ctx.steps_per_epoch = t.shards.steps_per_epoch
-    t.checkpointer.world, t.checkpointer.comm = world, comm
-    t.evaluator.comm = comm
-    t.evaluator.shards = dealt_again(t.evaluator.shards, world)
-    t.stop = StopAgreement(comm.mpi_comm, world.rank, comm.timeout_s)
+    t.agree_on_stops()
     previous = t.algo
     previous.close()
-    algorithm = ALGORITHMS.get(t.cfg.algo.name)
     try:
-        algorithm.check_survivors(t.cfg, world)
+        ALGORITHMS.get(t.cfg.algo.name).check_survivors(t.cfg, world)
     except ConfigError as ex:  # the topology has no graph for the learners left
         raise UserError(f"the {world.size} learners left cannot go on: {ex.cause}",
                         "for elastic runs choose a topology for any number of learners "
                         "(topology=ring, random_ring, exponential_undirected or complete)"
                         ) from None
-    t.algo = algorithm.build(t.cfg.algo, t.ctx)
-    t.algo.setup(t.model, t.optimizer)
+    t.build_algorithm()
     if algo_state is None:
         t.algo.continue_after_loss(previous)
     else:
         t.algo.load_state_dict(algo_state)
-    t.paused = t.algo_finished = False  # a new object: not paused, its finish() still to come
     rate = t.schedule.lr_at(t.state.samples) if rate is None else rate
-    t.schedule = LRSchedule(t.cfg.optim, world.size * t.cfg.trainer.batch_size,
-                            len(t.train_set), t.cfg.trainer.epochs)
+    t.schedule = t.schedule_for_the_world()
     t.schedule.start_ramp(t.state.samples, rate)
     t.progress.relabel(f"{t.cfg.algo.name} x{world.size}")
     t.state.position = ((partial or own)[0], 0)

@@ -13,6 +13,7 @@ from torch import nn
 from runner.algos import TrainContext
 from runner.algos.ssgd import SSGD
 from runner.comm.communicator import Communicator
+from runner.comm.seat import Seat
 from runner.comm.world import detect_world, mpi
 from runner.runlog.timers import Timers
 
@@ -28,8 +29,8 @@ def checks(world_mpi):
     # The keys SSGD reads: its bucket size, and the dtype gradients travel in (their own).
     cfg = SimpleNamespace(comm=SimpleNamespace(bucket_mb=0.25, exchange_dtype=None),
                           trainer=SimpleNamespace(dtype="float32"))
-    ctx = TrainContext(cfg=cfg, world=world, comm=comm, node_comm=comm,
-                       device=torch.device("cpu"), timers=Timers())
+    ctx = TrainContext(cfg=cfg, seat=Seat(world, comm, comm), device=torch.device("cpu"),
+                       timers=Timers())
     torch.manual_seed(0)
     model = nn.Sequential(*[nn.Linear(256, 256) for _ in range(12)])
     algo = SSGD(None, ctx)
