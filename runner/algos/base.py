@@ -30,7 +30,7 @@ from typing import Any, ClassVar, NamedTuple
 
 from omegaconf import DictConfig
 
-from ..comm import Communicator, Seat, World
+from ..comm import Communicator, Seat, Seated, World
 from ..config.section import Section
 from ..errors import ConfigError
 from ..lazy import torch
@@ -56,7 +56,7 @@ class AlgoConfig(Section):
 
 
 @dataclass
-class TrainContext:
+class TrainContext(Seated):
     cfg: DictConfig  # the whole validated run config
     seat: Seat  # the world and its communicators (all ranks; this node's), moved as one
     device: torch.device
@@ -67,14 +67,6 @@ class TrainContext:
     step_counts: list[int] = field(default_factory=list)
     steps_per_epoch: int = 0  # lockstep steps in one pass over the training set
     run_dir: Path = Path(".")
-
-    @property
-    def world(self) -> World:
-        return self.seat.world
-
-    @property
-    def comm(self) -> Communicator:
-        return self.seat.comm
 
     @property
     def node_comm(self) -> Communicator:

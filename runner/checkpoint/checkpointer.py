@@ -19,7 +19,7 @@ from typing import Any, TextIO
 import torch
 from omegaconf import OmegaConf
 
-from ..comm import Communicator, Seat, World
+from ..comm import Seat, Seated
 from ..errors import UserError, warn_user
 from ..runlog.timers import Timers
 from .files import MARKER as CHECKPOINT_MARKER
@@ -43,7 +43,7 @@ from .resize import merge_ranks
 log = logging.getLogger("adpsgd")
 
 
-class Checkpointer:
+class Checkpointer(Seated):
     """Saves and finds checkpoints for one rank of a run (every method is collective unless it
     says otherwise). ``warn``: where rank 0 says that it falls back from a damaged
     checkpoint."""
@@ -53,14 +53,6 @@ class Checkpointer:
         self.cfg, self.run_dir, self.seat = cfg, run_dir, seat
         self.timers, self.warn = timers, warn
         self.last: Path | None = None  # the newest checkpoint written or resumed from
-
-    @property
-    def world(self) -> World:
-        return self.seat.world
-
-    @property
-    def comm(self) -> Communicator:
-        return self.seat.comm
 
     # ---- resume ------------------------------------------------------------------------
     def resolve(self, train_size: int) -> tuple[Checkpoint | None, dict[str, Any] | None]:

@@ -2,7 +2,7 @@
 buffers, and collectives over MPI or NCCL."""
 
 from .communicator import Communicator, Handle
-from .seat import Seat
+from .seat import Seat, Seated
 from .world import World
 
-__all__ = ["Communicator", "Handle", "Seat", "World"]
+__all__ = ["Communicator", "Handle", "Seat", "Seated", "World"]

@@ -24,3 +24,17 @@ class Seat:
         left = (self.comm, self.node_comm)
         self.world, self.comm, self.node_comm = world, comm, node_comm
         return left
+
+
+class Seated:
+    """A part that reads the world and its communicators from its ``seat`` (never a copy)."""
+
+    seat: Seat
+
+    @property
+    def world(self) -> World:
+        return self.seat.world
+
+    @property
+    def comm(self) -> Communicator:
+        return self.seat.comm

@@ -16,13 +16,13 @@ from typing import Any
 
 import torch
 
-from ..comm import Communicator, Seat
+from ..comm import Seat, Seated
 from ..comm.buffers import flatten, flatten_parameters, unflatten
 from .compute_path import ComputePath
 from .data import BatchFetcher, ShardedBatches
 
 
-class Evaluator:
+class Evaluator(Seated):
     def __init__(self, recipe: Any, model: torch.nn.Module, param_buffers: list[torch.Tensor],
                  compute: ComputePath, seat: Seat, fetch: BatchFetcher,
                  shards: ShardedBatches, run_dir: Path):
@@ -34,10 +34,6 @@ class Evaluator:
         self.running_stats = any(b.is_floating_point() for b in model.buffers())
         self._scratch: torch.nn.Module | None = None
         self.examples: list[tuple[str, str, str]] = []  # rank 0's decoded samples, last scored
-
-    @property
-    def comm(self) -> Communicator:
-        return self.seat.comm
 
     @property
     def is_main(self) -> bool:

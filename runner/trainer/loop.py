@@ -25,7 +25,7 @@ from ..algos.optim import SGD, parameter_groups
 from ..checkpoint.checkpointer import Checkpointer
 from ..checkpoint.preemption import StopAgreement
 from ..checkpoint.resize import RESIZED
-from ..comm import Communicator, Seat, World
+from ..comm import Communicator, Seat, Seated, World
 from ..comm.buffers import broadcast_model, flatten_parameters
 from ..elastic.membership import EpochLedger, Membership, elastic_step, lost_samples
 from ..errors import UserError, warn_user
@@ -52,7 +52,7 @@ from .report import gather_summary
 log = logging.getLogger("adpsgd")
 
 
-class Trainer(Meetings):
+class Trainer(Meetings, Seated):
     def __init__(self, cfg: DictConfig, run_dir: str | Path, world: World, comm: Communicator,
                  node_comm: Communicator, device: torch.device,
                  progress_stream: TextIO | None = None):
@@ -151,14 +151,6 @@ class Trainer(Meetings):
                            self.cfg.seed, shuffle=False), self.run_dir)
 
     # ---- what depends on the world: built here, at the start and at a regroup alike ------
-    @property
-    def world(self) -> World:
-        return self.seat.world
-
-    @property
-    def comm(self) -> Communicator:
-        return self.seat.comm
-
     def deal(self, shards: ShardedBatches) -> None:
         """Train on ``shards`` (the training set dealt to this world) from now on."""
         self.shards = shards
