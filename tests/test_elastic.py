@@ -38,8 +38,6 @@ TRAIN_SIZE = 1438  # the digits' training set (recipe.heldout_fraction=0.2)
 
 
 @pytest.mark.parametrize("args,cause,fix", [
-    (["algo=sgp", "launcher.elastic=true"], "sgp cannot go on without a learner yet",
-     "launcher.elastic=false, or algo= one of adpsgd, dasgd, dpsgd, hadpsgd, local_sgd, ssgd"),
     (["algo=adpsgd", "launcher.elastic=true", "algo.delay_by_one=true"], "adpsgd's "
      "delay-by-one scheme (algo.delay_by_one=true) cannot go on", "algo.delay_by_one=false"),
     (["algo=ssgd", "launcher.elastic=true", "comm.backend=gloo"], "comm.backend: an elastic "
@@ -72,6 +70,21 @@ def test_elastic_settings_that_cannot_work_end_with_one_line(capsys, args, cause
     with pytest.raises(SystemExit) as exit_info:
         check_command_line(["recipe=digit_images", *args])
     assert_one_line_error(exit_info.value.code, capsys.readouterr().err, cause, fix)
+
+
+def test_an_algorithm_that_cannot_lose_a_learner_is_refused_with_the_ones_that_can(
+        capsys, monkeypatch):
+    """Every registered algorithm but delay-by-one goes on without a learner now; one that
+    does not (here SGP, made so) is refused before any rank starts, naming the others."""
+    from runner.algos.sgp import SGP
+
+    monkeypatch.setattr(SGP, "elastic", False)
+    with pytest.raises(SystemExit) as exit_info:
+        check_command_line(["recipe=digit_images", "algo=sgp", "launcher.elastic=true"])
+    assert_one_line_error(exit_info.value.code, capsys.readouterr().err,
+                          "sgp cannot go on without a learner yet", "launcher.elastic=false, "
+                          "or algo= one of adpsgd, choco, dasgd, diloco, dpsgd, hadpsgd, "
+                          "local_sgd, ssgd")
 
 
 def test_every_asynchronous_elastic_algorithm_says_what_it_heard_of_the_others():
@@ -422,10 +435,19 @@ def test_a_second_loss_during_the_recovery_is_survived_and_both_are_named(tmp_pa
 
 @pytest.mark.mpi
 @pytest.mark.slow
-@pytest.mark.parametrize("algo,killed", [("dpsgd", 0), ("local_sgd", 3), ("dasgd", 1)])
-def test_each_lockstep_algorithm_goes_on_without_a_killed_learner(tmp_path, algo, killed):
+@pytest.mark.parametrize("algo,killed,options", [
+    ("dpsgd", 0, []), ("local_sgd", 3, []), ("dasgd", 1, []),
+    # Overlap SGP: the shares in flight are lost, push-sum starts again at w = 1.
+    ("sgp", 2, ["algo.overlap=true"]),
+    # CHOCO's public copies start again at 0 on the survivors' ring.
+    ("choco", 1, ["topology=ring", "algo.compression=qsgd"]),
+    # DiLoCo: the kill falls in step 7, which ends a round: its outer step is undone on every
+    # survivor (theta and the outer momentum put back) and taken again over the 3 left.
+    ("diloco", 3, ["algo.period=7"])])
+def test_each_lockstep_algorithm_goes_on_without_a_killed_learner(tmp_path, algo, killed,
+                                                                  options):
     run_dir = tmp_path / "run"
-    proc = run_cli([*DIGITS, f"algo={algo}", f"faults.sigkill.ranks=[{killed}]",
+    proc = run_cli([*DIGITS, f"algo={algo}", *options, f"faults.sigkill.ranks=[{killed}]",
                     "faults.sigkill.step=7", f"hydra.run.dir={run_dir}"], cwd=tmp_path,
                    timeout=240)
     assert f"learner {killed} (" in proc.stderr and "3 learner(s) go on" in proc.stderr
@@ -816,6 +838,26 @@ def assert_spare_4_replaced_learner_2(proc: subprocess.CompletedProcess, run_dir
     assert [count for _, count in learners_alive(run_dir)] == [4, 3, 4]
     assert exit_statuses(run_dir, [0, 1, 3, 4]) == [0] * 4  # the spare too; 2 was killed
     return history, summary
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+@pytest.mark.parametrize("algo,options", [("sgp", ["algo.overlap=true"]),
+                                          ("choco", ["topology=ring", "algo.compression=qsgd"])])
+def test_a_spare_joins_learners_whose_state_belongs_to_their_world(tmp_path, algo, options):
+    """SGP's shares in flight and CHOCO's public copies belong to the world they were made in:
+    when the spare joins (with its donor's model), push-sum starts again at w = 1 and the public
+    copies at 0 on all 4, and the job learns as the others do."""
+    run_dir = tmp_path / "rejoined"
+    proc = run_cli([*DIGITS, f"algo={algo}", *options, "launcher.spares=1",
+                    "faults.sigkill.ranks=[2]", "faults.sigkill.step=10",
+                    f"hydra.run.dir={run_dir}"], cwd=tmp_path, timeout=240)
+    history, summary = assert_spare_4_replaced_learner_2(proc, run_dir, "1,152", "1,248")
+    assert_every_sample_once(summary)
+    assert summary["top1"] > 70, history
+    if algo == "sgp":  # every learner pushes from w = 1 again: the weights sum to 4
+        weights = summary["algo_stats"]["push_sum_weight"]
+        assert len(weights) == 4 and abs(sum(weights) - 4) < 1e-9, weights
 
 
 @pytest.mark.mpi

@@ -307,12 +307,31 @@ class Algorithm:
         """Raise what went wrong in communication running beside training (an asynchronous
         algorithm's gossip), before a step starts (launcher.elastic). Nothing by default."""
 
+    def before_undoable_step(self, step: int) -> Any:
+        """launcher.elastic, lockstep: what step ``step`` is about to change of this object's
+        own state, beyond the model and the optimizer that the trainer's snapshot keeps
+        (runner/elastic/membership.py), for :meth:`undo_step` to put back when a learner is
+        lost during the step. Nothing by default."""
+        return None
+
+    def undo_step(self, saved: Any) -> None:
+        """Put back what :meth:`before_undoable_step` returned: the step did not complete on
+        every learner, and the survivors take it again from where it started."""
+
     def continue_after_loss(self, previous: Algorithm) -> None:
         """Take over from ``previous``, the object of the same algorithm before a learner was
         lost (launcher.elastic; runner/elastic/membership.py): this one is built for the survivors,
         after every rank undid the step in flight; ``previous``'s communication in flight is
         lost with its communicators. Counters and phases that must go on are copied here;
         by default there are none."""
+
+    def continue_after_join(self, state: dict[str, Any]) -> None:
+        """Go on from ``state`` after spares joined (launcher.elastic; runner/elastic/
+        spares.py): this learner's own :meth:`state_dict` from before, a joining spare's its
+        donor's. This object is built for the larger world; state that belongs to the old
+        one (a neighbour's copy, a message in flight) must not be loaded. By default the whole
+        state is."""
+        self.load_state_dict(state)
 
     def heard_samples(self) -> list[float]:
         """Asynchronous and elastic: every rank's samples trained, as this rank last heard

@@ -33,7 +33,10 @@ Invariants: with identity compression and consensus 1 the run is D-PSGD with
 1e-10). The messages' sizes are what the compression sends; the communicator counts them
 where they are sent (summary.json's ``bytes_sent``).
 Momentum stays local. Checkpoints hold xhat and s; a resumed run with another number of
-learners starts them at 0 again.
+learners starts them at 0 again, and so do the survivors of a lost learner (launcher.elastic),
+and the learners when spares join: the lost neighbour's public copy is gone (or a new one
+comes) and the topology's W is rebuilt for the new world, so s_i = sum_j W[j,i] xhat_j holds
+for the new W only from xhat = s = 0, where the next message is each model, compressed.
 """
 
 from __future__ import annotations
@@ -182,12 +185,13 @@ def check_topology(topology, key: str = "topology") -> None:
 
 @ALGORITHMS.register("choco")
 class Choco(Algorithm):
+    Config = ChocoConfig
+    uses_topology = True
+    elastic = True
     reduces_to = {"choco-identity-consensus-1-is-dpsgd": Reduction(
         ("algo.compression=identity", "algo.gamma=1", "topology=ring", "optim.momentum=0.9"),
         ("algo=dpsgd", "topology=ring", "algo.ordering=step_then_average",
          "optim.momentum=0.9"))}
-    Config = ChocoConfig
-    uses_topology = True
 
     @classmethod
     def check_world(cls, run_cfg):
@@ -231,6 +235,11 @@ class Choco(Algorithm):
         received = handle.wait()
         for peer in self.peers:
             yield self.weights[peer], decode(received[peer], like, self.cfg, self.wire)
+
+    def continue_after_join(self, state):
+        # The topology is rebuilt for the larger world: xhat and s start at 0 (setup's), as
+        # after a loss.
+        pass
 
     def state_dict(self):
         return {"public": [t.clone() for t in self.public],

@@ -73,9 +73,9 @@ class DaSGDConfig(AlgoConfig):
 
 @ALGORITHMS.register("dasgd")
 class DaSGD(Algorithm):
-    reduces_to = {"dasgd-blocking-every-step": Reduction(("algo.tau=1", "algo.delay=0"))}
     Config = DaSGDConfig
     elastic = True
+    reduces_to = {"dasgd-blocking-every-step": Reduction(("algo.tau=1", "algo.delay=0"))}
 
     @classmethod
     def averaging_period(cls, cfg):

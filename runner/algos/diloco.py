@@ -16,13 +16,18 @@ outer_momentum = 0 the outer step is theta - mean_i(theta - x_i) = mean_i x_i, s
 local SGD with the same period (tests/test_equivalence_mpi.py, to 1e-10). The inner
 optimizer's state (momentum) stays local and carries over rounds.
 
-Checkpoints hold theta and the outer optimizer's state (its momentum). Not elastic yet: a step
-that ends a round changes theta, which the step's undo (runner/elastic/membership.py) does not
-cover.
+Checkpoints hold theta and the outer optimizer's state (its momentum).
+
+Elastic (launcher.elastic): a step that ends a round also keeps theta and the outer momentum
+before it (:meth:`DiLoCo.before_undoable_step`), so that a learner lost during the round's
+allreduce leaves theta as it was on every survivor; the survivors then go on with the same
+theta, momentum and round, and the round's outer step averages the pseudo-gradients of the
+learners left: Delta = (1/n') sum over the n' survivors of (theta - x_i).
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -81,10 +86,11 @@ def outer_step_(outer: SGD, thetas: list[torch.Tensor], xs: list[torch.Tensor],
 
 @ALGORITHMS.register("diloco")
 class DiLoCo(Algorithm):
+    Config = DiLoCoConfig
+    elastic = True
     reduces_to = {"diloco-outer-sgd-1-is-local-sgd": Reduction(
         ("algo.period=3", "algo.outer_lr=1", "algo.outer_momentum=0", "optim.momentum=0.9"),
         ("algo=local_sgd", "algo.period=3", "optim.momentum=0.9"))}
-    Config = DiLoCoConfig
 
     @classmethod
     def averaging_period(cls, cfg):
@@ -128,6 +134,21 @@ class DiLoCo(Algorithm):
                 mine.copy_(saved)
         self.outer.load_state_dict(state["outer"])
         self._synced, self.rounds = state["synced"], state["rounds"]
+
+    def before_undoable_step(self, step):
+        if step % self.cfg.period:  # a local step: only the phase changes
+            return {"synced": self._synced}
+        # Copies (the outer optimizer's state_dict holds its momentum tensors themselves).
+        return copy.deepcopy(self.state_dict())
+
+    def undo_step(self, saved):
+        if "theta" in saved:
+            self.load_state_dict(saved)
+        self._synced = saved["synced"]
+
+    def continue_after_loss(self, previous):
+        # Theta, the outer momentum and the round go on (the same on every survivor).
+        self.load_state_dict(previous.state_dict())
 
     def load_merged_state(self, state, step, epoch):
         # The replicas start from their mean, where a round starts; the outer momentum (the

@@ -102,11 +102,11 @@ class Gossip:
 
 @ALGORITHMS.register("dpsgd")
 class DPSGD(Algorithm):
-    reduces_to = {"dpsgd-complete-graph": Reduction(
-        ("topology=complete", "algo.ordering=step_then_average"))}
     Config = DPSGDConfig
     uses_topology = True
     elastic = True
+    reduces_to = {"dpsgd-complete-graph": Reduction(
+        ("topology=complete", "algo.ordering=step_then_average"))}
 
     @classmethod
     def check_world(cls, run_cfg):

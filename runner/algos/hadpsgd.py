@@ -48,8 +48,8 @@ class HADPSGDConfig(ADPSGDConfig):
 
 @ALGORITHMS.register("hadpsgd")
 class HADPSGD(ADPSGD):
-    reduces_to = {"hadpsgd-one-node": Reduction(("launcher.procs_per_node=4",))}
     Config = HADPSGDConfig
+    reduces_to = {"hadpsgd-one-node": Reduction(("launcher.procs_per_node=4",))}
     # A super learner that loses a member goes on with the others (the lowest rank left
     # leads it); one that loses all is lost as an AD-PSGD learner is.
     elastic = True

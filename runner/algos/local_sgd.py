@@ -72,9 +72,9 @@ class LocalSGDConfig(AlgoConfig):
 
 @ALGORITHMS.register("local_sgd")
 class LocalSGD(SSGD):
+    Config = LocalSGDConfig
     reduces_to = {"local-sgd-period-1": Reduction(("algo.period=1",)),
                   "post-local-sgd-before-the-switch": Reduction(("algo.switch_epoch=5",))}
-    Config = LocalSGDConfig
 
     @classmethod
     def averaging_period(cls, cfg):

@@ -22,6 +22,12 @@ step k-1)``. One share per learner is then in flight; sum_i x_i plus the shares 
 moves only by the optimizer's steps. :meth:`finish` folds in the last share before the final
 evaluation, and a checkpoint completes the share in flight and stores it.
 
+Elastic (launcher.elastic): the step in flight is undone, so every survivor's parameters hold
+its z again; the shares in flight (overlap SGP) are lost with the communicators. Each survivor
+starts push-sum again at w = 1 from that z (x = z): the weights sum to the new n, no learner's
+model moves, and the peer schedule is the directed exponential graph of the survivors. Spares
+that join (each with its donor's z) start the same way.
+
 Warnings: the trainer's optimizer steps x (the model's parameters hold z between steps and x
 from :meth:`apply_update` to the end of :meth:`after_step`), so weight decay acts on x, and
 momentum is local (as in D-PSGD). Messages are the flat parameter buffers plus one float64 number.
@@ -81,6 +87,7 @@ def due_fold(overlap: bool, in_flight: T | None, push: T) -> tuple[T | None, T |
 @ALGORITHMS.register("sgp")
 class SGP(Algorithm):
     Config = SGPConfig
+    elastic = True
 
     @classmethod
     def topology_ignored(cls, run_cfg):
@@ -182,6 +189,15 @@ class SGP(Algorithm):
                 mine.copy_(saved)
             self._weight_received[slot].fill_(state["in_flight"]["weight"])
             self._pending = (slot, [])
+
+    def continue_after_loss(self, previous):
+        # Built afresh (w = 1, nothing in flight) on the survivors' z: the push count goes on.
+        self.pushes = previous.pushes
+
+    def continue_after_join(self, state):
+        # As after a loss: a share in flight was pushed in the old world (a joiner would fold
+        # its donor's a second time), so push-sum starts again at w = 1 from each z.
+        self.pushes = state["pushes"]
 
     @property
     def weight_in_flight(self) -> float:

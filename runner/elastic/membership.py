@@ -267,7 +267,8 @@ class Membership:
         state = t.state
         self.step_started = time.perf_counter()
         self.snapshot.take({"state": dataclasses.replace(state), "passed": t.milestones.position,
-                            "stop_status": t.stop_status})
+                            "stop_status": t.stop_status,
+                            "algo": t.algo.before_undoable_step(state.step + 1)})
         if t.ledger is not None:
             t.ledger.mark()
         error = None
@@ -286,6 +287,7 @@ class Membership:
             grow(self)
             return False
         extra = self.snapshot.restore()
+        t.algo.undo_step(extra["algo"])  # before the survivors' object takes over from it
         for field in dataclasses.fields(state):  # in place: others hold the state object
             setattr(state, field.name, getattr(extra["state"], field.name))
         t.milestones.position, t.stop_status = extra["passed"], extra["stop_status"]

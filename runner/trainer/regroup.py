@@ -55,7 +55,7 @@ def regroup(t: Trainer, world: World, comm: Communicator, node_comm: Communicato
     if algo_state is None:
         t.algo.continue_after_loss(previous)
     else:
-        t.algo.load_state_dict(algo_state)
+        t.algo.continue_after_join(algo_state)
     rate = t.schedule.lr_at(t.state.samples) if rate is None else rate
     t.schedule = t.schedule_for_the_world()
     t.schedule.start_ramp(t.state.samples, rate)
