@@ -41,7 +41,6 @@ from ..runlog.timers import Timers
 FEW_AVERAGINGS = 3
 
 
-
 class Reduction(NamedTuple):
     """A setting (``overrides`` of the algorithm's run) in which it ends with the parameters
     of the run that ``reference`` configures (SSGD unless it says otherwise)."""

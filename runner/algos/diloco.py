@@ -138,8 +138,9 @@ class DiLoCo(Algorithm):
     def before_undoable_step(self, step):
         if step % self.cfg.period:  # a local step: only the phase changes
             return {"synced": self._synced}
-        # Copies (the outer optimizer's state_dict holds its momentum tensors themselves).
-        return copy.deepcopy(self.state_dict())
+        state = self.state_dict()  # theta cloned already; the outer momentum is not
+        state["outer"] = copy.deepcopy(state["outer"])
+        return state
 
     def undo_step(self, saved):
         if "theta" in saved:

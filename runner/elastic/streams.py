@@ -57,9 +57,7 @@ class Streams:
         self.streams = streams
 
     def _shard(self, epoch: int, rank: int, size: int) -> np.ndarray:
-        s = self.shards
-        return ShardedBatches(s.n_items, rank, size, s.batch_size, s.seed,
-                              s.shuffle).pass_order(epoch)[rank::size]
+        return self.shards.dealt_to(rank, size).pass_order(epoch)[rank::size]
 
     def position(self, learner: int, trained: int) -> tuple[int, np.ndarray]:
         """(the pass, its samples not yet trained) of ``learner`` after ``trained`` samples."""
