@@ -98,16 +98,23 @@ def rate(rows: list[dict]) -> float | None:
     return (rows[-1]["samples"] - rows[0]["samples"]) / (rows[-1]["train_s"] - rows[0]["train_s"])
 
 
-def killed_run(run_dir: Path, algo: str, epochs: int, timeout_s: float, *extra: str) -> dict:
-    job = start(run_dir, algo, epochs, True, *extra)
+def wait_for_a_third(job: subprocess.Popen, run_dir: Path, epochs: int, timeout_s: float,
+                     fault: str) -> None:
+    """Until an evaluation of ``job`` has seen a third of its samples: the moment for
+    ``fault`` (a UserError when it never comes)."""
     budget = epochs * 1438  # the digits' training set
     deadline = time.monotonic() + timeout_s
     metrics = run_dir / "metrics.jsonl"
     while not (metrics.exists() and any(r["samples"] >= budget / 3 for r in rows_of(run_dir))):
         if job.poll() is not None or time.monotonic() > deadline:
-            raise UserError(f"{run_dir.name}: the moment to kill a learner never came",
+            raise UserError(f"{run_dir.name}: the moment for {fault} never came",
                             "raise --timeout on a slow machine, or --epochs")
         time.sleep(0.05)
+
+
+def killed_run(run_dir: Path, algo: str, epochs: int, timeout_s: float, *extra: str) -> dict:
+    job = start(run_dir, algo, epochs, True, *extra)
+    wait_for_a_third(job, run_dir, epochs, timeout_s, "the kill")
     pid = int((run_dir / "logs" / f"rank{VICTIM}.pid").read_text().split()[0])
     killed_rows = len(rows_of(run_dir))
     os.kill(pid, signal.SIGKILL)

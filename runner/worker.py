@@ -215,7 +215,8 @@ def _run_rank(run_dir: Path, in_process: bool) -> int:
             run_dir, rank, in_process,
             progress=lambda: trainer.state.samples if trainer is not None else None,
             doing=lambda: activity(trainer.timers, trainer.state.step,
-                                   DEADLINES.waiting(main_thread)))
+                                   DEADLINES.waiting(main_thread)),
+            training=lambda: trainer is not None and trainer.past_start_up)
     except OSError as ex:  # nowhere to write: say it on the terminal, end the job
         print(f"adpsgd-run: error: {start_failure(ex, run_dir)}", file=sys.stderr, flush=True)
         if world_mpi.Get_size() > 1:
@@ -265,15 +266,16 @@ def _run_rank(run_dir: Path, in_process: bool) -> int:
 
 
 def start_rank_files(run_dir: Path, rank: int, in_process: bool,
-                     progress: Callable[[], int | None], doing: Callable[[], str | None]
-                     ) -> TextIO:
+                     progress: Callable[[], int | None], doing: Callable[[], str | None],
+                     training: Callable[[], bool]) -> TextIO:
     """The rank's log, and (a rank of its own process) its pid file, heartbeat (``progress``:
-    the global samples it has seen; ``doing``: what it does now) and share of the run dir's
-    lock; returns the console stream. Raises OSError where the run dir takes no file."""
+    the global samples it has seen; ``doing``: what it does now; ``training``: its start-up
+    is over) and share of the run dir's lock; returns the console stream. Raises OSError where
+    the run dir takes no file."""
     console = setup_logging(run_dir, rank, redirect_fds=not in_process)
     if not in_process:
         write_pid_file(run_dir, rank)
-        start_heartbeat(run_dir, rank, progress, doing,
+        start_heartbeat(run_dir, rank, progress, doing, training,
                         on_lost=partial(learners_lost_elsewhere, run_dir, rank),
                         on_cut_off=lambda silent_s: cut_off(
                             run_dir, rank, f"no answer from the launcher for "

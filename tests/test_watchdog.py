@@ -14,6 +14,7 @@ import pytest
 
 from runner import ctrl_c
 from runner.checkpoint.preemption import install_stop_handlers, request_stop, stop_reason
+from runner.launch.loss_detector import Sensitivity
 from runner.launch.stop_forwarding import ForcedStop, StopForwarding
 from runner.launch.watchdog import (
     ExitPoller,
@@ -27,9 +28,13 @@ from runner.launch.watchdog import (
 from runner.runlog.failure_events import record_event
 from runner.runlog.liveness import (
     HEARTBEAT_S,
+    HEARTBEAT_TO,
+    LINK_TIMEOUT,
+    NETWORK_HEARTBEAT_S,
     LauncherLink,
     datagram_sender,
     process_alive,
+    start_heartbeat,
     stop_requests,
     write_exit_record,
     write_pid_file,
@@ -158,29 +163,65 @@ def test_a_rank_hears_that_the_launcher_is_gone_from_its_host():
     assert not cut_off
 
 
-def test_only_training_ranks_on_other_hosts_silent_past_the_link_timeout_are_newly_silent(
+def test_a_rank_says_it_trains_once_its_start_up_is_over_and_beats_as_often_as_asked(
+        tmp_path, monkeypatch):
+    """An elastic job across hosts: the rank's network heartbeats come every
+    launcher.heartbeat_s, and say "training" only once its first step is taken (its trainer
+    exists before that, with samples to report, in a start-up no loss is survived in)."""
+    listener = HeartbeatListener(answer=True)
+    for name, value in ((HEARTBEAT_TO, listener.target), (LINK_TIMEOUT, "30"),
+                        (NETWORK_HEARTBEAT_S, "0.05")):
+        monkeypatch.setenv(name, value)
+    write_pid_file(tmp_path, 7)
+    stepped: list[bool] = []
+    try:
+        start_heartbeat(tmp_path, 7, progress=lambda: 0, training=lambda: bool(stepped),
+                        on_lost=print, on_cut_off=print, on_launcher_gone=lambda: None)
+        seen(lambda: listener.last(7), "the rank's heartbeat")
+        time.sleep(0.3)
+        assert 7 not in listener.training()
+        stepped.append(True)
+        seen(lambda: 7 in listener.training(), "the rank say it trains")
+        time.sleep(0.5)  # about 10 beats, learned from its first "training" one on
+        gaps = list(listener.detector._gaps[7])
+        assert 5 <= len(gaps) <= 12 and max(gaps) < 0.5, gaps
+    finally:
+        listener.close()
+
+
+def test_only_training_ranks_on_other_hosts_silent_past_their_threshold_are_newly_silent(
         tmp_path):
+    """Learners 0-3 and a spare, 4. Nobody is taken for lost before every learner has taken
+    a step (the job's start-up); then those silent past their threshold are, but not one that
+    ended as asked, nor the spare still starting up."""
     (tmp_path / "logs").mkdir()
     for rank in range(5):  # 0-2 on lab1, 3-4 on lab2
         (tmp_path / "logs" / f"rank{rank}.pid").write_text(f"{100 + rank} lab{1 + rank // 3}\n")
         (tmp_path / "logs" / f"rank{rank}.exit").write_bytes(b" " * 16)
-    listener = HeartbeatListener(answer=True)
+    listener = HeartbeatListener(answer=True, sensitivity=Sensitivity(
+        loss_after_s=0.2, loss_spread=8, link_timeout_s=60))
     watchdog = RankWatchdog(tmp_path, 5, listener)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    host, port = listener.target.rsplit(":", 1)
+
+    def beat(rank: int, state: str) -> None:
+        sock.sendto(f"{rank} {100 + rank} lab{1 + rank // 3}{state}".encode(), (host, int(port)))
+
     try:
-        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        host, port = listener.target.rsplit(":", 1)
-        # rank 1 was never heard (not started); rank 4 still starts up (no "training")
+        # learner 1 not heard yet (still starting); the spare, 4, still starts up
         for rank, state in ((0, " training"), (2, " training"), (3, " training"), (4, "")):
-            sock.sendto(f"{rank} {100 + rank} lab{1 + rank // 3}{state}".encode(),
-                        (host, int(port)))
+            beat(rank, state)
         seen(lambda: all(listener.last(rank) for rank in (0, 2, 3, 4)), "the heartbeats")
-        assert watchdog.newly_silent(60) == []
         time.sleep(0.3)
+        assert watchdog.newly_silent(4) == {}  # silent, but learner 1 has not stepped yet
+        beat(1, " training")
+        seen(lambda: 1 in listener.training(), "learner 1 training")
         write_exit_record(tmp_path, 0, 0)  # ended as asked: silent, not lost
         write_exit_record(tmp_path, 3, 3)  # a rank cut off says so where the run dir is shared
-        assert watchdog.newly_silent(0.2) == [2, 3]
+        silent = watchdog.newly_silent(4)
+        assert sorted(silent) == [2, 3] and all(0.2 < s < 5 for s in silent.values()), silent
         listener.declare_lost([2, 3])
-        assert watchdog.newly_silent(0.2) == []  # declared once
+        assert watchdog.newly_silent(4) == {}  # declared once
         assert watchdog.lost() == {2, 3}
     finally:
         watchdog.stop()

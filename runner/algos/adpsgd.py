@@ -117,11 +117,8 @@ class ADPSGD(Algorithm):
     def check_world(cls, run_cfg):
         count = cls.participants(run_cfg)
         elastic = bool(run_cfg.launcher.get("elastic"))
-        if elastic and run_cfg.algo.delay_by_one:
-            raise ConfigError("launcher.elastic", "adpsgd's delay-by-one scheme "
-                              "(algo.delay_by_one=true) cannot go on without a learner yet",
-                              "launcher.elastic=false, or algo.delay_by_one=false")
-        # An elastic job pairs odd numbers too (after a loss): one active more than passives.
+        # An elastic job pairs odd numbers too (after a loss): one active more than passives;
+        # delay-by-one leaves one learner out of each step's matching.
         if count > 1 and count % 2 and not elastic:
             raise ConfigError("launcher.nprocs", f"{cls.registered_name} pairs active and "
                               f"passive learners, so it needs an even number of them, got "

@@ -18,6 +18,14 @@ per step on the ring) and is deliberately not implemented.
 Checkpoints fall between steps, while the exchange posted at the last step is still to be
 consumed: it is completed (both ends posted it at the same step) and the received model is
 stored, so the resumed run mixes it in at the next step as the uninterrupted run would.
+
+Elastic (launcher.elastic): a loss undoes the step in flight on every survivor, and the
+survivors take it again in the matchings of their own number. An odd number of learners
+leaves one out of each step's matching; it mixes in its own model of the step before, so p
+stays a permutation and the invariant above holds over the learners there are. The message
+posted in the step before the loss is dropped (the step taken again mixes nothing in): the
+conserved quantity starts again from sum_i x_i over the survivors. Spares that join drop it
+the same way.
 """
 
 from __future__ import annotations
@@ -32,12 +40,19 @@ MIX = 0.5  # w
 
 
 def matching_partner(pattern: str, rank: int, size: int, step: int, seed: int) -> int:
-    """The peer of ``rank`` at ``step`` in a perfect matching of ``size`` (even) learners."""
+    """The peer of ``rank`` at ``step`` in a matching of ``size`` learners: perfect when
+    ``size`` is even; of an odd number (an elastic job after a loss) one learner sits the
+    step out, its own partner (it mixes in its own model of the step before)."""
     if pattern == "fixed":  # pairs (2m, 2m+1) on even steps, (2m+1, 2m+2) on odd steps
-        up = (rank % 2 == 0) == (step % 2 == 0)
-        return (rank + (1 if up else -1)) % size
+        shift = step % 2
+        position = (rank - shift) % size
+        if size % 2 and position == size - 1:  # odd: the last of this step's pairing
+            return rank
+        return ((position ^ 1) + shift) % size
     order = np.random.default_rng([seed, step]).permutation(size)
     position = int(np.flatnonzero(order == rank)[0])
+    if size % 2 and position == size - 1:
+        return rank
     return int(order[position ^ 1])
 
 
@@ -47,6 +62,8 @@ def mix_(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 
 class DelayByOne(Algorithm):
+    elastic = True  # lockstep: a loss undoes the step; the message in flight is dropped
+
     def setup(self, model, optimizer):
         super().setup(model, optimizer)
         self.params = self.ctx.param_buffers
@@ -67,7 +84,9 @@ class DelayByOne(Algorithm):
         handles = []
         for x, sent, received in zip(self.params, self.sent[slot], self.received[slot]):
             sent.copy_(x)  # x changes before this message is consumed
-            handles.append(self.comm.exchange_(sent, [peer], {peer: received},
+            # Sitting the step out (an odd number of learners): its own model is the message.
+            handles.append(Handle.completed({peer: sent}) if peer == self.world.rank else
+                           self.comm.exchange_(sent, [peer], {peer: received},
                                                wire=self.wire))
         self._previous, self._in_flight = self._in_flight, (handles, peer)
         self._slot = slot
@@ -94,6 +113,11 @@ class DelayByOne(Algorithm):
         with self.timers.time("comm"):
             received = [handle.wait()[peer].clone() for handle in handles]
         return {"in_flight": True, "peer": peer, "slot": self._slot, "received": received}
+
+    def continue_after_join(self, state):
+        """Spares joined: the message in flight was its old partner's (a joiner's: its donor's
+        partner's), in a matching of the old world; it is dropped, as after a loss (the
+        next step mixes nothing in), rather than mixed into a world it was not sent in."""
 
     def load_state_dict(self, state):
         self._in_flight = self._previous = None

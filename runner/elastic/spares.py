@@ -94,6 +94,7 @@ def standby(m: Membership) -> None:
     job has ended (its world is still a spare's then)."""
     me = mpi().COMM_WORLD.Get_rank()
     log.info("spare %d: waiting to replace a lost learner", me)
+    m.trainer.past_start_up = True
     while m.learners:
         notice = _word(m)
         if isinstance(notice, tuple) and notice[0] == RELEASE:

@@ -47,10 +47,18 @@ from ..errors import (
     ConfigError,
 )
 from ..runlog.console import CONSOLE_IS_TERMINAL
-from ..runlog.liveness import HEARTBEAT_S, HEARTBEAT_TO, LAUNCHER_HOST, LAUNCHER_PID, LINK_TIMEOUT
+from ..runlog.liveness import (
+    HEARTBEAT_S,
+    HEARTBEAT_TO,
+    LAUNCHER_HOST,
+    LAUNCHER_PID,
+    LINK_TIMEOUT,
+    NETWORK_HEARTBEAT_S,
+)
 from .base import Launcher, LauncherConfig, records_off_the_console
 from .hosts import hostfile_args, remote_shell_path, unanswered_host
 from .job_reports import JobReports, killed_elsewhere
+from .loss_detector import Sensitivity
 from .mpi_flavour import MpiFlavour, flavour_of
 from .mpiexec_output import MpiexecOutput, MpiexecStderr
 from .registry import LAUNCHERS
@@ -84,9 +92,15 @@ class LocalConfig(LauncherConfig):
     hostfile: Optional[str] = None
     # How mpiexec enters a host of the hostfile (ssh's calling convention); null: ssh.
     remote_shell: Optional[str] = None
-    # An elastic job across hosts takes learners whose heartbeats it has not heard for this
-    # long for lost (a cut link, a host gone down or hung) and tells the others, which MPI
-    # would not (runner/comm/ulfm.py: declare_failed).
+    # An elastic job across hosts takes a learner that falls silent for lost (a cut link, a
+    # host gone down or hung) and tells the others, which MPI would not (runner/comm/ulfm.py:
+    # declare_failed). Each learner sends a heartbeat every heartbeat_s; it is lost once silent
+    # for loss_after_s, or for loss_spread median absolute deviations above its usual gap
+    # between heartbeats when that is longer (runner/launch/loss_detector.py), and at the
+    # latest for link_timeout_s, after which a learner that hears no answer stops.
+    heartbeat_s: float = 0.2
+    loss_after_s: float = 1.0
+    loss_spread: float = 8.0
     link_timeout_s: float = 10.0
 
     def check(self, prefix, cfg):
@@ -95,6 +109,19 @@ class LocalConfig(LauncherConfig):
                 f"must be at least {2.5 * HEARTBEAT_S:g} s (a learner's heartbeat goes every "
                 f"{HEARTBEAT_S:g} s), got {self.link_timeout_s:g}",
                 f"{prefix}.link_timeout_s=10")
+        require(0 < self.heartbeat_s <= self.loss_after_s / 2.5, f"{prefix}.heartbeat_s",
+                f"must be above 0 and at most {prefix}.loss_after_s / 2.5 = "
+                f"{self.loss_after_s / 2.5:g} s (a learner is waited for at least 2.5 "
+                f"heartbeats), got {self.heartbeat_s:g}",
+                f"{prefix}.heartbeat_s={min(0.2, max(self.loss_after_s, 0.5) / 2.5):g}")
+        require(0 < self.loss_after_s <= self.link_timeout_s / 2, f"{prefix}.loss_after_s",
+                f"must be above 0 and at most {prefix}.link_timeout_s / 2 = "
+                f"{self.link_timeout_s / 2:g} s (a learner behind a cut link waits "
+                f"link_timeout_s before it stops on its side), got {self.loss_after_s:g}",
+                f"{prefix}.loss_after_s=1")
+        require(self.loss_spread >= 0, f"{prefix}.loss_spread", f"must be >= 0 (0: "
+                f"loss_after_s alone decides), got {self.loss_spread:g}",
+                f"{prefix}.loss_spread=8")
         require(not (self.elastic and self.hostfile and self.stall_timeout_s)
                 or self.link_timeout_s < self.stall_timeout_s,
                 f"{prefix}.link_timeout_s", f"must be below {prefix}.stall_timeout_s="
@@ -293,14 +320,17 @@ class LocalLauncher(Launcher):
         # liveness.py): a host that hangs or loses its link falls silent. An elastic job's
         # launcher answers them with the learners it takes for lost.
         across_hosts_elastic = bool(self.cfg.hostfile and self.cfg.elastic)
-        listener = HeartbeatListener(answer=across_hosts_elastic) if self.cfg.hostfile else None
+        listener = HeartbeatListener(across_hosts_elastic, Sensitivity(
+            self.cfg.loss_after_s, self.cfg.loss_spread, self.cfg.link_timeout_s)) \
+            if self.cfg.hostfile else None
         watchdog = RankWatchdog(run_dir, self.processes, listener)
         # The ranks on this host stop if this process dies, and every rank leaves printing
         # its failure to it.
         env = {**self.environment(), LAUNCHER_PID: str(os.getpid()),
                LAUNCHER_HOST: socket.gethostname(),
                **({HEARTBEAT_TO: listener.target} if listener else {}),
-               **({LINK_TIMEOUT: f"{self.cfg.link_timeout_s:g}"} if across_hosts_elastic
+               **({LINK_TIMEOUT: f"{self.cfg.link_timeout_s:g}",
+                   NETWORK_HEARTBEAT_S: f"{self.cfg.heartbeat_s:g}"} if across_hosts_elastic
                   else {})}
         with StopForwarding(watchdog) as forwarding:
             stderr_read, stderr_write = os.pipe()

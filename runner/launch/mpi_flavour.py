@@ -22,7 +22,13 @@ from collections.abc import Iterator
 from typing import Any
 
 from ..runlog.console import CONSOLE_IS_TERMINAL
-from ..runlog.liveness import HEARTBEAT_TO, LAUNCHER_HOST, LAUNCHER_PID, LINK_TIMEOUT
+from ..runlog.liveness import (
+    HEARTBEAT_TO,
+    LAUNCHER_HOST,
+    LAUNCHER_PID,
+    LINK_TIMEOUT,
+    NETWORK_HEARTBEAT_S,
+)
 from .hosts import mpi_flavor
 from .stop_forwarding import OPEN_MPI_FORWARDS
 from .ulfm_mpi import (
@@ -38,7 +44,7 @@ from .ulfm_mpi import (
 # hosts only when named.
 RANK_ENVIRONMENT = ["PATH", "LD_LIBRARY_PATH", "MPI4PY_LIBMPI", "PYTHONUNBUFFERED",
                     "OMP_NUM_THREADS", CONSOLE_IS_TERMINAL, LAUNCHER_PID, LAUNCHER_HOST,
-                    HEARTBEAT_TO, LINK_TIMEOUT]
+                    HEARTBEAT_TO, LINK_TIMEOUT, NETWORK_HEARTBEAT_S]
 
 
 class MpiFlavour:

@@ -21,6 +21,7 @@ from .stop_forwarding import StopForwarding, stop_process_group
 from .watchdog import DeadRank, RankWatchdog, StalledRank, rank_progress
 
 POLL_S = 0.25  # how often the watchdog looks at the ranks
+SILENCE_CAUSE = "threshold its heartbeats set, "  # a "silent" event's cause, in its words
 # After the watchdog sees a rank die, mpiexec gets this long to end the job by itself.
 MPIEXEC_GRACE_S = 3.0
 
@@ -49,9 +50,9 @@ class Supervision:
                 pass
             forwarding.deliver()
             if self.cfg.elastic and self.cfg.hostfile and (
-                    silent := watchdog.newly_silent(self.cfg.link_timeout_s)):
+                    silent := watchdog.newly_silent(self.cfg.nprocs)):
                 # No MPI sees a peer behind a cut link fail: the survivors learn it from here.
-                watchdog.listener.declare_lost(silent)
+                self.declare_lost(watchdog, silent)
             if self.cfg.elastic and (behind := watchdog.lost_behind(2 * HEARTBEAT_S)):
                 left_since = left_since or time.monotonic()
                 if time.monotonic() - left_since >= MPIEXEC_GRACE_S:
@@ -97,6 +98,21 @@ class Supervision:
         if seen is not None:
             return seen
         return dead.when >= ended or self.mpiexec_killed_first
+
+    @staticmethod
+    def declare_lost(watchdog: RankWatchdog, silent: dict[int, float]) -> None:
+        """Tell every answer from now on that ``silent`` (rank -> seconds) are lost, with an
+        event saying how long each was silent against what its heartbeats let expect."""
+        listener = watchdog.listener
+        listener.declare_lost(sorted(silent))
+        for rank, silent_s in sorted(silent.items()):
+            heard = listener.last(rank)
+            record_event(watchdog.run_dir, {
+                "time": round(time.time(), 3), "event": "silent", "learner": rank,
+                "host": heard[1] if heard else None,
+                "at_samples": rank_progress(watchdog.run_dir, rank),
+                "cause": f"no heartbeat for {silent_s:.2f} s, past the {SILENCE_CAUSE}"
+                         f"{listener.detector.threshold(rank):.2f} s: taken for lost"})
 
     def kill_stalled(self, run_dir: Path, stalled: StalledRank) -> None:
         """kill -9 of a rank of an elastic job on this host that stopped responding, in one

@@ -52,6 +52,7 @@ from ..runlog.liveness import (
     rank_file,
     stop_request_path,
 )
+from .loss_detector import LossDetector, Sensitivity
 
 
 def empty_blank_exit_records(run_dir: str | Path, nprocs: int) -> None:
@@ -74,14 +75,17 @@ class HeartbeatListener:
     ``answer``: an elastic job across hosts. Every heartbeat is answered with the learners
     the launcher takes for lost (:meth:`declare_lost`): the survivors learn of a loss that
     MPI cannot see (a cut link, a host gone silent), and a rank that hears no answer is cut
-    off (:class:`LauncherLink`)."""
+    off (:class:`LauncherLink`). Its :class:`LossDetector` (``sensitivity``) learns each
+    learner's heartbeats from its first one in training on, and says who is silent for too
+    long (:meth:`suspected`)."""
 
-    def __init__(self, answer: bool = False) -> None:
+    def __init__(self, answer: bool = False, sensitivity: Sensitivity | None = None) -> None:
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self.sock.bind(("", 0))
         self.target = f"{socket.gethostname()}:{self.sock.getsockname()[1]}"
         self.heard: dict[int, tuple[float, str, int]] = {}  # rank -> (time.time(), host, pid)
         self.answer = answer
+        self.detector = LossDetector(sensitivity or Sensitivity())
         self._declared: set[int] = set()
         self._training: set[int] = set()  # ranks heard to say so (past their start-up)
         self._lock = threading.Lock()
@@ -95,13 +99,18 @@ class HeartbeatListener:
                 return
             try:
                 rank, pid, host, *state = data.decode().split()
+                rank = int(rank)
                 with self._lock:
-                    self.heard[int(rank)] = (time.time(), host, int(pid))
+                    self.heard[rank] = (time.time(), host, int(pid))
+                    started = state[:1] == [TRAINING] and rank not in self._training
                     if state[:1] == [TRAINING]:
-                        self._training.add(int(rank))
+                        self._training.add(rank)
                     declared = sorted(self._declared)
             except ValueError:
                 continue  # not one of ours
+            if started:
+                self.detector.forget(rank)
+            self.detector.heard(rank, time.monotonic())
             if self.answer:
                 try:
                     self.sock.sendto(" ".join([LOST_ANSWER, *map(str, declared)]).encode(),
@@ -118,6 +127,11 @@ class HeartbeatListener:
         now = time.time()
         with self._lock:
             return {rank for rank, (heard, _, _) in self.heard.items() if now - heard > seconds}
+
+    def suspected(self) -> dict[int, float]:
+        """The ranks silent past what their heartbeats so far let the detector expect:
+        rank -> seconds silent."""
+        return self.detector.suspected(time.monotonic())
 
     def declare_lost(self, ranks: list[int]) -> None:
         """From now on, every answer names ``ranks`` among the lost."""
@@ -490,20 +504,26 @@ class RankWatchdog:
         return lost_learners(self.run_dir) | (self.listener.declared() if self.listener
                                               else set())
 
-    def newly_silent(self, timeout_s: float) -> list[int]:
-        """Ranks on other hosts, heard training, silent for ``timeout_s`` without having
-        ended as asked, that are not taken for lost yet: a cut link, a host that went down
-        or hung. (A rank cut off writes an exit record where the run dir is still reached.)
-        Not in their start-up, which no learner survives a loss in (the job ends at
-        launcher.stall_timeout_s), and which can hold a rank's heartbeats up for seconds on
-        a loaded host."""
+    def newly_silent(self, learners: int) -> dict[int, float]:
+        """Ranks on other hosts, heard training, silent for longer than their heartbeats so
+        far let the launcher expect (runner/launch/loss_detector.py), without having ended as
+        asked, that are not taken for lost yet: a cut link, a host that went down or hung.
+        rank -> seconds silent. (A rank cut off writes an exit record where the run dir is
+        still reached.) None before every one of the ``learners`` (ranks 0 to learners - 1)
+        has taken a step: no learner survives a loss in the job's start-up (it ends at
+        launcher.stall_timeout_s), which can hold a rank's heartbeats up for seconds on a
+        loaded host."""
         from ..errors import EXIT_PREEMPTED, EXIT_STOPPED
 
         if self.listener is None:
-            return []
-        candidates = self.listener.training() - self.listener.declared()
-        return [rank for rank in self.silent_remote(timeout_s) if rank in candidates
-                and exit_status(self.run_dir, rank) not in (0, EXIT_PREEMPTED, EXIT_STOPPED)]
+            return {}
+        suspected = self.listener.suspected()
+        training = self.listener.training()
+        if not suspected or not training >= set(range(learners)):
+            return {}
+        candidates = (training - self.listener.declared()) & set(self.remote_ranks())
+        return {rank: silent_s for rank, silent_s in suspected.items() if rank in candidates
+                and exit_status(self.run_dir, rank) not in (0, EXIT_PREEMPTED, EXIT_STOPPED)}
 
     def silent_remote(self, silent_s: float) -> list[int]:
         """The ranks on other hosts whose last network heartbeat is older than ``silent_s``

@@ -89,6 +89,11 @@ HEARTBEAT_TO = "ADPSGD_HEARTBEAT_TO"
 LINK_TIMEOUT = "ADPSGD_LINK_TIMEOUT"
 
 
+# An elastic job across hosts: how often a rank sends its network heartbeat
+# (launcher.heartbeat_s), which the launcher's loss detector learns from.
+NETWORK_HEARTBEAT_S = "ADPSGD_NETWORK_HEARTBEAT_S"
+
+
 LOST_ANSWER = "lost"
 
 
@@ -123,6 +128,7 @@ def watch_launcher(pid: int, on_gone) -> None:
 def start_heartbeat(run_dir: str | Path, rank: int,
                     progress: Callable[[], int | None] = lambda: None,
                     operation: Callable[[], str | None] = lambda: None,
+                    training: Callable[[], bool] | None = None,
                     on_lost: Callable[[list[int]], None] | None = None,
                     on_cut_off: Callable[[float], None] | None = None,
                     on_launcher_gone: Callable[[], None] = lambda: None) -> None:
@@ -131,7 +137,9 @@ def start_heartbeat(run_dir: str | Path, rank: int,
     file with it as a third field, which a launcher that restarts a failed job reads (see
     ``rank_progress``), and what ``operation()`` says the rank is doing as the rest of the
     line (``rank_operation``: named when the rank stalls or dies); on a full disk the beat only
-    touches the file (its time changes).
+    touches the file (its time changes). Its network heartbeats say TRAINING once
+    ``training()`` (default: once ``progress()`` has a value): the rank's start-up is over,
+    and its silence may be taken for a loss.
 
     In an elastic job across hosts (``ADPSGD_LINK_TIMEOUT`` set), the network heartbeats go
     from a :class:`LauncherLink` thread instead, which hears the launcher's answers and calls
@@ -143,12 +151,14 @@ def start_heartbeat(run_dir: str | Path, rank: int,
     target, link_timeout = os.environ.get(HEARTBEAT_TO), os.environ.get(LINK_TIMEOUT)
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     beat_words = f"{rank} {identity}"
-    send = datagram_sender(target, lambda: (beat_words if progress() is None else
-                                            f"{beat_words} {TRAINING}").encode(), sock)
+    past_start_up = training or (lambda: progress() is not None)
+    send = datagram_sender(target, lambda: (f"{beat_words} {TRAINING}" if past_start_up()
+                                            else beat_words).encode(), sock)
     linked = bool(target and link_timeout and on_lost and on_cut_off)
     if linked:  # the launcher takes a silent rank for lost first, and the rank learns it
         LauncherLink(sock, target, send, float(link_timeout) + 2 * HEARTBEAT_S, on_lost,
-                     on_cut_off, on_launcher_gone)
+                     on_cut_off, on_launcher_gone,
+                     float(os.environ.get(NETWORK_HEARTBEAT_S) or HEARTBEAT_S))
 
     def beat() -> None:
         while True:
@@ -206,13 +216,15 @@ class LauncherLink:
     came for ``timeout_s`` (from this side, a cut link looks like every peer across it gone:
     the launcher decides which side goes on); ``on_launcher_gone()`` once when the launcher's
     host says that nobody listens there any more (the launcher died; its socket is connected
-    to hear that ICMP answer)."""
+    to hear that ICMP answer). A heartbeat goes every ``beat_s``: the launcher learns from
+    their gaps when a silence means a loss (runner/launch/loss_detector.py)."""
 
     def __init__(self, sock: socket.socket, target: str, send: Callable[[], None],
                  timeout_s: float, on_lost: Callable[[list[int]], None],
                  on_cut_off: Callable[[float], None],
-                 on_launcher_gone: Callable[[], None]) -> None:
+                 on_launcher_gone: Callable[[], None], beat_s: float = HEARTBEAT_S) -> None:
         self.sock, self.target, self.send, self.timeout_s = sock, target, send, timeout_s
+        self.beat_s = beat_s
         self.on_lost, self.on_cut_off, self.on_launcher_gone = (on_lost, on_cut_off,
                                                                 on_launcher_gone)
         threading.Thread(target=self._listen, name="launcher-link", daemon=True).start()
@@ -225,13 +237,13 @@ class LauncherLink:
             return False
 
     def _listen(self) -> None:
-        self.sock.settimeout(HEARTBEAT_S / 4)
+        self.sock.settimeout(self.beat_s / 4)
         answered = sent = time.monotonic()
         connected = self._connect()
         self.send()
         known: set[int] = set()
         while True:
-            if time.monotonic() - sent >= HEARTBEAT_S:
+            if time.monotonic() - sent >= self.beat_s:
                 sent = time.monotonic()
                 connected = connected or self._connect()
                 self.send()
@@ -243,7 +255,7 @@ class LauncherLink:
                 self.on_launcher_gone()
                 return
             except OSError:  # an unreachable network: an answer that did not come
-                time.sleep(HEARTBEAT_S / 4)
+                time.sleep(self.beat_s / 4)
                 words = []
             now = time.monotonic()
             if words[:1] == [LOST_ANSWER.encode()]:

@@ -117,6 +117,9 @@ class Trainer(Meetings, Seated):
                                      lambda: self.checkpointer.last)
                         if tcfg.on_nonfinite == "skip_batch" else None)
         self.milestone_waits = 0  # evaluations and checkpoints met (see _meet)
+        # This process's first step is taken (a spare: it stands by): its start-up, which no
+        # learner survives a loss in, is over (its heartbeat says so: runlog/liveness.py).
+        self.past_start_up = False
         self.stop_status: str | None = None  # preempted or stopped (checkpoint/preemption.py)
         if self.resumed_from:
             restore_rank_state(self, resume_state)
@@ -226,6 +229,7 @@ class Trainer(Meetings, Seated):
         global_count = self.shards.global_count(k, epoch)
         self.faults.crash_on(indices)
         self.train_step(batch, len(indices), global_count)
+        self.past_start_up = True
         state.lockstep_samples += global_count
         seen = self.algo.global_samples(state.local_samples, state.lockstep_samples)
         if self.algo.asynchronous:  # the learners' own counts: lost ones' samples apart

@@ -1,0 +1,88 @@
+"""When a silent learner is taken for lost: a detector that learns each learner's heartbeat.
+
+In an elastic job across hosts every learner sends the launcher a datagram every
+``launcher.heartbeat_s`` (runner/runlog/liveness.py). A fixed time-out has to be set for the
+worst moment of the slowest host, so it waits seconds on a quiet network. This one learns
+what each learner's gaps between heartbeats look like once it trains, and takes it for lost
+once its silence is longer than
+
+    max(loss_after_s, median(gaps) + loss_spread * MAD(gaps)),   capped at link_timeout_s,
+
+where MAD is the median absolute deviation of the last WINDOW gaps. The median and the MAD
+are robust: one gap that a busy core stretched does not move them much, and the floor
+``loss_after_s`` covers such a gap. A learner whose heartbeats keep arriving irregularly (a
+loaded host, a link that queues them behind the model's bytes) has a wide MAD, and is waited
+for longer. A loss is the launcher's decision alone: the learner behind a cut link stops on
+its side only after ``link_timeout_s`` without an answer, so the two sides never both go on.
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+from collections import deque
+from dataclasses import dataclass
+
+WINDOW = 100  # gaps remembered per learner: 20 s of heartbeats at the default 0.2 s
+
+
+@dataclass(frozen=True)
+class Sensitivity:
+    """The detector's settings (launcher.loss_after_s, loss_spread, link_timeout_s)."""
+
+    loss_after_s: float = 1.0
+    loss_spread: float = 8.0
+    link_timeout_s: float = 10.0
+
+
+class LossDetector:
+    """Each learner's last heartbeat and its recent gaps; thread-safe (the launcher's
+    heartbeat thread feeds it, its supervision loop asks it)."""
+
+    def __init__(self, sensitivity: Sensitivity | None = None) -> None:
+        self.sensitivity = sensitivity or Sensitivity()
+        self._last: dict[int, float] = {}
+        self._gaps: dict[int, deque[float]] = {}
+        self._lock = threading.Lock()
+
+    def heard(self, rank: int, now: float) -> None:
+        """A heartbeat of ``rank`` arrived at ``now`` (time.monotonic())."""
+        with self._lock:
+            last = self._last.get(rank)
+            if last is not None and now > last:
+                self._gaps.setdefault(rank, deque(maxlen=WINDOW)).append(now - last)
+            self._last[rank] = now
+
+    def forget(self, rank: int) -> None:
+        """Start ``rank``'s history again (it ended its start-up: the gaps it had there, when
+        a loaded host may hold its heartbeats up for seconds, say nothing of it training)."""
+        with self._lock:
+            self._gaps.pop(rank, None)
+
+    def threshold(self, rank: int) -> float:
+        """The silence after which ``rank`` is taken for lost."""
+        with self._lock:
+            gaps = list(self._gaps.get(rank, ()))
+        return self._threshold(gaps)
+
+    def _threshold(self, gaps: list[float]) -> float:
+        s = self.sensitivity
+        if len(gaps) < 2:
+            return s.loss_after_s
+        median = statistics.median(gaps)
+        spread = statistics.median(abs(gap - median) for gap in gaps)
+        return min(max(s.loss_after_s, median + s.loss_spread * spread), s.link_timeout_s)
+
+    def silence(self, rank: int, now: float) -> float | None:
+        """Seconds since ``rank``'s last heartbeat (None: never heard)."""
+        with self._lock:
+            last = self._last.get(rank)
+        return None if last is None else now - last
+
+    def suspected(self, now: float) -> dict[int, float]:
+        """The learners silent past their threshold at ``now``: rank -> seconds silent."""
+        with self._lock:
+            history = {rank: (last, list(self._gaps.get(rank, ())))
+                       for rank, last in self._last.items()}
+        return {rank: now - last for rank, (last, gaps) in history.items()
+                if now - last > self._threshold(gaps)}

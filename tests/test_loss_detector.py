@@ -1,0 +1,72 @@
+"""The launcher's loss detector (runner/launch/loss_detector.py): when a learner that falls
+silent is taken for lost, from the gaps between the heartbeats it sent so far."""
+
+import random
+import statistics
+
+import pytest
+
+from runner.launch.loss_detector import WINDOW, LossDetector, Sensitivity
+
+
+def beats(detector: LossDetector, rank: int, gaps: list[float], start: float = 100.0) -> float:
+    """Heartbeats of ``rank`` with these gaps; returns the time of the last one."""
+    now = start
+    detector.heard(rank, now)
+    for gap in gaps:
+        now += gap
+        detector.heard(rank, now)
+    return now
+
+
+def test_regular_heartbeats_are_waited_for_the_floor_and_no_longer():
+    detector = LossDetector(Sensitivity(loss_after_s=1.0, loss_spread=8, link_timeout_s=10))
+    rng = random.Random(0)
+    last = beats(detector, 0, [0.2 + rng.uniform(-0.01, 0.01) for _ in range(50)])
+    assert detector.threshold(0) == 1.0
+    assert detector.suspected(last + 0.99) == {}
+    assert detector.suspected(last + 1.01) == {0: pytest.approx(1.01)}
+
+
+def test_irregular_heartbeats_are_waited_for_longer_by_their_spread():
+    """A learner on a loaded host whose beats come every 0.2 to 0.8 s: its threshold is the
+    median gap plus loss_spread of its median absolute deviations, above the floor."""
+    detector = LossDetector(Sensitivity(loss_after_s=1.0, loss_spread=8, link_timeout_s=10))
+    rng = random.Random(1)
+    gaps = [rng.uniform(0.2, 0.8) for _ in range(60)]
+    last = beats(detector, 3, gaps)
+    median = statistics.median(gaps)
+    mad = statistics.median(abs(g - median) for g in gaps)
+    assert abs(detector.threshold(3) - (median + 8 * mad)) < 1e-9
+    assert detector.threshold(3) > 1.5  # about 0.5 + 8 * 0.15
+    assert detector.suspected(last + 1.2) == {}  # the floor alone would have lost it here
+    assert 3 in detector.suspected(last + detector.threshold(3) + 0.01)
+
+
+def test_one_stretched_gap_does_not_move_the_threshold_much_and_the_ceiling_holds():
+    detector = LossDetector(Sensitivity(loss_after_s=1.0, loss_spread=8, link_timeout_s=10))
+    beats(detector, 0, [0.2] * 40 + [3.0] + [0.2] * 40)
+    assert detector.threshold(0) == 1.0  # robust: the median and MAD ignore one outlier
+    wild = LossDetector(Sensitivity(loss_after_s=1.0, loss_spread=8, link_timeout_s=4))
+    beats(wild, 0, [0.1, 5.0] * 30)
+    assert wild.threshold(0) == 4  # never past link_timeout_s
+
+
+def test_the_window_forgets_old_gaps_and_a_restart_forgets_all():
+    detector = LossDetector(Sensitivity(loss_after_s=1.0, loss_spread=8, link_timeout_s=10))
+    last = beats(detector, 0, [0.2, 1.6] * 50)  # a rough start-up ...
+    assert detector.threshold(0) > 5
+    beats(detector, 0, [0.2] * WINDOW, start=last)  # ... then steady: only these count
+    assert detector.threshold(0) == 1.0
+    beats(detector, 1, [0.2, 1.6] * 50)
+    detector.forget(1)  # the learner began training: its start-up's gaps say nothing
+    assert detector.threshold(1) == 1.0
+
+
+def test_learners_are_judged_each_by_its_own_heartbeats_and_never_heard_ones_not_at_all():
+    detector = LossDetector(Sensitivity(loss_after_s=0.5, loss_spread=8, link_timeout_s=10))
+    beats(detector, 0, [0.1] * 30, start=100.0)
+    beats(detector, 1, [0.1, 0.6] * 15, start=100.0)
+    now = 100.0 + 3.0 + 0.8  # 0 has been silent 0.8 s, 1 has been silent 0.3 s
+    assert detector.suspected(now) == {0: detector.silence(0, now)}
+    assert detector.silence(7, now) is None and 7 not in detector.suspected(now + 100)
