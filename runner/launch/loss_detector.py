@@ -73,12 +73,6 @@ class LossDetector:
         spread = statistics.median(abs(gap - median) for gap in gaps)
         return min(max(s.loss_after_s, median + s.loss_spread * spread), s.link_timeout_s)
 
-    def silence(self, rank: int, now: float) -> float | None:
-        """Seconds since ``rank``'s last heartbeat (None: never heard)."""
-        with self._lock:
-            last = self._last.get(rank)
-        return None if last is None else now - last
-
     def suspected(self, now: float) -> dict[int, float]:
         """The learners silent past their threshold at ``now``: rank -> seconds silent."""
         with self._lock:

@@ -21,7 +21,6 @@ from .stop_forwarding import StopForwarding, stop_process_group
 from .watchdog import DeadRank, RankWatchdog, StalledRank, rank_progress
 
 POLL_S = 0.25  # how often the watchdog looks at the ranks
-SILENCE_CAUSE = "threshold its heartbeats set, "  # a "silent" event's cause, in its words
 # After the watchdog sees a rank die, mpiexec gets this long to end the job by itself.
 MPIEXEC_GRACE_S = 3.0
 
@@ -111,8 +110,9 @@ class Supervision:
                 "time": round(time.time(), 3), "event": "silent", "learner": rank,
                 "host": heard[1] if heard else None,
                 "at_samples": rank_progress(watchdog.run_dir, rank),
-                "cause": f"no heartbeat for {silent_s:.2f} s, past the {SILENCE_CAUSE}"
-                         f"{listener.detector.threshold(rank):.2f} s: taken for lost"})
+                "cause": f"no heartbeat for {silent_s:.2f} s, past the threshold its "
+                         f"heartbeats set, {listener.detector.threshold(rank):.2f} s: taken "
+                         "for lost"})
 
     def kill_stalled(self, run_dir: Path, stalled: StalledRank) -> None:
         """kill -9 of a rank of an elastic job on this host that stopped responding, in one
