@@ -23,7 +23,7 @@ def test_regular_heartbeats_are_waited_for_the_floor_and_no_longer():
     detector = LossDetector(Sensitivity(loss_after_s=1.0, loss_spread=8, link_timeout_s=10))
     rng = random.Random(0)
     last = beats(detector, 0, [0.2 + rng.uniform(-0.01, 0.01) for _ in range(50)])
-    assert detector.threshold(0) == 1.0
+    assert detector.threshold(0, 0.0) == 1.0
     assert detector.suspected(last + 0.99) == {}
     assert detector.suspected(last + 1.01) == {0: pytest.approx(1.01)}
 
@@ -37,30 +37,30 @@ def test_irregular_heartbeats_are_waited_for_longer_by_their_spread():
     last = beats(detector, 3, gaps)
     median = statistics.median(gaps)
     mad = statistics.median(abs(g - median) for g in gaps)
-    assert abs(detector.threshold(3) - (median + 8 * mad)) < 1e-9
-    assert detector.threshold(3) > 1.5  # about 0.5 + 8 * 0.15
+    assert abs(detector.threshold(3, 0.0) - (median + 8 * mad)) < 1e-9
+    assert detector.threshold(3, 0.0) > 1.5  # about 0.5 + 8 * 0.15
     assert detector.suspected(last + 1.2) == {}  # the floor alone would have lost it here
-    assert 3 in detector.suspected(last + detector.threshold(3) + 0.01)
+    assert 3 in detector.suspected(last + detector.threshold(3, 0.0) + 0.01)
 
 
 def test_one_stretched_gap_does_not_move_the_threshold_much_and_the_ceiling_holds():
     detector = LossDetector(Sensitivity(loss_after_s=1.0, loss_spread=8, link_timeout_s=10))
     beats(detector, 0, [0.2] * 40 + [3.0] + [0.2] * 40)
-    assert detector.threshold(0) == 1.0  # robust: the median and MAD ignore one outlier
+    assert detector.threshold(0, 0.0) == 1.0  # robust: the median and MAD ignore one outlier
     wild = LossDetector(Sensitivity(loss_after_s=1.0, loss_spread=8, link_timeout_s=4))
     beats(wild, 0, [0.1, 5.0] * 30)
-    assert wild.threshold(0) == 4  # never past link_timeout_s
+    assert wild.threshold(0, 0.0) == 4  # never past link_timeout_s
 
 
 def test_the_window_forgets_old_gaps_and_a_restart_forgets_all():
     detector = LossDetector(Sensitivity(loss_after_s=1.0, loss_spread=8, link_timeout_s=10))
     last = beats(detector, 0, [0.2, 1.6] * 50)  # a rough start-up ...
-    assert detector.threshold(0) > 5
+    assert detector.threshold(0, 0.0) > 5
     beats(detector, 0, [0.2] * WINDOW, start=last)  # ... then steady: only these count
-    assert detector.threshold(0) == 1.0
+    assert detector.threshold(0, 0.0) == 1.0
     beats(detector, 1, [0.2, 1.6] * 50)
     detector.forget(1)  # the learner began training: its start-up's gaps say nothing
-    assert detector.threshold(1) == 1.0
+    assert detector.threshold(1, 0.0) == 1.0
 
 
 def test_learners_are_judged_each_by_its_own_heartbeats_and_never_heard_ones_not_at_all():
@@ -70,3 +70,16 @@ def test_learners_are_judged_each_by_its_own_heartbeats_and_never_heard_ones_not
     now = 100.0 + 3.0 + 0.8  # 0 has been silent 0.8 s, 1 has been silent 0.3 s
     assert detector.suspected(now) == {0: pytest.approx(0.8)}
     assert 7 not in detector.suspected(now + 100)  # never heard: nothing to miss
+
+
+def test_after_a_loss_everyone_is_waited_for_the_ceiling_while_the_survivors_recover():
+    """Shrinking, dealing the epoch again and taking spares in can hold a survivor's
+    heartbeats up; a loss there is not survived anyway, so for link_timeout_s after a loss
+    nobody is taken for lost before the ceiling."""
+    detector = LossDetector(Sensitivity(loss_after_s=1.0, loss_spread=8, link_timeout_s=5))
+    last = beats(detector, 0, [0.2] * 30)
+    detector.recovering(last)
+    assert detector.threshold(0, last + 1) == 5 and detector.suspected(last + 2) == {}
+    assert 0 in detector.suspected(last + 5.5)  # still lost at the ceiling
+    beats(detector, 1, [0.2] * 30, start=last + 10)  # the window is over
+    assert detector.threshold(1, last + 20) == 1.0

@@ -14,6 +14,11 @@ are robust: one gap that a busy core stretched does not move them much, and the 
 loaded host, a link that queues them behind the model's bytes) has a wide MAD, and is waited
 for longer. A loss is the launcher's decision alone: the learner behind a cut link stops on
 its side only after ``link_timeout_s`` without an answer, so the two sides never both go on.
+
+After a loss the survivors shrink, deal the rest of the epoch again and take spares in: work
+that can hold a learner's heartbeats up for more than a second on a loaded host, and in which
+a further loss is not survived anyway (spares joining end the job). For ``link_timeout_s``
+after a loss (:meth:`recovering`), every learner is therefore waited for the ceiling.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ class LossDetector:
         self.sensitivity = sensitivity or Sensitivity()
         self._last: dict[int, float] = {}
         self._gaps: dict[int, deque[float]] = {}
+        self._calm_until = float("-inf")  # see recovering()
         self._lock = threading.Lock()
 
     def heard(self, rank: int, now: float) -> None:
@@ -59,14 +65,22 @@ class LossDetector:
         with self._lock:
             self._gaps.pop(rank, None)
 
-    def threshold(self, rank: int) -> float:
-        """The silence after which ``rank`` is taken for lost."""
+    def recovering(self, now: float) -> None:
+        """A learner was lost at ``now``: wait everyone for the ceiling while the survivors
+        recover (see the module's docstring)."""
+        with self._lock:
+            self._calm_until = now + self.sensitivity.link_timeout_s
+
+    def threshold(self, rank: int, now: float) -> float:
+        """The silence after which ``rank`` is taken for lost at ``now``."""
         with self._lock:
             gaps = list(self._gaps.get(rank, ()))
-        return self._threshold(gaps)
+        return self._threshold(gaps, now)
 
-    def _threshold(self, gaps: list[float]) -> float:
+    def _threshold(self, gaps: list[float], now: float) -> float:
         s = self.sensitivity
+        if now < self._calm_until:
+            return s.link_timeout_s
         if len(gaps) < 2:
             return s.loss_after_s
         median = statistics.median(gaps)
@@ -79,4 +93,4 @@ class LossDetector:
             history = {rank: (last, list(self._gaps.get(rank, ())))
                        for rank, last in self._last.items()}
         return {rank: now - last for rank, (last, gaps) in history.items()
-                if now - last > self._threshold(gaps)}
+                if now - last > self._threshold(gaps, now)}

@@ -103,7 +103,10 @@ class Supervision:
         """Tell every answer from now on that ``silent`` (rank -> seconds) are lost, with an
         event saying how long each was silent against what its heartbeats let expect."""
         listener = watchdog.listener
+        now = time.monotonic()
+        thresholds = {rank: listener.detector.threshold(rank, now) for rank in silent}
         listener.declare_lost(sorted(silent))
+        listener.detector.recovering(now)
         for rank, silent_s in sorted(silent.items()):
             heard = listener.last(rank)
             record_event(watchdog.run_dir, {
@@ -111,7 +114,7 @@ class Supervision:
                 "host": heard[1] if heard else None,
                 "at_samples": rank_progress(watchdog.run_dir, rank),
                 "cause": f"no heartbeat for {silent_s:.2f} s, past the threshold its "
-                         f"heartbeats set, {listener.detector.threshold(rank):.2f} s: taken "
+                         f"heartbeats set, {thresholds[rank]:.2f} s: taken "
                          "for lost"})
 
     def kill_stalled(self, run_dir: Path, stalled: StalledRank) -> None:

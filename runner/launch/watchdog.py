@@ -366,6 +366,7 @@ class RankWatchdog:
                  listener: HeartbeatListener | None = None):
         self.run_dir, self.nprocs = Path(run_dir), nprocs
         self.listener = listener  # the network heartbeats of ranks on other hosts
+        self._lost_seen: set[int] = set()  # the losses newly_silent() has seen
         self.pids: dict[int, int] = {}  # rank -> pid, once its pid file appeared (this host)
         self.deaths: list[tuple[float, int, int]] = []  # (time.time(), rank, wake-up), in order
         self.mpiexec_wakeup: int | None = None  # the wake-up that saw mpiexec end
@@ -520,6 +521,10 @@ class RankWatchdog:
         suspected = self.listener.suspected()
         training = self.listener.training()
         if not suspected or not training >= set(range(learners)):
+            return {}
+        if (lost := self.lost()) - self._lost_seen:  # the survivors recorded a loss (a kill)
+            self._lost_seen = lost
+            self.listener.detector.recovering(time.monotonic())
             return {}
         candidates = (training - self.listener.declared()) & set(self.remote_ranks())
         return {rank: silent_s for rank, silent_s in suspected.items() if rank in candidates
