@@ -62,8 +62,6 @@ def mix_(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 
 class DelayByOne(Algorithm):
-    elastic = True  # lockstep: a loss undoes the step; the message in flight is dropped
-
     def setup(self, model, optimizer):
         super().setup(model, optimizer)
         self.params = self.ctx.param_buffers

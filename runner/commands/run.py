@@ -146,19 +146,24 @@ DETECTOR_KEYS = {f"launcher.{key}" for key in ("heartbeat_s", "loss_after_s", "l
                                                "link_timeout_s")}
 
 
+def override_key(override: str) -> str:
+    """The key an override sets: ``+a.b=1`` -> ``a.b``."""
+    return override.lstrip("+~").split("=", 1)[0]
+
+
 def check_keys_used(typed: DictConfig, job: list[str]) -> None:
     """A ``topology=`` (or ``topology.KEY=``) on the command line that the chosen algorithm
     would silently drop is an error; so is a loss detector's key where no learner is taken
     for lost from its heartbeats."""
     from ..algos import ALGORITHMS
 
-    detector = [o for o in job if o.lstrip("+~").split("=", 1)[0] in DETECTOR_KEYS]
+    detector = [o for o in job if override_key(o) in DETECTOR_KEYS]
     if detector and not (typed.launcher.get("elastic") and typed.launcher.get("hostfile")):
-        raise ConfigError(detector[0].lstrip("+~").split("=", 1)[0], "only an elastic job "
+        raise ConfigError(override_key(detector[0]), "only an elastic job "
                           "across hosts takes a silent learner for lost from its heartbeats, "
                           f"so {detector[0]} would change nothing", "remove it, or run with "
                           "launcher.elastic=true and launcher.hostfile=FILE")
-    given = [o for o in job if o.lstrip("+~").split("=", 1)[0].split(".", 1)[0] == "topology"]
+    given = [o for o in job if override_key(o).split(".", 1)[0] == "topology"]
     if not given:
         return
     reason = ALGORITHMS.get(typed.algo.name).topology_ignored(typed)

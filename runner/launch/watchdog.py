@@ -100,10 +100,11 @@ class HeartbeatListener:
             try:
                 rank, pid, host, *state = data.decode().split()
                 rank = int(rank)
+                training = state[:1] == [TRAINING]
                 with self._lock:
                     self.heard[rank] = (time.time(), host, int(pid))
-                    started = state[:1] == [TRAINING] and rank not in self._training
-                    if state[:1] == [TRAINING]:
+                    started = training and rank not in self._training
+                    if training:
                         self._training.add(rank)
                     declared = sorted(self._declared)
             except ValueError:
