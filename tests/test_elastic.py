@@ -72,6 +72,9 @@ TRAIN_SIZE = 1438  # the digits' training set (recipe.heldout_fraction=0.2)
     (["algo=ssgd", "launcher.elastic=true", "launcher.heartbeat_s=0.5"],
      "launcher.heartbeat_s: must be above 0 and at most launcher.loss_after_s / 2.5 = 0.4 s",
      "launcher.heartbeat_s=0.2"),
+    (["algo=ssgd", "launcher.elastic=true", "launcher.loss_after_s=0.3"],
+     "launcher.heartbeat_s: must be above 0 and at most launcher.loss_after_s / 2.5 = 0.12 s",
+     "launcher.heartbeat_s=0.12"),  # a fix that holds for this floor
     (["algo=ssgd", "launcher.elastic=true", "launcher.loss_after_s=6"],
      "launcher.loss_after_s: must be above 0 and at most launcher.link_timeout_s / 2 = 5 s",
      "launcher.loss_after_s=1"),

@@ -109,16 +109,16 @@ class LocalConfig(LauncherConfig):
                 f"must be at least {2.5 * HEARTBEAT_S:g} s (a learner's heartbeat goes every "
                 f"{HEARTBEAT_S:g} s), got {self.link_timeout_s:g}",
                 f"{prefix}.link_timeout_s=10")
-        require(0 < self.heartbeat_s <= self.loss_after_s / 2.5, f"{prefix}.heartbeat_s",
-                f"must be above 0 and at most {prefix}.loss_after_s / 2.5 = "
-                f"{self.loss_after_s / 2.5:g} s (a learner is waited for at least 2.5 "
-                f"heartbeats), got {self.heartbeat_s:g}",
-                f"{prefix}.heartbeat_s={min(0.2, max(self.loss_after_s, 0.5) / 2.5):g}")
         require(0 < self.loss_after_s <= self.link_timeout_s / 2, f"{prefix}.loss_after_s",
                 f"must be above 0 and at most {prefix}.link_timeout_s / 2 = "
                 f"{self.link_timeout_s / 2:g} s (a learner behind a cut link waits "
                 f"link_timeout_s before it stops on its side), got {self.loss_after_s:g}",
                 f"{prefix}.loss_after_s=1")
+        require(0 < self.heartbeat_s <= self.loss_after_s / 2.5, f"{prefix}.heartbeat_s",
+                f"must be above 0 and at most {prefix}.loss_after_s / 2.5 = "
+                f"{self.loss_after_s / 2.5:g} s (a learner is waited for at least 2.5 "
+                f"heartbeats), got {self.heartbeat_s:g}",
+                f"{prefix}.heartbeat_s={min(0.2, self.loss_after_s / 2.5):g}")
         require(self.loss_spread >= 0, f"{prefix}.loss_spread", f"must be >= 0 (0: "
                 f"loss_after_s alone decides), got {self.loss_spread:g}",
                 f"{prefix}.loss_spread=8")
