@@ -83,3 +83,22 @@ def test_after_a_loss_everyone_is_waited_for_the_ceiling_while_the_survivors_rec
     assert 0 in detector.suspected(last + 5.5)  # still lost at the ceiling
     beats(detector, 1, [0.2] * 30, start=last + 10)  # the window is over
     assert detector.threshold(1, last + 20) == 1.0
+
+
+def test_learners_behind_the_same_cut_are_decided_as_promptly_as_the_first():
+    """Two learners behind one cut link sent their last heartbeats 0.15 s apart: when the
+    first is decided, the other has been silent for most of its threshold and shares the
+    fault, so it is decided at its own threshold, not the ceiling. A survivor heard a moment
+    ago is waited for the ceiling while it recovers. (A CI run lost learner 3 of the adpsgd
+    cut-link test 4 s after learner 2, at the ceiling.)"""
+    detector = LossDetector(Sensitivity(loss_after_s=1.0, loss_spread=8, link_timeout_s=5))
+    last_of_2 = beats(detector, 2, [0.2] * 30, start=100.0)
+    last_of_3 = beats(detector, 3, [0.2] * 30, start=100.15)
+    beats(detector, 0, [0.2] * 35, start=100.0)  # heard on after the cut, last at 2's + 1 s
+    decided = last_of_2 + 1.01
+    assert detector.suspected(decided) == {2: pytest.approx(1.01)}
+    detector.recovering(decided)
+    assert detector.threshold(3, decided) == 1.0 and detector.threshold(0, decided) == 5
+    assert detector.suspected(last_of_3 + 1.01) == {2: pytest.approx(1.16),
+                                                     3: pytest.approx(1.01)}
+    assert 0 not in detector.suspected(last_of_2 + 1.0 + 4.9)  # recovering: the ceiling

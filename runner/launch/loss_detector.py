@@ -18,7 +18,10 @@ its side only after ``link_timeout_s`` without an answer, so the two sides never
 After a loss the survivors shrink, deal the rest of the epoch again and take spares in: work
 that can hold a learner's heartbeats up for more than a second on a loaded host, and in which
 a further loss is not survived anyway (spares joining end the job). For ``link_timeout_s``
-after a loss (:meth:`recovering`), every learner is therefore waited for the ceiling.
+after a loss (:meth:`recovering`), every learner is therefore waited for the ceiling, except
+those already silent for half their threshold when the loss was decided: the other learners
+behind the same cut link or on the same hung host, whose last heartbeats went a beat or two
+apart from the lost one's, are decided as promptly.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ class LossDetector:
         self._last: dict[int, float] = {}
         self._gaps: dict[int, deque[float]] = {}
         self._calm_until = float("-inf")  # see recovering()
+        self._sharing_the_fault: set[int] = set()  # waited as usual while the others recover
         self._lock = threading.Lock()
 
     def heard(self, rank: int, now: float) -> None:
@@ -66,21 +70,27 @@ class LossDetector:
             self._gaps.pop(rank, None)
 
     def recovering(self, now: float) -> None:
-        """A learner was lost at ``now``: wait everyone for the ceiling while the survivors
-        recover (see the module's docstring)."""
+        """A learner was lost at ``now``: wait for the ceiling while the survivors recover
+        everyone not yet silent for half their threshold (see the module's docstring)."""
         with self._lock:
+            self._sharing_the_fault = {
+                rank for rank, last in self._last.items()
+                if now - last > self._usual_threshold(list(self._gaps.get(rank, ()))) / 2}
             self._calm_until = now + self.sensitivity.link_timeout_s
 
     def threshold(self, rank: int, now: float) -> float:
         """The silence after which ``rank`` is taken for lost at ``now``."""
         with self._lock:
             gaps = list(self._gaps.get(rank, ()))
-        return self._threshold(gaps, now)
+        return self._threshold(rank, gaps, now)
 
-    def _threshold(self, gaps: list[float], now: float) -> float:
+    def _threshold(self, rank: int, gaps: list[float], now: float) -> float:
+        if now < self._calm_until and rank not in self._sharing_the_fault:
+            return self.sensitivity.link_timeout_s
+        return self._usual_threshold(gaps)
+
+    def _usual_threshold(self, gaps: list[float]) -> float:
         s = self.sensitivity
-        if now < self._calm_until:
-            return s.link_timeout_s
         if len(gaps) < 2:
             return s.loss_after_s
         median = statistics.median(gaps)
@@ -93,4 +103,4 @@ class LossDetector:
             history = {rank: (last, list(self._gaps.get(rank, ())))
                        for rank, last in self._last.items()}
         return {rank: now - last for rank, (last, gaps) in history.items()
-                if now - last > self._threshold(gaps, now)}
+                if now - last > self._threshold(rank, gaps, now)}

@@ -367,7 +367,7 @@ class RankWatchdog:
                  listener: HeartbeatListener | None = None):
         self.run_dir, self.nprocs = Path(run_dir), nprocs
         self.listener = listener  # the network heartbeats of ranks on other hosts
-        self._lost_seen: set[int] = set()  # the losses newly_silent() has seen
+        self._lost_seen: set[int] = set()  # the recorded losses newly_silent() has seen
         self.pids: dict[int, int] = {}  # rank -> pid, once its pid file appeared (this host)
         self.deaths: list[tuple[float, int, int]] = []  # (time.time(), rank, wake-up), in order
         self.mpiexec_wakeup: int | None = None  # the wake-up that saw mpiexec end
@@ -523,8 +523,9 @@ class RankWatchdog:
         training = self.listener.training()
         if not suspected or not training >= set(range(learners)):
             return {}
-        if (lost := self.lost()) - self._lost_seen:  # the survivors recorded a loss (a kill)
-            self._lost_seen = lost
+        # A loss the survivors recorded (a kill; those declared here began recovering then).
+        if (recorded := lost_learners(self.run_dir) - self.listener.declared()) - self._lost_seen:
+            self._lost_seen = recorded
             self.listener.detector.recovering(time.monotonic())
             return {}
         candidates = (training - self.listener.declared()) & set(self.remote_ranks())
