@@ -33,6 +33,7 @@ from omegaconf import DictConfig, OmegaConf
 from .checkpoint.preemption import PREEMPTED, STOPPED, install_stop_handlers, request_stop
 from .comm.deadline import DEADLINES, CommTimeout
 from .elastic.launcher_link import cut_off, learners_lost_elsewhere
+from .elastic.respawn import RESPAWNED, Joined, join_the_job
 from .errors import (
     EXIT_PEER_LOST,
     EXIT_PREEMPTED,
@@ -173,12 +174,13 @@ def launcher_gone(pid: int | None, console: TextIO) -> None:
     request_stop(signal.SIGINT)
 
 
-def run_rank(run_dir: str | Path, in_process: bool = False) -> int:
+def run_rank(run_dir: str | Path, in_process: bool = False, respawned: bool = False) -> int:
     """Train as one rank of the job; return the exit status (0 on success, 75 after a
-    graceful stop)."""
+    graceful stop). ``respawned``: a replacement the learners spawned into the running job
+    (runner/elastic/respawn.py)."""
     restore_signals = install_stop_handlers()  # first: SIGUSR1's default action kills
     try:
-        return _run_rank(Path(run_dir), in_process)
+        return _run_rank(Path(run_dir), in_process, respawned)
     finally:
         if in_process:  # the launcher's process goes on (a sweep's next job)
             restore_signals()
@@ -192,7 +194,11 @@ def run_rank(run_dir: str | Path, in_process: bool = False) -> int:
             signal.signal(signal.SIGUSR2, signal.SIG_IGN)
 
 
-def _run_rank(run_dir: Path, in_process: bool) -> int:
+def _run_rank(run_dir: Path, in_process: bool, respawned: bool) -> int:
+    joined = None
+    if respawned:  # merge with the job at once: its learners wait for it in MPI_Comm_spawn
+        tune_mpi(run_dir)
+        joined = join_the_job()
     import torch
 
     import recipes  # noqa: F401 - fills the recipe registry (runner/recipe.py)
@@ -203,10 +209,11 @@ def _run_rank(run_dir: Path, in_process: bool) -> int:
     from .runlog.timers import activity
     from .trainer import Trainer
 
-    tune_mpi(run_dir)
+    if not respawned:
+        tune_mpi(run_dir)
     MPI = mpi()
     world_mpi = MPI.COMM_WORLD
-    rank = world_mpi.Get_rank()
+    rank = world_mpi.Get_rank() if joined is None else joined.me
     trainer = None
     main_thread = threading.get_ident()
     try:
@@ -222,13 +229,14 @@ def _run_rank(run_dir: Path, in_process: bool) -> int:
         if world_mpi.Get_size() > 1:
             world_mpi.Abort(2)
         return 2
-    say = speaking_to_the_launcher(run_dir, world_mpi, console, in_process)
+    say = speaking_to_the_launcher(run_dir, rank, world_mpi, console, in_process)
     try:
         cfg = load_run_config(run_dir)
         threads = os.environ.get("OMP_NUM_THREADS")
         if threads:
             torch.set_num_threads(int(threads))
-        world, comm, node_comm, device, started_torch_group = learner_world(cfg, world_mpi)
+        world, comm, node_comm, device, started_torch_group = learner_world(cfg, world_mpi,
+                                                                            joined)
         trainer = Trainer(cfg, run_dir, world, comm, node_comm, device, progress_stream=console)
         if not in_process:
             # A signal the launcher took before this rank wrote its pid file may still be on
@@ -262,7 +270,7 @@ def _run_rank(run_dir: Path, in_process: bool) -> int:
     except BaseException as ex:  # noqa: BLE001 - every failure must end the job, never hang it
         log_error_to_file("unhandled exception:\n%s", traceback.format_exc())
         message, status = unexpected_failure(ex, run_dir, rank, trainer)
-    return end_failed_rank(run_dir, world_mpi, trainer, message, status, say)
+    return end_failed_rank(run_dir, rank, world_mpi, trainer, message, status, say)
 
 
 def start_rank_files(run_dir: Path, rank: int, in_process: bool,
@@ -285,13 +293,12 @@ def start_rank_files(run_dir: Path, rank: int, in_process: bool,
     return console
 
 
-def speaking_to_the_launcher(run_dir: Path, world_mpi: Any, console: TextIO,
+def speaking_to_the_launcher(run_dir: Path, rank: int, world_mpi: Any, console: TextIO,
                              in_process: bool) -> Callable[[str], None]:
     """How this rank says a failure's line: under the local launcher, which prints it from
     the exit record (a print here can die with MPI_Abort before mpiexec forwards it), not at
     all; else on the console. The rank also stops when the launcher on its host dies (the
     others lose their peers with it), and a communication that times out ends the job."""
-    rank = world_mpi.Get_rank()
     launcher = os.environ.get(LAUNCHER_PID)
     watched = launcher_here()
     if watched and not in_process:
@@ -311,10 +318,12 @@ def speaking_to_the_launcher(run_dir: Path, world_mpi: Any, console: TextIO,
     return say
 
 
-def learner_world(cfg: DictConfig, world_mpi: Any) -> tuple[Any, Any, Any, Any, bool]:
-    """This rank's learners (an elastic job's spares wait apart: launcher.spares): their
-    World, world and node communicators, the rank's device, and whether torch.distributed
-    was started for them (a tensor backend other than MPI)."""
+def learner_world(cfg: DictConfig, world_mpi: Any, joined: Joined | None = None
+                  ) -> tuple[Any, Any, Any, Any, bool]:
+    """This rank's learners (an elastic job's spares wait apart: launcher.spares; so does a
+    replacement ``joined`` to it, runner/elastic/respawn.py): their World, world and node
+    communicators, the rank's device, and whether torch.distributed was started for them
+    (a tensor backend other than MPI)."""
     import torch
 
     from .comm.communicator import (
@@ -325,10 +334,11 @@ def learner_world(cfg: DictConfig, world_mpi: Any) -> tuple[Any, Any, Any, Any, 
     )
     from .comm.traffic import Traffic
     from .comm.world import detect_world
-    from .elastic.spares import split_spares
+    from .elastic.spares import split_spares, waiting_alone
     from .train.compute_path import resolve_device
 
-    learner_mpi, world, node_mpi = split_spares(world_mpi, cfg.launcher)
+    learner_mpi, world, node_mpi = (split_spares(world_mpi, cfg.launcher) if joined is None
+                                    else waiting_alone(joined))
     if world is None:
         world, node_mpi = detect_world(learner_mpi, cfg.launcher.procs_per_node)
     log.info("rank %d of %d, node %d (local rank %d of %d), pid %d", world.rank, world.size,
@@ -377,10 +387,9 @@ def unexpected_failure(ex: BaseException, run_dir: Path, rank: int, trainer: Tra
             f"(traceback in {run_dir / 'logs' / f'rank{rank}.log'})"), 1
 
 
-def end_failed_rank(run_dir: Path, world_mpi: Any, trainer: Trainer | None, message: str | None,
-                    status: int, say: Callable[[str], None]) -> int:
+def end_failed_rank(run_dir: Path, rank: int, world_mpi: Any, trainer: Trainer | None,
+                    message: str | None, status: int, say: Callable[[str], None]) -> int:
     """A failed rank's end: its exit record and line, then the job taken down with it."""
-    rank = world_mpi.Get_rank()
     state = getattr(trainer, "state", None)  # None before the trainer had one
     write_exit_record(run_dir, rank, status, message,
                       samples=state.samples if state is not None else None)
@@ -444,10 +453,12 @@ def prepare_data(run_dir: str | Path) -> int:
 def main() -> None:
     if len(sys.argv) == 3 and sys.argv[2] == "--prepare":
         raise SystemExit(prepare_data(sys.argv[1]))
-    if len(sys.argv) != 2:
-        print("usage: python -m runner.worker RUN_DIR [--prepare]", file=sys.stderr)
+    respawned = sys.argv[2:] == [RESPAWNED]
+    if len(sys.argv) != 2 and not respawned:
+        print(f"usage: python -m runner.worker RUN_DIR [--prepare | {RESPAWNED}]",
+              file=sys.stderr)
         raise SystemExit(2)
-    status = run_rank(sys.argv[1])
+    status = run_rank(sys.argv[1], respawned=respawned)
     from .comm import ulfm
 
     # Every rank ended normally, or this one goes without the peers it lost (MPI_Finalize

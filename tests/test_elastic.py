@@ -55,6 +55,11 @@ TRAIN_SIZE = 1438  # the digits' training set (recipe.heldout_fraction=0.2)
      "launcher.spares: must be >= 0, got -1", "launcher.spares=1"),
     (["algo=ssgd", "launcher.elastic=true", "launcher.spare=1"], "unknown key "
      "'launcher.spare'", "launcher.spares"),
+    (["algo=ssgd", "launcher.respawn=true"], "launcher.respawn: replacements take the "
+     "places of the learners an elastic job loses; this job is not elastic",
+     "launcher.elastic=true"),
+    (["algo=ssgd", "launcher.elastic=true", "launcher.respwan=true"], "unknown key "
+     "'launcher.respwan'", "did you mean launcher.respawn"),
     (["algo=ssgd", "launcher.elastic=true", "launcher.link_timeout_s=1"],
      "launcher.link_timeout_s: must be at least 5 s", "launcher.link_timeout_s=10"),
     (["algo=ssgd", "launcher.elastic=true", "launcher.link_timeout_s=30",
@@ -354,10 +359,10 @@ def learners_alive(run_dir: Path) -> list[tuple[int, int]]:
     return [(e.step, int(e.value)) for e in events.Scalars("membership/learners")]
 
 
-def assert_every_sample_once(summary: dict) -> None:
+def assert_every_sample_once(summary: dict, epochs: int = 2) -> None:
     assert summary["epoch_samples"] == [{"epoch": e, "distinct": TRAIN_SIZE, "used": TRAIN_SIZE}
-                                        for e in (1, 2)], summary["epoch_samples"]
-    assert summary["samples"] == 2 * TRAIN_SIZE
+                                        for e in range(1, epochs + 1)], summary["epoch_samples"]
+    assert summary["samples"] == epochs * TRAIN_SIZE
 
 
 @pytest.mark.mpi

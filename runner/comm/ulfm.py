@@ -39,6 +39,7 @@ class FailureState:
         # (mpi4py's communicators cannot be hashed; a freed one turns into COMM_NULL.)
         self.tracked: list = []
         self.lost_peers = False
+        self.names: dict[int, int] = {}  # learn_process_names()
 
     def track(self, mpi_comm):
         """Remember ``mpi_comm`` for :meth:`revoke_all`; returns it."""
@@ -106,14 +107,17 @@ def is_mpi_error(ex: BaseException) -> bool:
     return isinstance(ex, (mpi().Exception, GarbledMessage))
 
 
-def agree(mpi_comm, ok: bool) -> bool:
-    """Collective over the survivors: True only if every survivor says ``ok`` and nobody
-    failed since the last agreement (the outcome is the same on every survivor)."""
+def agree(mpi_comm, ok: bool, flags: int = 0) -> int:
+    """Collective over the survivors: 1 only if every survivor says ``ok`` and nobody
+    failed since the last agreement (the outcome is the same on every survivor), else 0.
+    ``flags`` (bits from 1 on) are ANDed across the survivors into the same answer: a fact
+    that one survivor knows goes to all with it (the others set its bit)."""
     MPI = mpi()
     try:
-        return bool(mpi_comm.Agree(int(ok)))
+        agreed = mpi_comm.Agree(int(ok) | flags << 1)
     except MPI.Exception:  # a process failed that not every survivor had acknowledged
-        return False
+        return 0
+    return agreed if agreed & 1 else 0
 
 
 # PMIx's status for a process that ended without finalizing (PMIX_ERR_PROC_TERM_WO_SYNC):
@@ -121,8 +125,42 @@ def agree(mpi_comm, ok: bool) -> bool:
 PROC_TERMINATED = -200
 
 
+def _open_mpi() -> tuple | None:
+    """Open MPI 5's libraries (libmpi, libopen-pal), or None with another MPI."""
+    import ctypes
+
+    library = os.environ.get("MPI4PY_LIBMPI")
+    try:
+        mpi_lib = ctypes.CDLL(library or "libmpi.so.40", mode=ctypes.RTLD_GLOBAL)
+        pal = ctypes.CDLL(str(Path(library).parent / "libopen-pal.so.80") if library
+                          else "libopen-pal.so.80", mode=ctypes.RTLD_GLOBAL)
+        mpi_lib.ompi_proc_for_name, mpi_lib.ompi_errhandler_proc_failed_internal  # noqa: B018
+    except (OSError, AttributeError, ValueError):
+        return None
+    return mpi_lib, pal
+
+
+def process_name() -> int | None:
+    """This process's name in Open MPI 5's runtime (its job in the low 32 bits, its rank
+    in it, the vpid, in the high ones), None with another MPI."""
+    import ctypes
+
+    libraries = _open_mpi()
+    if libraries is None:
+        return None
+    # opal_process_info starts with this process's name.
+    return ctypes.c_uint64.in_dll(libraries[1], "opal_process_info").value
+
+
+def learn_process_names(names: dict[int, int | None]) -> None:
+    """Job-wide number -> process name, for processes that are not rank N of this
+    process's MPI_COMM_WORLD (replacements spawned into the job: runner/elastic/respawn.py)."""
+    PROCESS.names.update({n: name for n, name in names.items() if name is not None})
+
+
 def declare_failed(ranks: list[int]) -> bool:
-    """Take the processes ``ranks`` of MPI_COMM_WORLD for failed on this rank, as if MPI had
+    """Take the processes ``ranks`` (their numbers in the job: the rank in MPI_COMM_WORLD of
+    a process launched with it) for failed on this rank, as if MPI had
     seen them die: every pending and later operation with them fails, and agree and shrink
     go on without them. For peers that MPI cannot see fail: behind a cut link they are
     silent, not gone, and Open MPI 5's own heartbeat detector crashes ranks as they start
@@ -134,25 +172,21 @@ def declare_failed(ranks: list[int]) -> bool:
     with nothing done, where the library lacks it (another MPI)."""
     import ctypes
 
-    library = os.environ.get("MPI4PY_LIBMPI")
-    try:
-        mpi_lib = ctypes.CDLL(library or "libmpi.so.40", mode=ctypes.RTLD_GLOBAL)
-        pal = ctypes.CDLL(str(Path(library).parent / "libopen-pal.so.80") if library
-                          else "libopen-pal.so.80", mode=ctypes.RTLD_GLOBAL)
-        # opal_process_info starts with this process's name: its job and its rank (vpid).
-        me = ctypes.c_uint64.in_dll(pal, "opal_process_info").value
-        proc_for_name, failed = (mpi_lib.ompi_proc_for_name,
-                                 mpi_lib.ompi_errhandler_proc_failed_internal)
-    except (OSError, AttributeError, ValueError):
+    libraries, me = _open_mpi(), process_name()
+    if libraries is None or me is None:
         return False
+    mpi_lib = libraries[0]
     job, vpid = me & 0xFFFFFFFF, me >> 32
-    if vpid != mpi().COMM_WORLD.Get_rank():  # not the layout this was written for
-        return False
+    if not PROCESS.names and vpid != mpi().COMM_WORLD.Get_rank():  # not the layout this
+        return False                                                # was written for
+    proc_for_name, failed = (mpi_lib.ompi_proc_for_name,
+                             mpi_lib.ompi_errhandler_proc_failed_internal)
     proc_for_name.restype, proc_for_name.argtypes = ctypes.c_void_p, [ctypes.c_uint64]
     failed.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_bool]
     PROCESS.lost_peers = True
     for rank in ranks:
-        if (proc := proc_for_name(job | (rank << 32))) is not None:
+        name = PROCESS.names.get(rank, job | (rank << 32))
+        if (proc := proc_for_name(name)) is not None:
             # not forwarded: every survivor hears it from the launcher
             failed(proc, PROC_TERMINATED, False)
     return True

@@ -50,6 +50,7 @@ from ..errors import TooFewLearners, UserError
 from ..runlog.failure_events import record_event
 from ..train.data import ShardedBatches
 from .new_world import learner_comms, unread_pass
+from .respawn import joined, replacements_ready, respawn
 from .streams import Streams, stream_of
 from .trainer_view import ElasticTrainer
 
@@ -199,10 +200,24 @@ class Membership:
         self.min_learners = min_learners
         self.target = trainer.cfg.launcher.nprocs  # learners the job was launched with
         MPI = mpi()
-        self.everyone = track(MPI.COMM_WORLD.Dup())
-        self.members = list(range(self.everyone.Get_size()))
-        self.learners = list(range(self.target))
-        self.hosts = self.everyone.allgather(MPI.Get_processor_name())
+        if (respawned := joined()) is not None:  # a replacement spawned into the job
+            self.everyone, self.me = respawned.everyone, respawned.me
+            self.members, self.learners = respawned.members, respawned.learners
+            self.hosts = respawned.hosts
+        else:
+            self.everyone = track(MPI.COMM_WORLD.Dup())
+            self.me = MPI.COMM_WORLD.Get_rank()
+            self.members = list(range(self.everyone.Get_size()))
+            self.learners = list(range(self.target))
+            self.hosts = self.everyone.allgather(MPI.Get_processor_name())
+        # launcher.respawn (respawn.py): when the replacements joining were spawned; whether
+        # a spawn failed (it is not tried again).
+        self.respawned_at: float | None = None
+        self.respawn_failed = False
+        # Replacements spawned that are still starting (respawn.py), and those the first
+        # learner has heard are ready (the others learn it at the next step's agreement).
+        self.unready: set[int] = set(respawned.spawned) if respawned is not None else set()
+        self.ready_heard: set[int] = set()
         # Learner -> its node as launched, for an algorithm whose nodes survive a loss
         # (hadpsgd's super learners; it takes no spares).
         self.nodes = (dict(zip(self.learners, trainer.comm.allgather_objects(trainer.world.node)))
@@ -279,7 +294,14 @@ class Membership:
                 raise
             error = ex
             revoke_all()
-        if agree(t.comm.mpi_comm, error is None):
+        # The first learner says whether the replacements spawned last (respawn.py) are
+        # ready; until they are, the learners train on without them.
+        agreed = agree(t.comm.mpi_comm, error is None, flags=int(
+            not self.unready or self.me != self.learners[0] or replacements_ready(self)))
+        if agreed:
+            if agreed & 2:
+                self.unready.clear()
+                self.ready_heard.clear()
             if not self.spares_wanted():
                 return True
             from .spares import grow  # after a committed step: the job grows back
@@ -342,18 +364,20 @@ class Membership:
         self.drop_undone_evaluations(rows_kept=rows)
         return False
 
-    def spares_wanted(self) -> bool:
+    def spares_wanted(self, unready_too: bool = False) -> bool:
         """Whether spares join now (the same answer on every learner): fewer learners than
-        launched, a spare left as far as known, and training going on."""
+        launched, a spare left as far as known (``unready_too``: or a replacement spawned
+        that is still starting), and training going on."""
         t = self.trainer
-        return (len(self.learners) < self.target and bool(self.spares)
+        spares = [n for n in self.spares if unready_too or n not in self.unready]
+        return (len(self.learners) < self.target and bool(spares)
                 and not (t.milestones.done or t.stop_status or t.algo_finished))
 
     def too_few_learners(self) -> bool:
         """Whether fewer learners than launcher.min_learners are left, counting the spares
         that would take lost learners' places (none once training is over)."""
         joining = (min(len(self.spares), self.target - len(self.learners))
-                   if self.spares_wanted() else 0)
+                   if self.spares_wanted(unready_too=True) else 0)
         return len(self.learners) + joining < self.min_learners
 
     def shrink_everyone(self) -> list[int]:
@@ -383,10 +407,9 @@ class Membership:
         """Collective over ``everyone``: the learners' MPI communicator, ranked in the order
         of ``learners`` (COMM_NULL on a spare)."""
         MPI = mpi()
-        me = MPI.COMM_WORLD.Get_rank()
-        if me not in self.learners:
+        if self.me not in self.learners:
             return self.everyone.Split(MPI.UNDEFINED, 0)
-        return self.everyone.Split(0, self.learners.index(me))
+        return self.everyone.Split(0, self.learners.index(self.me))
 
     def recover(self, error: BaseException | None) -> None:
         t = self.trainer
@@ -407,6 +430,7 @@ class Membership:
                 world, comm, node_comm = learner_comms(
                     self.split_learners(), old_comm.timeout_s, old_comm.traffic,
                     None if self.nodes is None else [self.nodes[n] for n in self.learners])
+                respawn(self)  # with the spares, which wait in spares.standby
                 break
             except Exception as ex:  # noqa: BLE001 - another loss during the recovery
                 if not is_mpi_error(ex):
@@ -497,7 +521,8 @@ class Membership:
         # records). Each met them at its own time, and a revoke can fail a collective on one
         # rank that completed on another, so they may disagree by one.
         t.milestones.position, t.stop_status, joining = comm.bcast_object(
-            (t.milestones.position, t.stop_status, self.spares_wanted()), root=0)
+            (t.milestones.position, t.stop_status, self.spares_wanted(unready_too=True)),
+            root=0)
         survivors = dict(zip(self.learners, trained))
         if joining:
             # Spares take the lost learners' places here, where every learner has stopped

@@ -43,14 +43,17 @@ import numpy as np
 import torch
 
 from ..comm import World
+from ..comm.ulfm import revoke_all
 from ..comm.world import mpi
 from ..errors import UserError
 from ..train.faults import FaultInjector
 from ..train.rng import rank_seed, seed_everything
 from .new_world import learner_comms, unread_pass
+from .respawn import respawn, say_ready
 
 if TYPE_CHECKING:
     from .membership import Membership
+    from .respawn import Joined
 
 log = logging.getLogger("adpsgd")
 
@@ -79,6 +82,17 @@ def split_spares(world_mpi: Any, launcher: Any) -> tuple[Any, World | None, Any]
     return MPI.COMM_SELF.Dup(), world, MPI.COMM_SELF.Dup()
 
 
+def waiting_alone(joined: Joined) -> tuple[Any, World, Any]:
+    """A replacement spawned into the job (respawn.py) waits as a spare does: its own
+    communicators, and a World of its own that says where on its host it runs (its GPU)."""
+    MPI = mpi()
+    host = joined.hosts[joined.me]
+    same_host = [n for n in joined.members if joined.hosts[n] == host]
+    world = World(rank=0, size=1, local_rank=0, local_size=1, node=0, num_nodes=1,
+                  host_rank=same_host.index(joined.me), host_size=len(same_host), spare=True)
+    return MPI.COMM_SELF.Dup(), world, MPI.COMM_SELF.Dup()
+
+
 def notify(m: Membership, notice: Any) -> None:
     """The first learner's ``notice`` to every spare (one that died meanwhile is skipped)."""
     MPI = mpi()
@@ -92,9 +106,10 @@ def notify(m: Membership, notice: Any) -> None:
 def standby(m: Membership) -> None:
     """A spare waits (see the module's docstring) until it has joined the learners or the
     job has ended (its world is still a spare's then)."""
-    me = mpi().COMM_WORLD.Get_rank()
+    me = m.me
     log.info("spare %d: waiting to replace a lost learner", me)
     m.trainer.past_start_up = True
+    say_ready(m)  # a replacement (respawn.py)
     while m.learners:
         notice = _word(m)
         if isinstance(notice, tuple) and notice[0] == RELEASE:
@@ -106,10 +121,17 @@ def standby(m: Membership) -> None:
             if grow(m):
                 return
             continue
-        # A loss: the learners shrink everyone and split again (elastic.Membership.recover).
-        gone = m.shrink_everyone()
-        m.learners = [n for n in m.learners if n not in gone]
-        m.split_learners()
+        # A loss: the learners shrink everyone and split again (elastic.Membership.recover),
+        # and start replacements (respawn.py); again at another loss meanwhile.
+        while True:
+            gone = m.shrink_everyone()
+            m.learners = [n for n in m.learners if n not in gone]
+            try:
+                m.split_learners()
+                respawn(m)
+                break
+            except mpi().Exception:
+                revoke_all()
     error = UserError("every learner of the elastic job is gone, and a spare cannot go on "
                       "without one to take the model from", "look for the cause in the "
                       "learners' logs (logs/rank*.log), then continue with resume=auto")
@@ -135,8 +157,9 @@ def grow(m: Membership) -> bool:
     """Collective over every process alive: spares replace the lost learners (see the
     module's docstring). True on every process that is a learner afterwards."""
     t = m.trainer
-    started = time.perf_counter()
-    me = mpi().COMM_WORLD.Get_rank()
+    started = m.respawned_at or time.perf_counter()  # a replacement's: from its spawn
+    m.respawned_at = None
+    me = m.me
     joining = me not in m.learners
     if me == m.learners[0]:
         notify(m, JOIN)
@@ -156,6 +179,7 @@ def grow(m: Membership) -> bool:
         m.nodes = m.everyone.bcast(m.nodes_after_join(before, joiners) if me == before[0]
                                    else None, root=first)
     m.learners = before + joiners
+    m.unready -= set(joiners)
     learner_mpi = m.split_learners()
     if me not in m.learners:
         return False

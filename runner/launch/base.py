@@ -36,6 +36,9 @@ class LauncherConfig(Section):
     # Processes started beside the learners of an elastic job that wait and replace lost
     # ones, so that the job grows back to nprocs learners (runner/elastic/spares.py).
     spares: int = 0
+    # After a loss, start a replacement for each lost learner no spare takes the place of,
+    # in the running job (MPI_Comm_spawn; runner/elastic/respawn.py).
+    respawn: bool = False
 
     def check(self, prefix: str, cfg: DictConfig) -> None:
         require(self.stall_timeout_s == 0 or self.stall_timeout_s >= 3 * HEARTBEAT_S,
@@ -56,6 +59,9 @@ class LauncherConfig(Section):
         require(not self.spares or self.elastic, f"{prefix}.spares", "spares replace the "
                 "learners an elastic job loses; this job is not elastic",
                 f"{prefix}.elastic=true (or {prefix}.spares=0)")
+        require(not self.respawn or self.elastic, f"{prefix}.respawn", "replacements take "
+                "the places of the learners an elastic job loses; this job is not elastic",
+                f"{prefix}.elastic=true (or {prefix}.respawn=false)")
         if self.procs_per_node is not None:
             require(self.procs_per_node >= 1, f"{prefix}.procs_per_node",
                     f"must be >= 1, got {self.procs_per_node}", f"{prefix}.procs_per_node=2")

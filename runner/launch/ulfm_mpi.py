@@ -56,9 +56,12 @@ def ulfm_environment(mpiexec: str, env: dict[str, str]) -> dict[str, str]:
 
 def open_mpi_args(elastic: bool, session_base: str | None = None) -> list[str]:
     """Open MPI 5's mpiexec arguments: ``elastic``: failures are the application's to
-    handle (ULFM); ranks may outnumber cores (as MPICH allows); root may run it (containers,
-    CI); ``session_base``: where its session directories go (:func:`session_base`)."""
-    args = ["--with-ft", "ulfm"] if elastic else []
+    handle (ULFM), also in the processes the job spawns (launcher.respawn: without
+    ``state_base_recoverable``, the runtime takes the end of a spawned process that did not
+    finalize, which a survivor of a loss cannot, for the whole job's failure, and stops it);
+    ranks may outnumber cores (as MPICH allows); root may run it (containers, CI);
+    ``session_base``: where its session directories go (:func:`session_base`)."""
+    args = ["--with-ft", "ulfm", "--prtemca", "state_base_recoverable", "1"] if elastic else []
     args.append("--oversubscribe")
     if os.geteuid() == 0:
         args.append("--allow-run-as-root")

@@ -161,10 +161,12 @@ def rank_host(run_dir: str | Path, rank: int) -> str | None:
 
 def clear_rank_files(run_dir: str | Path, nprocs: int) -> None:
     """Before a job starts: records of an earlier job in the same run dir (a resume) must not
-    be mistaken for this one's."""
-    for rank in range(nprocs):
+    be mistaken for this one's (nor its replacements, launcher.respawn, for this one's)."""
+    rank = 0
+    while rank < nprocs or rank_file(run_dir, rank, "pid").exists():
         for suffix in ("pid", "exit"):
             rank_file(run_dir, rank, suffix).unlink(missing_ok=True)
+        rank += 1
     stop_request_path(run_dir).unlink(missing_ok=True)
 
 
@@ -379,9 +381,12 @@ class RankWatchdog:
         self._thread.start()
 
     def refresh(self) -> list[int]:
-        """Read pid files that appeared since the last call; return their ranks."""
+        """Read pid files that appeared since the last call; return their ranks. The job's
+        ranks grow by the replacements it spawns (launcher.respawn), numbered from nprocs on."""
         new = []
         with self._lock:
+            while rank_file(self.run_dir, self.nprocs, "pid").exists():
+                self.nprocs += 1
             for rank in range(self.nprocs):
                 if rank not in self.pids and (pid := rank_pid(self.run_dir, rank)) is not None:
                     self.pids[rank] = pid
