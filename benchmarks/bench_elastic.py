@@ -135,6 +135,10 @@ def killed_run(run_dir: Path, algo: str, epochs: int, timeout_s: float, *extra: 
     return measured
 
 
+# every_sample_once()'s answer in a markdown cell.
+ONCE_CELL = {True: "yes", False: "NO", None: "not counted"}
+
+
 def every_sample_once(summary: dict) -> bool | None:
     """None: not counted (asynchronous learners each go through their own passes)."""
     if summary.get("epoch_samples") is None:
@@ -204,7 +208,7 @@ def markdown_rows(r: dict) -> list[str]:
     def killed_s(seconds: float | None) -> str:
         return "-" if seconds is None else f"{seconds:.2f} s"  # None: --quick
 
-    once = {True: "yes", False: "NO", None: "not counted"}
+    once = ONCE_CELL
     return [f"| {r['date'][:10]} | {c['algo']} | {c['nprocs']} | "
             f"{number(c['plain_samples_per_s'])} / {number(c['plain_openmpi_samples_per_s'])} | "
             f"{number(c['elastic_samples_per_s'])} | "

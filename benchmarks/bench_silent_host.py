@@ -32,6 +32,7 @@ if str(REPO) not in sys.path:  # run as a file from anywhere: this checkout's be
 
 from benchmarks import harness as bench  # noqa: E402
 from benchmarks.bench_elastic import (  # noqa: E402
+    ONCE_CELL,
     every_sample_once,
     start,
     wait,
@@ -140,7 +141,7 @@ def markdown_rows(r: dict) -> list[str]:
     def seconds(value: float | None) -> str:
         return "-" if value is None else f"{value:.2f} s"
 
-    once = {True: "yes", False: "NO", None: "not counted"}
+    once = ONCE_CELL
     return [f"| {r['date'][:10]} | {c['algo']} | {c['fault']} | "
             f"{seconds(c['fault_to_decision_s'])} | {seconds(c['fault_to_training_s'])} | "
             f"{c['learners_at_end']} | {c['uninterrupted_top1']:.2f} / {c['top1']:.2f} | "

@@ -197,6 +197,25 @@ def test_elastic(tmp_path):
 
 
 @pytest.mark.mpi
+def test_respawn(tmp_path):
+    """--quick: ssgd on 4 ranks uninterrupted, and with learner 2 killed a third of the way
+    and a replacement spawned. Two epochs may end before a replacement started on a busy
+    machine: then it never joined, the job ended on 3, and the row says so."""
+    r, rows = run_quick(tmp_path, "bench_respawn", "--runs", str(tmp_path / "runs"))
+    (case,) = r["cases"]
+    assert case["algo"] == "ssgd" and positive(case["kill_to_training_s"])
+    assert case["every_sample_once"] is True and case["top1"] > 50
+    cells = [c.strip() for c in rows[0].strip("|").split("|")]
+    if case["learners_at_end"] == 4:
+        assert positive(case["joined_s"]) and case["kill_to_joined_s"] > case["joined_s"]
+        assert cells[3] == f"{case['kill_to_joined_s']:.2f} s ({case['joined_s']:.2f} s)"
+    else:
+        assert case["learners_at_end"] == 3 and "kill_to_joined_s" not in case
+        assert cells[3] == "never"
+    assert cells[1] == "ssgd" and cells[-1] == "yes"
+
+
+@pytest.mark.mpi
 def test_exchange_dtype(tmp_path):
     """--quick: dpsgd on 2 ranks with its models sent in float32, bfloat16 and float16: the
     lower precisions send half the bytes per step and train to a held-out top-1 near the

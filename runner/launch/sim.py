@@ -49,6 +49,8 @@ class SimConfig(LauncherConfig):
         require(not self.spares, f"{prefix}.spares", "the simulator does not model spares; "
                 "benchmarks/study_scale.py failures models their goodput",
                 f"{prefix}.spares=0")
+        require(not self.respawn, f"{prefix}.respawn", "the simulator does not model "
+                "replacements spawned into the job", f"{prefix}.respawn=false")
         require(self.nprocs <= 4096, f"{prefix}.nprocs", f"the simulator runs at most 4096 "
                 f"learners, got {self.nprocs}", f"{prefix}.nprocs=1024")
         require(self.model_bytes is None or self.model_bytes > 0, f"{prefix}.model_bytes",

@@ -47,11 +47,15 @@ def find_ulfm_mpiexec(requested: str | None, key: str = "launcher.elastic") -> s
 
 def ulfm_environment(mpiexec: str, env: dict[str, str]) -> dict[str, str]:
     """What the ranks of an elastic job need in their environment: mpi4py loads the
-    prefix's libmpi, which finds its own libraries (PMIx, PRRTE, hwloc) beside it."""
+    prefix's libmpi, which finds its own libraries (PMIx, PRRTE, hwloc) beside it; an error
+    that no communicator takes (a send to a lost peer failing after its request was freed,
+    its communicator freed too) is returned, not fatal: by default it aborted the survivors
+    of a loss (SGP's sends in flight, failing during a replacement's spawn)."""
     lib = Path(mpiexec).resolve().parent.parent / "lib"
     paths = [str(lib), *filter(None, env.get("LD_LIBRARY_PATH", "").split(os.pathsep))]
     return {"MPI4PY_LIBMPI": str(lib / "libmpi.so.40"),
-            "LD_LIBRARY_PATH": os.pathsep.join(paths)}
+            "LD_LIBRARY_PATH": os.pathsep.join(paths),
+            "OMPI_MCA_mpi_initial_errhandler": "mpi_errors_return"}
 
 
 def open_mpi_args(elastic: bool, session_base: str | None = None) -> list[str]:
