@@ -216,7 +216,7 @@ class Membership:
         self.respawn_failed = False
         # Replacements spawned that are still starting (respawn.py), and those the first
         # learner has heard are ready (the others learn it at the next step's agreement).
-        self.unready: set[int] = set(respawned.spawned) if respawned is not None else set()
+        self.unready: set[int] = set(respawned.unready) if respawned is not None else set()
         self.ready_heard: set[int] = set()
         # Learner -> its node as launched, for an algorithm whose nodes survive a loss
         # (hadpsgd's super learners; it takes no spares).

@@ -54,7 +54,7 @@ class Joined:
     members: list[int]  # the number of each rank of ``everyone``
     learners: list[int]
     hosts: list[str]  # of every number the job has had
-    spawned: list[int]  # the numbers started with this one
+    unready: list[int]  # the replacements still starting, this one among them
 
 
 _JOINED: Joined | None = None  # this process's, when it was respawned (a process has one)
@@ -77,7 +77,7 @@ def join_the_job() -> Joined:
     me = sketch["numbers"][everyone.Get_rank() - len(sketch["members"])]
     hosts, names = _exchange_names(everyone, new=True)
     _JOINED = Joined(track(everyone), me, sketch["members"] + sketch["numbers"],
-                     list(sketch["learners"]), sketch["hosts"] + hosts, sketch["numbers"])
+                     list(sketch["learners"]), sketch["hosts"] + hosts, sketch["unready"])
     ulfm.learn_process_names(dict(zip(_JOINED.members, names)))
     # MPI_Finalize waits for every process connected to this one: the job it joined has
     # lost one (which is why it was started), and would wait forever.
@@ -119,15 +119,15 @@ def respawn(m: Membership) -> None:
         say_respawn_failed(m, count, f"MPI_Comm_spawn failed: {ex.Get_error_string()}")
         return
     free_quietly(spawned)
+    m.unready |= set(numbers)  # with any spawned earlier that is still starting
     everyone.bcast({"numbers": numbers, "members": m.members, "learners": m.learners,
-                    "hosts": m.hosts}, root=0)
+                    "hosts": m.hosts, "unready": sorted(m.unready)}, root=0)
     hosts, names = _exchange_names(everyone, new=False)
     free_quietly(m.everyone)
     m.everyone = track(everyone)
     m.members = m.members + numbers
     m.hosts = m.hosts + hosts
     m.respawned_at = started
-    m.unready = set(numbers)
     ulfm.learn_process_names(dict(zip(m.members, names)))
     log.info("respawned learner(s) %s on %s in %.2f s", numbers, hosts,
              time.perf_counter() - started)
