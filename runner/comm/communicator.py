@@ -40,7 +40,7 @@ import numpy as np
 from ..lazy import torch
 from .deadline import DEADLINES, CommTimeout
 from .traffic import Traffic
-from .ulfm import GarbledMessage, free_quietly, track
+from .ulfm import GarbledMessage, free_quietly, keep_abandoned, track
 from .world import mpi
 
 TENSOR_BACKENDS = ("mpi", "nccl", "gloo")
@@ -230,7 +230,12 @@ class Communicator:
                             self._staging.host(_bytes(out), copy_back=False))
                     requests.append(self._tensor_comm.Isend(hosts[id(out)], dest=peer,
                                                             tag=tag))
-                self.MPI.Request.Waitall(requests)
+                try:
+                    self.MPI.Request.Waitall(requests)
+                except self.MPI.Exception:
+                    keep_abandoned(requests)  # and the buffers they point into
+                    staged.pop_all()
+                    raise
             return
         import torch.distributed as dist
 

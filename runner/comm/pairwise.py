@@ -35,7 +35,7 @@ import numpy as np
 from ..lazy import torch
 from .global_clock import ProgressTable
 from .traffic import Traffic
-from .ulfm import free_quietly, track
+from .ulfm import free_quietly, keep_abandoned, track
 from .world import mpi
 
 REQUEST, REPLY, MODEL_REQUEST, MODEL_REPLY = 21, 22, 23, 24
@@ -308,13 +308,17 @@ class PairwiseAverager:
     def _wait(self, requests, peer: int, what: str) -> None:
         deadline = time.monotonic() + self.timeout_s
         delay = 2e-5
-        while not self.MPI.Request.Testall(requests):
-            if time.monotonic() > deadline:
-                raise ExchangeTimeout(
-                    f"participant {self.rank}: {what} with participant {peer} got no answer "
-                    f"in {self.timeout_s:.0f} s (is rank {peer} alive?)")
-            time.sleep(delay)
-            delay = min(delay * 2, 1e-3)
+        try:
+            while not self.MPI.Request.Testall(requests):
+                if time.monotonic() > deadline:
+                    raise ExchangeTimeout(
+                        f"participant {self.rank}: {what} with participant {peer} got no "
+                        f"answer in {self.timeout_s:.0f} s (is rank {peer} alive?)")
+                time.sleep(delay)
+                delay = min(delay * 2, 1e-3)
+        except BaseException:
+            keep_abandoned(requests)  # freed in flight, a failing send aborts the process
+            raise
 
 
 def _np(tensor: torch.Tensor) -> np.ndarray:

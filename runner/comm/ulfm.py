@@ -40,6 +40,7 @@ class FailureState:
         self.tracked: list = []
         self.lost_peers = False
         self.names: dict[int, int] = {}  # learn_process_names()
+        self.abandoned: list = []  # keep_abandoned()
 
     def track(self, mpi_comm):
         """Remember ``mpi_comm`` for :meth:`revoke_all`; returns it."""
@@ -190,6 +191,15 @@ def declare_failed(ranks: list[int]) -> bool:
             # not forwarded: every survivor hears it from the launcher
             failed(proc, PROC_TERMINATED, False)
     return True
+
+
+def keep_abandoned(requests: list) -> None:
+    """Keep the requests of an exchange a failure interrupted for the rest of the process.
+    Dropped, mpi4py frees them while still in flight, and a send to a lost peer that then
+    fails has no request to report to: Open MPI aborts the process ("Send error after request
+    freed ... on a NULL communicator"), whatever the error handlers say (seen on SGP's
+    survivors, whose overlapped exchange was in flight at the loss)."""
+    PROCESS.abandoned.extend(requests)
 
 
 def free_quietly(mpi_comm) -> None:
