@@ -48,9 +48,9 @@ def find_ulfm_mpiexec(requested: str | None, key: str = "launcher.elastic") -> s
 def ulfm_environment(mpiexec: str, env: dict[str, str]) -> dict[str, str]:
     """What the ranks of an elastic job need in their environment: mpi4py loads the
     prefix's libmpi, which finds its own libraries (PMIx, PRRTE, hwloc) beside it; an error
-    that no communicator takes (a send to a lost peer failing after its request was freed,
-    its communicator freed too) is returned, not fatal: by default it aborted the survivors
-    of a loss (SGP's sends in flight, failing during a replacement's spawn)."""
+    raised before a communicator exists to take it is returned, not fatal, as every error
+    of a survivor must be. (A send freed in flight that fails later aborts regardless: the
+    requests a failure interrupts are kept instead, runner/comm/ulfm.py keep_abandoned.)"""
     lib = Path(mpiexec).resolve().parent.parent / "lib"
     paths = [str(lib), *filter(None, env.get("LD_LIBRARY_PATH", "").split(os.pathsep))]
     return {"MPI4PY_LIBMPI": str(lib / "libmpi.so.40"),
