@@ -141,12 +141,13 @@ def _open_mpi() -> tuple | None:
     return mpi_lib, pal
 
 
-def process_name() -> int | None:
+def process_name(libraries: tuple | None = None) -> int | None:
     """This process's name in Open MPI 5's runtime (its job in the low 32 bits, its rank
-    in it, the vpid, in the high ones), None with another MPI."""
+    in it, the vpid, in the high ones), None with another MPI. ``libraries``: _open_mpi()'s,
+    when the caller has them."""
     import ctypes
 
-    libraries = _open_mpi()
+    libraries = libraries or _open_mpi()
     if libraries is None:
         return None
     # opal_process_info starts with this process's name.
@@ -173,9 +174,10 @@ def declare_failed(ranks: list[int]) -> bool:
     with nothing done, where the library lacks it (another MPI)."""
     import ctypes
 
-    libraries, me = _open_mpi(), process_name()
-    if libraries is None or me is None:
+    libraries = _open_mpi()
+    if libraries is None:
         return False
+    me = process_name(libraries)
     mpi_lib = libraries[0]
     job, vpid = me & 0xFFFFFFFF, me >> 32
     if not PROCESS.names and vpid != mpi().COMM_WORLD.Get_rank():  # not the layout this

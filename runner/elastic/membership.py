@@ -391,14 +391,13 @@ class Membership:
         if spares := [n for n in gone if n not in self.learners]:
             line = (f"adpsgd-run: spare(s) {', '.join(f'{n} ({self.hosts[n]})' for n in spares)}"
                     f" lost while waiting: {len(self.spares)} spare(s) left")
-            log.warning("%s", line)
             samples = self.trainer.state.samples
             for spare in spares:  # the membership history holds every process the job lost
                 self.events.append({"event": "spare lost", "learner": spare,
                                     "host": self.hosts[spare], "at_samples": samples,
                                     "learners": len(self.learners)})
+            self.say(line, self.trainer.world.is_main)
             if self.trainer.world.is_main:
-                print(line, file=self.trainer.progress_stream or sys.stderr, flush=True)
                 self.record_latest(len(spares),
                                    f"lost while waiting; {len(self.spares)} spare(s) left")
         return gone
@@ -599,12 +598,18 @@ class Membership:
         line = (f"adpsgd-run: {self.named(learners)} {event} at {samples:,} samples: "
                 f"{world.size} learner(s) {going} ({seconds:.1f} s to "
                 f"{'recover' if event == 'lost' else 'join'})")
-        log.warning("%s", line)
+        self.say(line, world.is_main)
         if world.is_main:
-            print(line, file=self.trainer.progress_stream or sys.stderr, flush=True)
             self.record_latest(len(learners), f"{event}; {world.size} learner(s) {going}")
         if chart:
             self.chart(world.size)
+
+    def say(self, line: str, main: bool) -> None:
+        """A membership change's line: in every process's log, and on the console once
+        (``main``: on the first learner)."""
+        log.warning("%s", line)
+        if main:
+            print(line, file=self.trainer.progress_stream or sys.stderr, flush=True)
 
     def record_latest(self, count: int, cause: str) -> None:
         """The last ``count`` membership events in logs/events.jsonl, with ``cause`` (the

@@ -138,9 +138,8 @@ def say_respawn_failed(m: Membership, count: int, why: str) -> None:
     t = m.trainer
     line = (f"adpsgd-run: {count} replacement learner(s) could not be started ({why}): "
             f"{len(m.learners)} learner(s) go on")
-    log.warning("%s", line)
+    m.say(line, t.world.is_main)
     if t.world.is_main:
-        print(line, file=t.progress_stream or sys.stderr, flush=True)
         record_event(t.run_dir, {"time": round(time.time(), 3), "event": "respawn failed",
                                  "at_samples": t.state.samples,
                                  "learners": len(m.learners), "cause": why})
