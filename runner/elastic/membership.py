@@ -48,7 +48,9 @@ from ..comm.ulfm import agree, free_quietly, is_mpi_error, revoke_all, shrink, t
 from ..comm.world import mpi
 from ..errors import TooFewLearners, UserError
 from ..runlog.failure_events import record_event
+from ..runlog.liveness import the_launcher_hears_us
 from ..train.data import ShardedBatches
+from .launcher_link import cut_off
 from .new_world import learner_comms, unread_pass
 from .respawn import joined, replacements_ready, respawn
 from .streams import Streams, stream_of
@@ -415,6 +417,9 @@ class Membership:
         log.info("recovering from %s", f"{type(error).__name__}: {error}" if error is not None
                  else "a step that failed on another rank")
         old_comm, old_shards, before = t.comm, t.shards, list(self.learners)
+        if not the_launcher_hears_us():  # this side of a cut link: the others go on
+            cut_off(t.run_dir, self.me, "MPI reported peers lost, and the launcher did not "
+                    "answer: this learner is behind a cut link")
         gone = self.shrink_everyone()
         if not any(n in gone for n in before):  # every learner is alive: not a lost learner
             raise error if error is not None else RuntimeError("a step failed on another "

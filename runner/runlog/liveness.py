@@ -209,6 +209,20 @@ def udp_address(target: str) -> tuple:
     return socket.getaddrinfo(host, int(port), socket.AF_INET, socket.SOCK_DGRAM)[0][4]
 
 
+# This rank's link to the launcher of an elastic job across hosts, once started.
+LINK: LauncherLink | None = None
+
+
+def the_launcher_hears_us() -> bool:
+    """In an elastic job across hosts, whether the launcher still answers this rank (waits
+    for its next answer, at most the link's time-out), and has not named it lost (an answer
+    naming it stops the rank first). From this side a cut link looks like every peer across
+    it lost, so a rank that MPI tells of failed peers goes on only if the launcher, which
+    decides which side goes on, hears it. True where there is no such link."""
+    link = LINK
+    return link is None or link.answered_after(time.monotonic())
+
+
 class LauncherLink:
     """A rank's end of the answered heartbeats (:class:`HeartbeatListener`), in a thread of
     its own: ``on_lost(ranks)`` for the learners the launcher newly takes for lost (this
@@ -223,11 +237,24 @@ class LauncherLink:
                  timeout_s: float, on_lost: Callable[[list[int]], None],
                  on_cut_off: Callable[[float], None],
                  on_launcher_gone: Callable[[], None], beat_s: float = HEARTBEAT_S) -> None:
+        global LINK
         self.sock, self.target, self.send, self.timeout_s = sock, target, send, timeout_s
         self.beat_s = beat_s
         self.on_lost, self.on_cut_off, self.on_launcher_gone = (on_lost, on_cut_off,
                                                                 on_launcher_gone)
+        self.answered = time.monotonic()  # when the launcher's last answer came
+        self._answer = threading.Condition()
+        LINK = self
         threading.Thread(target=self._listen, name="launcher-link", daemon=True).start()
+
+    def answered_after(self, since: float) -> bool:
+        """Wait until an answer that came after ``since`` (time.monotonic()) was handled,
+        at most this link's time-out: whether one did. Its lost learners were passed to
+        ``on_lost`` first (which stops this rank if it is among them). A heartbeat goes
+        at once, so the answer takes a round trip, not a beat."""
+        self.send()
+        with self._answer:
+            return self._answer.wait_for(lambda: self.answered > since, self.timeout_s)
 
     def _connect(self) -> bool:
         try:
@@ -264,6 +291,9 @@ class LauncherLink:
                 if lost - known:
                     self.on_lost(sorted(lost - known))
                     known |= lost
+                with self._answer:
+                    self.answered = now
+                    self._answer.notify_all()
             elif now - answered > self.timeout_s:
                 self.on_cut_off(now - answered)
                 return
