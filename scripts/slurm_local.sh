@@ -96,6 +96,8 @@ install_packages() {
     command -v slurmd >/dev/null || missing+=(slurmd)
     command -v sbatch >/dev/null || missing+=(slurm-client)
     command -v munged >/dev/null || missing+=(munge)
+    # SLURM's PMIx plugin (srun --mpi=pmix: an elastic job's Open MPI ranks) opens libpmix.so
+    dpkg -s libpmix-dev >/dev/null 2>&1 || missing+=(libpmix-dev)
     [ ${#missing[@]} -eq 0 ] && return 0
     [ "$(id -u)" -eq 0 ] || die "missing ${missing[*]}; install them as root: apt-get install ${missing[*]}"
     command -v apt-get >/dev/null || die "missing ${missing[*]} and no apt-get to install them (Debian or Ubuntu needed)"
@@ -104,8 +106,8 @@ install_packages() {
     apt-get update -qq >/dev/null
     # The packages try to start their systemd services; on a machine without systemd that
     # fails harmlessly, and the daemons below run from $DIR instead.
-    apt-get install -y -qq --no-install-recommends slurmctld slurmd slurm-client munge >/dev/null \
-        || die "apt-get install slurmctld slurmd slurm-client munge failed"
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null \
+        || die "apt-get install ${missing[*]} failed"
 }
 
 write_config() {
@@ -141,6 +143,8 @@ CredType=cred/munge
 AuthInfo=socket=$SOCKET,cred_expire=$CRED_EXPIRE_S
 StateSaveLocation=$DIR/state
 SlurmdSpoolDir=$DIR/spool/%n
+# Per node: the lab's hosts share /tmp, and SLURM's PMIx plugin makes its step directories there
+TmpFS=$DIR/tmp/%n
 SlurmctldPidFile=$DIR/run/slurmctld.pid
 SlurmdPidFile=$DIR/run/slurmd.%n.pid
 SlurmctldLogFile=$DIR/log/slurmctld.log
@@ -182,14 +186,14 @@ EOF
 
 start_slurmd() {
     if [ "$NODES" = 0 ]; then
-        mkdir -p "$DIR/spool/$(hostname -s)"
+        mkdir -p "$DIR/spool/$(hostname -s)" "$DIR/tmp/$(hostname -s)"
         SLURM_CONF=$CONF slurmd -f "$CONF" || die "slurmd did not start; see $DIR/log/slurmd.$(hostname -s).log"
         return
     fi
     local node mounts
     mounts=$(cgroup_mounts)
     for node in $(lab_hosts); do  # inside the host: its address, its hostname
-        mkdir -p "$DIR/spool/$node"
+        mkdir -p "$DIR/spool/$node" "$DIR/tmp/$node"
         bash "$HERE/lab_cluster.sh" ssh "$node" "$mounts SLURM_CONF=$CONF slurmd -f $CONF -N $node" \
             || die "slurmd did not start on $node; see $DIR/log/slurmd.$node.log"
     done
@@ -259,6 +263,8 @@ EOF
 up() {
     if [ "$NODES" != 0 ] && [ -f "$DIR/nodes" ] && [ "$(cat "$DIR/nodes")" != "$NODES" ]; then
         down  # another number of nodes: start over
+    elif [ -f "$CONF" ] && ! grep -q '^TmpFS=' "$CONF"; then
+        down  # written by an older version of this script, without the PMIx plugin's needs
     fi
     if answers; then
         usage_note

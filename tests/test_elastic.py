@@ -35,6 +35,8 @@ from conftest import BIN, REPO, read_run, run_cli, run_mpi
 DIGITS = ["recipe=digit_images", "launcher.nprocs=4", "launcher.elastic=true",
           "trainer.epochs=2"]
 TRAIN_SIZE = 1438  # the digits' training set (recipe.heldout_fraction=0.2)
+SLURM_ELASTIC = ["algo=dpsgd", "launcher=slurm", "launcher.nodes=2", "launcher.procs_per_node=1",
+                 "launcher.elastic=true", "launcher.dry_run=true"]
 
 
 @pytest.mark.parametrize("args,cause,fix", [
@@ -85,6 +87,24 @@ TRAIN_SIZE = 1438  # the digits' training set (recipe.heldout_fraction=0.2)
      "launcher.loss_after_s=1"),
     (["algo=ssgd", "launcher.elastic=true", "launcher.loss_spread=-1"],
      "launcher.loss_spread: must be >= 0", "launcher.loss_spread=8"),
+    # launcher=slurm: srun --mpi=pmix with Open MPI 5, no spares or respawn there
+    (SLURM_ELASTIC + ["launcher.rank_launcher=mpiexec"], "launcher.rank_launcher: an elastic "
+     "SLURM job starts its ranks with srun", "launcher.rank_launcher=srun"),
+    (SLURM_ELASTIC + ["launcher.srun_mpi=pmi1"], "launcher.srun_mpi: an elastic job's Open "
+     "MPI speaks PMIx, not pmi1", "launcher.srun_mpi=pmix"),
+    (SLURM_ELASTIC + ["launcher.respawn=true"], "launcher.respawn: SLURM's PMIx server cannot "
+     "start processes into a running job step", "launcher.respawn=false"),
+    (SLURM_ELASTIC + ["launcher.spares=1"], "launcher.spares: an elastic SLURM job starts no "
+     "spares yet", "launcher.spares=0"),
+    (SLURM_ELASTIC + ["comm.backend=gloo"], "comm.backend: an elastic run moves tensors over "
+     "MPI", "comm.backend=auto"),
+    (SLURM_ELASTIC + ["launcher.loss_after_s=6"], "launcher.loss_after_s: must be above 0 and "
+     "at most launcher.link_timeout_s / 2 = 5 s", "launcher.loss_after_s=1"),
+    (SLURM_ELASTIC + ["launcher.link_timeout_s=30", "launcher.stall_timeout_s=20"],
+     "launcher.link_timeout_s: must be below launcher.stall_timeout_s=20",
+     "launcher.link_timeout_s=10"),
+    (SLURM_ELASTIC + ["launcher.loss_afte_s=2"], "unknown key 'launcher.loss_afte_s'",
+     "did you mean launcher.loss_after_s"),
 ])
 def test_elastic_settings_that_cannot_work_end_with_one_line(capsys, args, cause, fix):
     with pytest.raises(SystemExit) as exit_info:

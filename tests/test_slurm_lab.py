@@ -1,5 +1,5 @@
 """launcher=slurm across nodes: a SLURM whose nodes are the lab's hosts (scripts/slurm_local.sh
-up --nodes 2: one slurmd per host of scripts/lab_cluster.sh, beside the single-node cluster of
+up --nodes 4: one slurmd per host of scripts/lab_cluster.sh, beside the single-node cluster of
 tests/test_slurm_cluster.py, on ports of its own).
 
 Needs root (the lab's namespaces) and SLURM's daemons; elsewhere these tests skip with the
@@ -11,6 +11,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -35,22 +36,30 @@ SCRIPT = REPO / "scripts" / "slurm_local.sh"
 LAB = REPO / "scripts" / "lab_cluster.sh"
 JOB = ["recipe=digit_images", "algo=adpsgd", "trainer.epochs=4", "trainer.progress=false",
        "faults.delay_s=0.1", "launcher=slurm", "launcher.nodes=2", "launcher.procs_per_node=1",
-       "launcher.time=00:10:00", "launcher.signal_lead_s=60"]
+       "launcher.time=00:10:00", "launcher.signal_lead_s=60",
+       "launcher.extra_sbatch=['--nodelist=lab[1-2]']"]  # of the cluster's 4 nodes
 
 
 @pytest.fixture(scope="session")
-def lab_slurm_env() -> dict[str, str]:
+def lab_slurm_session() -> dict[str, str]:
     if os.geteuid() != 0:
         pytest.skip("SLURM on the lab needs root (network namespaces): run the suite as root")
     was_up = subprocess.run(["bash", str(SCRIPT), "status", "--lab"], capture_output=True,
                             timeout=60).returncode == 0
     lab_was_up = subprocess.run(["bash", str(LAB), "status"], capture_output=True,
                                 timeout=60).returncode == 0
-    yield slurm_up("--nodes", "2")
+    yield slurm_up("--nodes", "4")
     if not was_up:  # leave it as it was found: the lab too, which slurm_local.sh brought up
         subprocess.run(["bash", str(SCRIPT), "down", "--lab"], capture_output=True, timeout=300)
     if not lab_was_up:
         subprocess.run(["bash", str(LAB), "down"], capture_output=True, timeout=300)
+
+
+@pytest.fixture
+def lab_slurm_env(lab_slurm_session) -> dict[str, str]:
+    """The cluster, whole before each test (quick when it is): a test of the lab's own
+    (tests/test_lab.py) kills every process on a host, a slurmd among them."""
+    return slurm_up("--nodes", "4")
 
 
 def wait_for_first_evaluation(run_dir: Path, job_id: str, env: dict[str, str],
@@ -63,7 +72,7 @@ def wait_for_first_evaluation(run_dir: Path, job_id: str, env: dict[str, str],
 
 def test_the_nodes_are_the_lab_hosts(lab_slurm_env):
     nodes = slurm(["sinfo", "-h", "-N", "-o", "%N %t"], lab_slurm_env).stdout.split("\n")
-    assert [line.split()[0] for line in nodes if line] == ["lab1", "lab2"], nodes
+    assert [line.split()[0] for line in nodes if line] == ["lab1", "lab2", "lab3", "lab4"], nodes
 
 
 def test_a_job_on_two_nodes_is_preempted_requeued_and_resumed(lab_slurm_env, tmp_path):
@@ -93,6 +102,11 @@ def lose_node(node: str) -> None:
                           check=True).stdout.split()
     assert pids, f"nothing runs on {node}"
     subprocess.run(["kill", "-9", *pids], check=False)
+
+
+def cut_link(node: str, state: str) -> None:
+    subprocess.run(["bash", str(LAB), "link", node, state], check=True, capture_output=True,
+                   timeout=60)
 
 
 def start_node(node: str) -> None:
@@ -171,3 +185,53 @@ def test_a_node_lost_after_a_preemption_fails_the_run_with_a_summary_of_its_own(
     assert (stalled["learner"], stalled["host"]) == (1, "lab2"), summary["events"]
     assert f"continue from {newest.path} with: sbatch {run_dir}/job.sbatch" in slurm_log(
         run_dir, job_id)
+
+
+ELASTIC_JOB = ["recipe=digit_images", "trainer.epochs=4", "trainer.progress=false",
+               "faults.delay_s=0.1", "launcher=slurm", "launcher.nodes=4",
+               "launcher.procs_per_node=1", "launcher.elastic=true", "launcher.time=00:10:00",
+               "launcher.signal_lead_s=60"]
+
+
+@pytest.mark.parametrize(("algo", "fault"), [("dpsgd", "node lost"), ("adpsgd", "link cut")])
+def test_an_elastic_slurm_job_goes_on_without_a_lost_node(lab_slurm_env, tmp_path, algo, fault):
+    """launcher=slurm launcher.elastic=true (srun --mpi=pmix, Open MPI's ULFM): after the first
+    evaluation lab3 is lost, every process on it killed (its slurmd, slurmstepd and rank) or
+    its link cut. The three other learners go on in the same job step, the loss is named by
+    node, srun (which waits for lab3's task) is stopped once they end, and the job completes
+    with every evaluation."""
+    [(job_id, run_dir)] = submit([*ELASTIC_JOB, f"algo={algo}", f"hydra.run.dir={tmp_path}/run"],
+                                 tmp_path, lab_slurm_env)
+    try:
+        wait_for_first_evaluation(run_dir, job_id, lab_slurm_env)
+        lose_node("lab3") if fault == "node lost" else cut_link("lab3", "down")
+        wait_for_line(run_dir, job_id, "adpsgd: ranks exited with status")
+    finally:
+        start_node("lab3") if fault == "node lost" else cut_link("lab3", "up")
+    fields = wait_for_job(job_id, lab_slurm_env, timeout=300)
+    log = slurm_log(run_dir, job_id)
+    assert fields["JobState"] == "COMPLETED" and fields["Restarts"] == "0", (fields, log)
+    assert re.search(r"learner 2 \(lab3\) lost at [\d,]+ samples: 3 learner\(s\) go on", log), log
+    assert "learner(s) 2 on lab3, which the job went on without, never answered again: srun" \
+        in log and "ranks exited with status 0" in log, log
+    metrics, summary = read_run(run_dir)
+    assert eval_epochs(metrics) == [1, 2, 3, 4], metrics
+    assert summary["status"] == "completed" and summary["top1"] > 80, summary
+    [lost] = summary["membership"]
+    assert (lost["event"], lost["learner"], lost["host"], lost["learners"]) == \
+        ("lost", 2, "lab3", 3), lost
+
+
+def test_the_slurm_elastic_benchmark_quick_mode(lab_slurm_env, tmp_path):
+    """benchmarks/bench_slurm_elastic.py --quick: dpsgd, lab3's processes killed; its JSON
+    names the fault, how long to training again and the job's end on 3 learners."""
+    out = tmp_path / "slurm_elastic.json"
+    proc = subprocess.run([sys.executable,
+                           str(REPO / "benchmarks" / "bench_slurm_elastic.py"), "--quick",
+                           "--json", str(out), "--runs", str(tmp_path / "runs")],
+                          capture_output=True, text=True, env=lab_slurm_env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    [case] = json.loads(out.read_text())["cases"]
+    assert (case["algo"], case["fault"], case["status"], case["learners_at_end"]) == \
+        ("dpsgd", "node", "completed", 3), case
+    assert case["fault_to_training_s"] > 0 and case["every_sample_once"] is True, case

@@ -80,6 +80,38 @@ def test_mpiexec_inside_the_allocation_instead_of_srun(tmp_path):
     assert "PYTHON=/opt/venv/bin/python" in script and "srun --mpi" not in script
 
 
+
+def test_an_elastic_job_s_step_is_its_supervisor_over_srun_with_pmix(tmp_path):
+    """launcher.elastic=true: the batch script's step is runner.launch.slurm_elastic (the
+    local launcher's supervision), which starts srun --mpi=pmix with the lost-rank and
+    lost-node kills off and Open MPI 5's ULFM environment; no step watcher, no restart loop
+    of the script's own, and the allocation survives a node SLURM declares down."""
+    from runner.commands.compose import compose_all, validate_job
+    from runner.launch.slurm import render_script
+    from runner.launch.slurm_elastic import PMIX_QUIET, AllocationLauncher
+
+    [composed] = compose_all(["recipe=digit_images", "algo=dpsgd", *SLURM, "launcher.nodes=4",
+                              "launcher.procs_per_node=1", "launcher.elastic=true",
+                              "launcher.cpus_per_task=2"], multirun=False, config_name="config")
+    cfg = validate_job(composed)
+    slurm = OmegaConf.to_object(cfg.launcher)
+    script = render_script(slurm, cfg, tmp_path / "run", tmp_path)
+    assert "--no-kill" in sbatch_options(script)
+    assert '"$PYTHON" -m runner.launch.slurm_elastic "$RUN_DIR" &' in script
+    assert "ELASTIC=1" in script and "srun --mpi" not in script
+    hosts = tmp_path / "allocation.hosts"
+    hosts.write_text("".join(f"node{n} slots=1\n" for n in range(4)))
+    launcher = AllocationLauncher(slurm, hosts)
+    command = launcher.command(tmp_path / "run")
+    assert command[:8] == ["srun", "--mpi=pmix", "--kill-on-bad-exit=0", "--no-kill",
+                           "--ntasks=4", "--ntasks-per-node=1", "--cpus-per-task=2",
+                           sys.executable], command
+    env = launcher.environment()
+    assert env["OMPI_MCA_mpi_ft_enable"] == "1" and env["LD_PRELOAD"].startswith(
+        str(PMIX_QUIET)) and env["MPI4PY_LIBMPI"].endswith("libmpi.so.40"), env
+    assert (launcher.cfg.hostfile, launcher.cfg.elastic, launcher.STARTER) == \
+        (str(hosts), True, "srun")
+
 BAD_LAUNCHER_KEYS = [
     (["launcher.procs_per_node=null"], "launcher.procs_per_node: launcher=slurm needs",
      "launcher.procs_per_node=4"),

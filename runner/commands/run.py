@@ -158,11 +158,12 @@ def check_keys_used(typed: DictConfig, job: list[str]) -> None:
     from ..algos import ALGORITHMS
 
     detector = [o for o in job if override_key(o) in DETECTOR_KEYS]
-    if detector and not (typed.launcher.get("elastic") and typed.launcher.get("hostfile")):
+    across_hosts = typed.launcher.get("hostfile") or typed.launcher.name == "slurm"
+    if detector and not (typed.launcher.get("elastic") and across_hosts):
         raise ConfigError(override_key(detector[0]), "only an elastic job "
                           "across hosts takes a silent learner for lost from its heartbeats, "
                           f"so {detector[0]} would change nothing", "remove it, or run with "
-                          "launcher.elastic=true and launcher.hostfile=FILE")
+                          "launcher.elastic=true and launcher.hostfile=FILE (or launcher=slurm)")
     given = [o for o in job if override_key(o).split(".", 1)[0] == "topology"]
     if not given:
         return

@@ -77,10 +77,12 @@ class JobReports:
               f"launcher.stall_timeout_s if ranks are only busy that long, then "
               f"{self.resume_hint(run_dir)}", file=sys.stderr, flush=True)
 
-    def report_left_behind(self, run_dir: Path, ranks: list[int]) -> None:
+    def report_left_behind(self, run_dir: Path, ranks: list[int],
+                           starter: str = "mpiexec") -> None:
+        """``starter``: what started the ranks and waited for the lost ones (mpiexec, srun)."""
         hosts = sorted({rank_host(run_dir, rank) or "?" for rank in ranks})
         print(f"adpsgd-run: learner(s) {', '.join(map(str, ranks))} on {', '.join(hosts)}, "
-              "which the job went on without, never answered again: mpiexec, which waited "
+              f"which the job went on without, never answered again: {starter}, which waited "
               f"for them after the others had ended, was stopped here; processes of the job "
               f"may be left on {', '.join(hosts)} until it answers again", file=sys.stderr,
               flush=True)

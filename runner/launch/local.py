@@ -48,7 +48,6 @@ from ..errors import (
 )
 from ..runlog.console import CONSOLE_IS_TERMINAL
 from ..runlog.liveness import (
-    HEARTBEAT_S,
     HEARTBEAT_TO,
     LAUNCHER_HOST,
     LAUNCHER_PID,
@@ -58,7 +57,7 @@ from ..runlog.liveness import (
 from .base import Launcher, LauncherConfig, records_off_the_console
 from .hosts import hostfile_args, remote_shell_path, unanswered_host
 from .job_reports import JobReports, killed_elsewhere
-from .loss_detector import Sensitivity
+from .loss_detector import LossDetectionKeys, Sensitivity
 from .mpi_flavour import MpiFlavour, flavour_of
 from .mpiexec_output import MpiexecOutput, MpiexecStderr
 from .registry import LAUNCHERS
@@ -79,7 +78,7 @@ from .watchdog import (
 
 
 @dataclass
-class LocalConfig(LauncherConfig):
+class LocalConfig(LauncherConfig, LossDetectionKeys):
     name: str = "local"
     nprocs: int = 4  # total ranks; 1 runs in-process without mpiexec (for debugging)
     # Ranks per node: emulated nodes on this machine, or ranks per host with a hostfile;
@@ -92,42 +91,10 @@ class LocalConfig(LauncherConfig):
     hostfile: Optional[str] = None
     # How mpiexec enters a host of the hostfile (ssh's calling convention); null: ssh.
     remote_shell: Optional[str] = None
-    # An elastic job across hosts takes a learner that falls silent for lost (a cut link, a
-    # host gone down or hung) and tells the others, which MPI would not (runner/comm/ulfm.py:
-    # declare_failed). Each learner sends a heartbeat every heartbeat_s; it is lost once silent
-    # for loss_after_s, or for loss_spread median absolute deviations above its usual gap
-    # between heartbeats when that is longer (runner/launch/loss_detector.py), and at the
-    # latest for link_timeout_s, after which a learner that hears no answer stops.
-    heartbeat_s: float = 0.2
-    loss_after_s: float = 1.0
-    loss_spread: float = 8.0
-    link_timeout_s: float = 10.0
 
     def check(self, prefix, cfg):
         super().check(prefix, cfg)
-        require(self.link_timeout_s >= 2.5 * HEARTBEAT_S, f"{prefix}.link_timeout_s",
-                f"must be at least {2.5 * HEARTBEAT_S:g} s (a learner's heartbeat goes every "
-                f"{HEARTBEAT_S:g} s), got {self.link_timeout_s:g}",
-                f"{prefix}.link_timeout_s=10")
-        require(0 < self.loss_after_s <= self.link_timeout_s / 2, f"{prefix}.loss_after_s",
-                f"must be above 0 and at most {prefix}.link_timeout_s / 2 = "
-                f"{self.link_timeout_s / 2:g} s (a learner behind a cut link waits "
-                f"link_timeout_s before it stops on its side), got {self.loss_after_s:g}",
-                f"{prefix}.loss_after_s=1")
-        require(0 < self.heartbeat_s <= self.loss_after_s / 2.5, f"{prefix}.heartbeat_s",
-                f"must be above 0 and at most {prefix}.loss_after_s / 2.5 = "
-                f"{self.loss_after_s / 2.5:g} s (a learner is waited for at least 2.5 "
-                f"heartbeats), got {self.heartbeat_s:g}",
-                f"{prefix}.heartbeat_s={min(0.2, self.loss_after_s / 2.5):g}")
-        require(self.loss_spread >= 0, f"{prefix}.loss_spread", f"must be >= 0 (0: "
-                f"loss_after_s alone decides), got {self.loss_spread:g}",
-                f"{prefix}.loss_spread=8")
-        require(not (self.elastic and self.hostfile and self.stall_timeout_s)
-                or self.link_timeout_s < self.stall_timeout_s,
-                f"{prefix}.link_timeout_s", f"must be below {prefix}.stall_timeout_s="
-                f"{self.stall_timeout_s:g} (an elastic job takes a silent learner for lost "
-                f"before the launcher ends the job for it), got {self.link_timeout_s:g}",
-                f"{prefix}.link_timeout_s={max(2.5 * HEARTBEAT_S, self.stall_timeout_s / 2):g}")
+        self.check_loss_detection(prefix, across_hosts=bool(self.elastic and self.hostfile))
         if self.elastic:
             require(cfg.comm.backend in ("auto", "mpi"), "comm.backend", "an elastic run "
                     f"moves tensors over MPI, whose communicators shrink; {cfg.comm.backend}'s "
@@ -215,6 +182,7 @@ class EndedJob:
 @LAUNCHERS.register("local")
 class LocalLauncher(Launcher):
     Config = LocalConfig
+    STARTER = "mpiexec"  # what starts the ranks, as the one-line reports name it
 
     @property
     def processes(self) -> int:
@@ -374,7 +342,7 @@ class LocalLauncher(Launcher):
         time.sleep(2 * RankWatchdog.POLL_MS / 1000)  # the last deaths reach the record
         watchdog.stop()
         if supervision.left_behind:
-            self.reports.report_left_behind(run_dir, supervision.left_behind)
+            self.reports.report_left_behind(run_dir, supervision.left_behind, self.STARTER)
         return self._outcome(job)
 
     def _outcome(self, job: EndedJob) -> tuple[int, JobFailure | None]:

@@ -31,7 +31,55 @@ import threading
 from collections import deque
 from dataclasses import dataclass
 
+from ..config.section import require
+from ..runlog.liveness import HEARTBEAT_S
+
 WINDOW = 100  # gaps remembered per learner: 20 s of heartbeats at the default 0.2 s
+
+
+@dataclass
+class LossDetectionKeys:
+    """The launcher keys of this detector, shared by the launchers whose elastic jobs span
+    hosts (launcher=local with a hostfile, launcher=slurm).
+
+    An elastic job across hosts takes a learner that falls silent for lost (a cut link, a
+    host gone down or hung) and tells the others, which MPI would not (runner/comm/ulfm.py:
+    declare_failed). Each learner sends a heartbeat every heartbeat_s; it is lost once silent
+    for loss_after_s, or for loss_spread median absolute deviations above its usual gap
+    between heartbeats when that is longer, and at the latest for link_timeout_s, after which
+    a learner that hears no answer stops."""
+
+    heartbeat_s: float = 0.2
+    loss_after_s: float = 1.0
+    loss_spread: float = 8.0
+    link_timeout_s: float = 10.0
+
+    def check_loss_detection(self, prefix: str, across_hosts: bool) -> None:
+        """Each key in its range; ``across_hosts``: the detector decides losses in this job,
+        before the launcher's stall time-out (launcher.stall_timeout_s) ends it."""
+        require(self.link_timeout_s >= 2.5 * HEARTBEAT_S, f"{prefix}.link_timeout_s",
+                f"must be at least {2.5 * HEARTBEAT_S:g} s (a learner's heartbeat goes every "
+                f"{HEARTBEAT_S:g} s), got {self.link_timeout_s:g}",
+                f"{prefix}.link_timeout_s=10")
+        require(0 < self.loss_after_s <= self.link_timeout_s / 2, f"{prefix}.loss_after_s",
+                f"must be above 0 and at most {prefix}.link_timeout_s / 2 = "
+                f"{self.link_timeout_s / 2:g} s (a learner behind a cut link waits "
+                f"link_timeout_s before it stops on its side), got {self.loss_after_s:g}",
+                f"{prefix}.loss_after_s=1")
+        require(0 < self.heartbeat_s <= self.loss_after_s / 2.5, f"{prefix}.heartbeat_s",
+                f"must be above 0 and at most {prefix}.loss_after_s / 2.5 = "
+                f"{self.loss_after_s / 2.5:g} s (a learner is waited for at least 2.5 "
+                f"heartbeats), got {self.heartbeat_s:g}",
+                f"{prefix}.heartbeat_s={min(0.2, self.loss_after_s / 2.5):g}")
+        require(self.loss_spread >= 0, f"{prefix}.loss_spread", f"must be >= 0 (0: "
+                f"loss_after_s alone decides), got {self.loss_spread:g}",
+                f"{prefix}.loss_spread=8")
+        stall_s = getattr(self, "stall_timeout_s", 0)
+        require(not (across_hosts and stall_s) or self.link_timeout_s < stall_s,
+                f"{prefix}.link_timeout_s", f"must be below {prefix}.stall_timeout_s="
+                f"{stall_s:g} (an elastic job takes a silent learner for lost "
+                f"before the launcher ends the job for it), got {self.link_timeout_s:g}",
+                f"{prefix}.link_timeout_s={max(2.5 * HEARTBEAT_S, stall_s / 2):g}")
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,7 @@ from ..config.section import require
 from ..errors import EXIT_PREEMPTED, UserError, one_line
 from .base import Launcher, LauncherConfig
 from .local import find_mpiexec
+from .loss_detector import LossDetectionKeys
 from .registry import LAUNCHERS
 from .restart_policy import REQUEUE
 
@@ -68,7 +69,7 @@ def sbatch_option(line: str) -> str:
 
 
 @dataclass
-class SlurmConfig(LauncherConfig):
+class SlurmConfig(LauncherConfig, LossDetectionKeys):
     name: str = "slurm"
     nodes: int = 1  # --nodes
     procs_per_node: Optional[int] = 2  # --ntasks-per-node (e.g. one rank per GPU)
@@ -94,9 +95,6 @@ class SlurmConfig(LauncherConfig):
     sbatch: str = "sbatch"  # the submit command
 
     def check(self, prefix: str, cfg: DictConfig) -> None:
-        require(not self.elastic, f"{prefix}.elastic", "elastic jobs run under "
-                "launcher=local so far (SLURM's srun ends a step when a task dies)",
-                f"{prefix}.elastic=false (or launcher=local)")
         # nprocs follows from these two: name them, not nprocs, when they are wrong.
         require(self.procs_per_node is not None, f"{prefix}.procs_per_node",
                 "launcher=slurm needs the number of tasks per node",
@@ -133,7 +131,13 @@ class SlurmConfig(LauncherConfig):
             require(sbatch_option(line).startswith("-") and "\n" not in line,
                     f"{prefix}.extra_sbatch", f"{line!r} is not an sbatch option",
                     f"write options as sbatch takes them, e.g. {prefix}.extra_sbatch=[--mem=64G]")
-        if self.rank_launcher == "mpiexec":
+        if self.elastic:  # srun --mpi=pmix, Open MPI 5's ULFM, the loss detector
+            # (imported here: the batch script runs that module with python -m)
+            from .slurm_elastic import check_elastic
+
+            check_elastic(self, prefix, cfg)
+            self.check_loss_detection(prefix, across_hosts=True)
+        elif self.rank_launcher == "mpiexec":
             find_mpiexec(self.mpiexec, key=f"{prefix}.mpiexec")
         if self.python is not None:
             require(Path(self.python).is_absolute(), f"{prefix}.python",
@@ -144,6 +148,10 @@ class SlurmConfig(LauncherConfig):
                     f"{self.sbatch!r} not found: this machine cannot submit SLURM jobs",
                     "run on a SLURM login node (or start one here: scripts/slurm_local.sh up), "
                     f"or write the script only with {prefix}.dry_run=true")
+            if self.elastic:
+                from .slurm_elastic import check_srun_has_pmix
+
+                check_srun_has_pmix(str(Path(shutil.which(self.sbatch)).with_name("srun")))
 
 
 # The batch job (job.sbatch): str.format fields in braces, the shell's own braces doubled.
@@ -159,6 +167,7 @@ MAX_REQUEUES={max_requeues}
 MAX_RESTARTS={max_restarts}  # ranks started again in this allocation after a lost rank
 PREEMPTED={preempted}  # the ranks' status after a checkpoint on USR1/TERM
 REQUEUE={requeue}  # runner.launch.batch_steps's answer when a node of the allocation is lost
+ELASTIC={elastic}  # 1: the step supervises an elastic job (runner/launch/slurm_elastic.py)
 
 # Environment set-up (launcher.setup):
 {setup}
@@ -193,22 +202,30 @@ while true; do
     "$PYTHON" -m runner.launch.batch_steps "$RUN_DIR" || exit 1
     {ranks_line} &
     step=$!
-    # Ends a step that outlives its ranks or whose ranks went silent (a lost slurmstepd).
-    "$PYTHON" -m runner.launch.batch_steps "$RUN_DIR" --watch-step "$step" &
-    watcher=$!
+    watcher=""
+    if [ "$ELASTIC" = 0 ]; then
+        # Ends a step that outlives its ranks or whose ranks went silent (a lost slurmstepd).
+        # (An elastic job's supervisor watches its ranks itself.)
+        "$PYTHON" -m runner.launch.batch_steps "$RUN_DIR" --watch-step "$step" &
+        watcher=$!
+    fi
     wait "$step"; status=$?
     while [ "$interrupted" = 1 ]; do  # a trapped signal ends `wait` early: wait for the ranks
         interrupted=0
         wait "$step"; status=$?
     done
     step=""
-    kill "$watcher" 2>/dev/null; wait "$watcher" 2>/dev/null
-    reported=$("$PYTHON" -m runner.launch.batch_steps "$RUN_DIR" --step-status "$status") &&
-        status=$reported
+    if [ -n "$watcher" ]; then
+        kill "$watcher" 2>/dev/null; wait "$watcher" 2>/dev/null
+        reported=$("$PYTHON" -m runner.launch.batch_steps "$RUN_DIR" --step-status "$status") &&
+            status=$reported
+    fi
     echo "adpsgd: ranks exited with status $status at $(date -Is)"
-    # Completed, preempted, stopped, a user's error, or a signal to this job: no restart here.
+    # Completed, preempted, stopped, a user's error, or a signal to this job: no restart here;
+    # nor after an elastic job, whose supervisor restarted it as launcher.max_restarts allows.
     case "$status" in 0|"$PREEMPTED"|130|2) break ;; esac
     [ "$signalled" = 1 ] && break
+    [ "$ELASTIC" = 1 ] && break
     # A lost rank: start the ranks again in this allocation (launcher.max_restarts), unless
     # the failure repeats before a newer checkpoint (runner/launch/batch_steps.py); a lost node:
     # requeue the job, which srun could not start there again.
@@ -280,10 +297,14 @@ def render_script(cfg: SlurmConfig, run_cfg: DictConfig, run_dir: Path, workdir:
     if cfg.signal_lead_s:
         options.append(f"--signal=B:USR1@{cfg.signal_lead_s}")
     options.append("--requeue")
+    if cfg.elastic:  # a node SLURM declares down does not end the allocation: the job goes on
+        options.append("--no-kill")
     options += [sbatch_option(line) for line in cfg.extra_sbatch]
 
     python = cfg.python or sys.executable
-    if cfg.rank_launcher == "srun":
+    if cfg.elastic:  # srun under the supervisor (runner/launch/slurm_elastic.py)
+        ranks = []
+    elif cfg.rank_launcher == "srun":
         # --kill-on-bad-exit: a rank that dies takes its step down at once (as mpiexec's
         # clean-up does) instead of leaving its peers waiting for it until a timeout.
         ranks = ["srun", f"--mpi={cfg.srun_mpi}", "--kill-on-bad-exit=1",
@@ -295,7 +316,8 @@ def render_script(cfg: SlurmConfig, run_cfg: DictConfig, run_dir: Path, workdir:
     # srun's $overlap is empty until a restart (unquoted: nothing when empty).
     overlap = " $overlap" if cfg.rank_launcher == "srun" else ""
     ranks_line = " ".join(q(word) for word in ranks) + overlap + \
-        ' "$PYTHON" -m runner.worker "$RUN_DIR"'
+        ' "$PYTHON" -m runner.worker "$RUN_DIR"' if ranks else \
+        '"$PYTHON" -m runner.launch.slurm_elastic "$RUN_DIR"'
     setup = "\n".join(cfg.setup) if cfg.setup else "# (none: launcher.setup)"
     header = "\n".join(f"#SBATCH {option}" for option in options)
     return JOB_TEMPLATE.format(
@@ -303,7 +325,7 @@ def render_script(cfg: SlurmConfig, run_cfg: DictConfig, run_dir: Path, workdir:
         procs_per_node=cfg.procs_per_node, run_dir=run_dir, job_script=JOB_SCRIPT,
         header=header, run_dir_quoted=q(str(run_dir)), python=q(python),
         max_requeues=cfg.max_requeues, max_restarts=cfg.max_restarts, preempted=EXIT_PREEMPTED,
-        requeue=REQUEUE, setup=setup, ranks_line=ranks_line)
+        requeue=REQUEUE, elastic=int(cfg.elastic), setup=setup, ranks_line=ranks_line)
 
 
 @LAUNCHERS.register("slurm")
