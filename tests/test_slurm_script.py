@@ -471,3 +471,20 @@ def test_the_job_builds_the_recipes_caches_not_the_submission(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert len(list(cache.rglob("feats.scp"))) + len(list(cache.rglob("*.ark"))) > 0, sorted(
         str(p.relative_to(cache)) for p in cache.rglob("*"))[:20]
+
+
+@pytest.mark.slow  # runs a stand-in srun
+def test_an_elastic_job_on_a_slurm_without_pmix_is_refused_in_one_line(tmp_path):
+    """srun --mpi=list without pmix: the submission stops before the job queues, naming the
+    plugin and how to get it; with pmix listed it passes."""
+    from runner.errors import UserError
+    from runner.launch.slurm_elastic import check_srun_has_pmix
+
+    srun = tmp_path / "srun"
+    srun.write_text("#!/bin/sh\necho 'MPI plugin types are...'\necho '\tnone'\necho '\tpmi2'\n")
+    srun.chmod(0o755)
+    with pytest.raises(UserError, match=r"this SLURM has no PMIx plugin .*Fix: ask the site "
+                       r"for SLURM's mpi/pmix plugin"):
+        check_srun_has_pmix(str(srun))
+    srun.write_text("#!/bin/sh\necho 'MPI plugin types are...'\necho '\tpmix'\n")
+    check_srun_has_pmix(str(srun))
