@@ -28,6 +28,7 @@ survivor's MPI_Comm_spawn returns an error under srun --mpi=pmix).
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
 import subprocess
@@ -82,6 +83,11 @@ def check_elastic(cfg: Any, prefix: str, run_cfg: DictConfig) -> None:
         raise ConfigError(f"{prefix}.elastic", f"{PMIX_QUIET} is missing (make install "
                           "builds it with a C compiler; without it SLURM cancels the whole "
                           "job step at a learner's loss)", "install gcc, then run make install")
+    try:  # the dynamic loader would skip a damaged one with a warning, and the job would die
+        ctypes.CDLL(str(PMIX_QUIET)).PMIx_Notify_event  # noqa: B018
+    except (OSError, AttributeError) as ex:
+        raise ConfigError(f"{prefix}.elastic", f"{PMIX_QUIET} cannot be loaded ({ex})",
+                          f"rm {PMIX_QUIET}, then run make install") from None
 
 
 def check_srun_has_pmix(srun: str = "srun") -> None:
