@@ -438,6 +438,73 @@ def test_an_elastic_job_goes_on_without_a_learner_killed_on_another_host(lab_ove
     assert all(e["distinct"] == e["used"] == 1438 for e in summary["epoch_samples"])
 
 
+def respawning_job(tmp_path: Path, lab_overrides: list[str], *options: str
+                   ) -> tuple[Path, subprocess.Popen]:
+    """D-PSGD on 4 learners, 0-1 on lab1 and 2-3 on lab2, with launcher.respawn and a
+    hostfile of lab1-lab3 (2 slots each: lab3's are free), steps slowed to last a minute."""
+    run_dir = tmp_path / "run"
+    shell = next(o for o in lab_overrides if o.startswith("launcher.remote_shell="))
+    hosts = hostfile(tmp_path, ["lab1 slots=2", "lab2 slots=2", "lab3 slots=2"])
+    proc = start(["recipe=digit_images", "algo=dpsgd", "seed=1", "launcher.nprocs=4",
+                  "launcher.procs_per_node=2", "launcher.elastic=true", "launcher.respawn=true",
+                  "launcher.link_timeout_s=5", "trainer.epochs=16", "trainer.progress=false",
+                  "faults.delay_s=0.2", f"launcher.hostfile={hosts}", shell, *options,
+                  f"hydra.run.dir={run_dir}"], tmp_path)
+    return run_dir, proc
+
+
+def test_a_replacement_goes_back_to_the_host_of_a_killed_learner(lab_overrides, tmp_path):
+    """Learner 3 killed on lab2, where learner 2 still runs: the survivors spawn learner 4
+    on lab2 again (the lost learner's host first, which answers and has its slot free),
+    not on lab3's free slots, and the job ends on 4 learners."""
+    run_dir, proc = respawning_job(tmp_path, lab_overrides)
+    err = kill_learner_3_on_lab2(run_dir, proc)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert [(m["event"], m["learner"], m["host"]) for m in summary["membership"]] == [
+        ("lost", 3, "lab2"), ("joined", 4, "lab2")], err[-3000:]
+    assert summary["learners_at_end"] == 4 and summary["status"] == "completed"
+    assert all(e["distinct"] == e["used"] == 1438 for e in summary["epoch_samples"])
+
+
+def test_replacements_wait_for_a_host_that_answers_again(lab_overrides, tmp_path):
+    """lab3 (free slots, no learner) falls silent, then lab2's link is cut: learners 2-3
+    are lost, and their replacements have nowhere to go (lab1 is full, every process of the
+    job on lab2 is gone, which Open MPI's runtime cannot start one beside again, and lab3
+    does not answer): one line says so, and the 2 learners go on. lab3's link comes back:
+    the launcher finds it answering, the learners spawn learners 4-5 there at their next
+    step, and the job ends on 4 learners, every sample of every epoch used once."""
+    run_dir, proc = respawning_job(tmp_path, lab_overrides)
+    events = run_dir / "logs" / "events.jsonl"
+    try:
+        wait_for_an_evaluation(run_dir, proc)
+        lab("link", "lab3", "down")
+        time.sleep(6)  # a round of the launcher's questions finds lab3 silent (2 s + 3 s)
+        lab("link", "lab2", "down")
+        wait_until(lambda: events.exists() and '"respawn waits"' in events.read_text(), proc,
+                   60, "the replacements did not wait")
+        lab("link", "lab3", "up")
+        _, err = proc.communicate(timeout=300)
+    finally:
+        lab("link", "lab3", "up")
+        lab("link", "lab2", "up")
+    assert proc.returncode == 0, err[-3000:]
+    assert ("adpsgd-run: 2 replacement learner(s) wait for a host: lab2 has no process of the "
+            "job left, and Open MPI's runtime cannot start one there again; lab3 does not "
+            "answer; no other host of launcher.hostfile has a free slot; 2 learner(s) go on "
+            "meanwhile") in err, err
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert [(m["event"], m["learner"], m["host"]) for m in summary["membership"]] == [
+        ("lost", 2, "lab2"), ("lost", 3, "lab2"), ("joined", 4, "lab3"), ("joined", 5, "lab3")]
+    recorded = [json.loads(line) for line in events.open()]
+    back = [e for e in recorded if e["event"] == "host answers"]
+    assert [e["host"] for e in back] == ["lab3"], recorded
+    waits = next(e for e in recorded if e["event"] == "respawn waits")
+    joined = [e for e in recorded if e["event"] == "joined"]
+    assert waits["time"] < back[0]["time"] < joined[0]["time"], recorded
+    assert summary["status"] == "completed" and summary["learners_at_end"] == 4
+    assert all(e["distinct"] == e["used"] == 1438 for e in summary["epoch_samples"])
+
+
 def test_asynchronous_learners_go_on_without_one_killed_on_another_host(lab_overrides,
                                                                         tmp_path):
     """AD-PSGD's learners 0-1 on lab1, 2-3 on lab2: learner 3 (passive, averaging with

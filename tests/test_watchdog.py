@@ -149,6 +149,31 @@ def test_the_launcher_answers_heartbeats_with_the_lost_and_its_silence_cuts_a_ra
         listener.close()
 
 
+def test_the_launchers_answers_name_the_hosts_that_answer_less_those_of_lost_learners():
+    """launcher.respawn across hosts: the rank learns which hosts answered the launcher's
+    last round (where a replacement may go); a lost learner's host drops out with the loss
+    and comes back only with a round asked after it; a host silent for a round and answering
+    the next is reported back."""
+    listener = HeartbeatListener(answer=True)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    link = LauncherLink(sock, listener.target,
+                        datagram_sender(listener.target, b"0 100 lab1", sock), 60,
+                        lambda lost: None, print, lambda: None)
+    everyone = {"lab1", "lab2", "lab3"}
+    try:
+        asked = time.monotonic()
+        assert listener.set_answering({"lab1", "lab2"}, everyone, asked) == set()
+        seen(lambda: link.answering == {"lab1", "lab2"}, "the answering hosts")
+        listener.set_away({"lab2"})  # its learners taken for lost
+        seen(lambda: link.answering == {"lab1"}, "lab2 left out with the loss")
+        assert listener.set_answering(everyone, everyone, asked) == {"lab3"}  # an older round
+        seen(lambda: link.answering == {"lab1", "lab3"}, "lab3 back, lab2 still out")
+        assert listener.set_answering(everyone, everyone, time.monotonic()) == {"lab2"}
+        seen(lambda: link.answering == everyone, "lab2 back with a later round")
+    finally:
+        listener.close()
+
+
 def test_a_rank_hears_that_the_launcher_is_gone_from_its_host():
     """The launcher died (its port closed): its host refuses the heartbeats, which the rank
     hears at once, apart from a silence (then it checkpoints and stops)."""

@@ -44,6 +44,7 @@ import numpy as np
 import torch
 
 from ..comm import Communicator, World
+from ..comm.hostfile import read_hostfile
 from ..comm.ulfm import agree, free_quietly, is_mpi_error, revoke_all, shrink, track
 from ..comm.world import mpi
 from ..errors import TooFewLearners, UserError
@@ -52,7 +53,7 @@ from ..runlog.liveness import the_launcher_hears_us
 from ..train.data import ShardedBatches
 from .launcher_link import cut_off
 from .new_world import learner_comms, unread_pass
-from .respawn import joined, replacements_ready, respawn
+from .respawn import joined, replacements_ready, respawn, short_name, spawn_due
 from .streams import Streams, stream_of
 from .trainer_view import ElasticTrainer
 
@@ -220,6 +221,15 @@ class Membership:
         # learner has heard are ready (the others learn it at the next step's agreement).
         self.unready: set[int] = set(respawned.unready) if respawned is not None else set()
         self.ready_heard: set[int] = set()
+        # The hosts of lost learners no replacement has taken yet (a replacement goes back
+        # there first); replacements that no host could take yet (respawn.placement), and
+        # whether the learners agreed to start them before their next step.
+        self.lost_hosts: list[str] = list(respawned.lost_hosts) if respawned is not None else []
+        self.launches = (respawned.launches if respawned is not None  # respawn.emptied_hosts
+                         else [list(self.members)])
+        self.waiting_replacements = 0
+        self.spawn_next = False
+        self._capacity: dict[str, int] | None | bool = False  # not read yet
         # Learner -> its node as launched, for an algorithm whose nodes survive a loss
         # (hadpsgd's super learners; it takes no spares).
         self.nodes = (dict(zip(self.learners, trainer.comm.allgather_objects(trainer.world.node)))
@@ -290,6 +300,9 @@ class Membership:
             t.ledger.mark()
         error = None
         try:
+            if self.spawn_next:  # replacements that waited for a host (respawn.py)
+                self.spawn_next = False
+                self.spawn_waiting()
             step()
         except Exception as ex:  # noqa: BLE001 - an MPI error is a lost peer until shown otherwise
             if not is_mpi_error(ex):
@@ -297,10 +310,14 @@ class Membership:
             error = ex
             revoke_all()
         # The first learner says whether the replacements spawned last (respawn.py) are
-        # ready; until they are, the learners train on without them.
-        agreed = agree(t.comm.mpi_comm, error is None, flags=int(
-            not self.unready or self.me != self.learners[0] or replacements_ready(self)))
+        # ready (until they are, the learners train on without them), and whether those
+        # that waited for a host can start (they do before the next step).
+        first = self.me == self.learners[0]
+        ready = not self.unready or not first or replacements_ready(self)
+        agreed = agree(t.comm.mpi_comm, error is None,
+                       flags=int(ready) | int(not first or spawn_due(self)) << 1)
         if agreed:
+            self.spawn_next = bool(agreed & 4)
             if agreed & 2:
                 self.unready.clear()
                 self.ready_heard.clear()
@@ -366,6 +383,29 @@ class Membership:
         self.drop_undone_evaluations(rows_kept=rows)
         return False
 
+    def spawn_waiting(self) -> None:
+        """Collective over every process alive, the spares called from their standby: start
+        the replacements that waited for a host (respawn.py)."""
+        if self.me == self.learners[0]:
+            from .spares import SPAWN, notify
+
+            notify(self, SPAWN)
+        respawn(self)
+
+    def host_capacity(self) -> dict[str, int] | None:
+        """Processes each host of launcher.hostfile takes (launcher.procs_per_node, else its
+        slots), by short name; None without a hostfile, or one that cannot be read now."""
+        if self._capacity is False:
+            launcher = self.trainer.cfg.launcher
+            self._capacity = None
+            if launcher.get("hostfile"):
+                try:
+                    self._capacity = {short_name(h.name): launcher.procs_per_node or h.slots
+                                      for h in read_hostfile(launcher.hostfile)}
+                except UserError as ex:
+                    log.warning("replacements go where Open MPI places them: %s", ex)
+        return self._capacity
+
     def spares_wanted(self, unready_too: bool = False) -> bool:
         """Whether spares join now (the same answer on every learner): fewer learners than
         launched, a spare left as far as known (``unready_too``: or a replacement spawned
@@ -387,6 +427,7 @@ class Membership:
         from ``learners``); returns their numbers."""
         shrunk = shrink(self.everyone)
         gone = [self.members[r] for r in shrunk.lost]
+        self.lost_hosts += [self.hosts[n] for n in gone if n in self.learners]
         free_quietly(self.everyone)
         self.everyone = shrunk.comm
         self.members = [self.members[r] for r in shrunk.survivors]

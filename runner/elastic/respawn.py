@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -35,6 +36,7 @@ from ..comm import ulfm
 from ..comm.ulfm import free_quietly, track
 from ..comm.world import mpi
 from ..runlog.failure_events import record_event
+from ..runlog.liveness import hosts_answering
 
 if TYPE_CHECKING:
     from .membership import Membership
@@ -55,6 +57,8 @@ class Joined:
     learners: list[int]
     hosts: list[str]  # of every number the job has had
     unready: list[int]  # the replacements still starting, this one among them
+    lost_hosts: list[str]  # of lost learners no replacement has taken yet
+    launches: list[list[int]]  # the numbers started together: at launch, then each spawn
 
 
 _JOINED: Joined | None = None  # this process's, when it was respawned (a process has one)
@@ -77,7 +81,8 @@ def join_the_job() -> Joined:
     me = sketch["numbers"][everyone.Get_rank() - len(sketch["members"])]
     hosts, names = _exchange_names(everyone, new=True)
     _JOINED = Joined(track(everyone), me, sketch["members"] + sketch["numbers"],
-                     list(sketch["learners"]), sketch["hosts"] + hosts, sketch["unready"])
+                     list(sketch["learners"]), sketch["hosts"] + hosts, sketch["unready"],
+                     list(sketch["lost_hosts"]), sketch["launches"])
     ulfm.learn_process_names(dict(zip(_JOINED.members, names)))
     # MPI_Finalize waits for every process connected to this one: the job it joined has
     # lost one (which is why it was started), and would wait forever.
@@ -93,44 +98,165 @@ def _exchange_names(everyone: Any, new: bool) -> tuple[list[str], list[int | Non
             [name for _, name, _ in gathered])
 
 
+def placement(m: Membership, count: int) -> list[str | None]:
+    """Where up to ``count`` replacements can start now (the first learner decides): without
+    a hostfile, anywhere ([None] * count: Open MPI's runtime places them on this machine);
+    with one, on hosts that answer (where learners live, or that the launcher found
+    answering: runner/runlog/liveness.py's hosts_answering) and can take one (not emptied)
+    with a slot free (``launcher.procs_per_node``, else the host's slots, less the job's
+    processes alive there), the lost learners' hosts first. Fewer than ``count`` when no
+    such host is left: the others wait (:func:`spawn_due`)."""
+    capacity = m.host_capacity()
+    if capacity is None:
+        return [None] * count
+    used = Counter(short_name(m.hosts[n]) for n in m.members)
+    answering = hosts_answering()
+    # A host takes one if it answers (its learners are heard, or the launcher found it so)
+    # and the job's launches there are not all gone (emptied_hosts).
+    open_hosts = ({short_name(h) for h in answering} | set(used) if answering is not None
+                  else set(capacity)) - emptied_hosts(m)
+    preferred = [h for h in m.lost_hosts if short_name(h) in capacity] + list(capacity)
+    chosen: list[str | None] = []
+    for _ in range(count):
+        host = next((short_name(h) for h in preferred if short_name(h) in open_hosts
+                     and used[short_name(h)] < capacity[short_name(h)]), None)
+        if host is None:
+            break
+        chosen.append(host)
+        used[host] += 1
+    return chosen
+
+
+def emptied_hosts(m: Membership) -> set[str]:
+    """Hosts where every process of one of the job's launches (the first, or a spawn) has
+    ended while others of it live on elsewhere. Open MPI 5's runtime forgets such a launch on
+    that host, and a process spawned there cannot connect to the job (its MPI_Init fails in
+    PMIx_Connect: "Not supported"), which would leave the learners waiting in the spawn; a
+    host the launch never used, or one where a process of it still runs, takes one."""
+    alive = set(m.members)
+    emptied = set()
+    for launch in m.launches:
+        if not alive & set(launch):  # none left: not in the spawn's connect
+            continue
+        for host in {short_name(m.hosts[n]) for n in launch}:
+            if not any(short_name(m.hosts[n]) == host for n in launch if n in alive):
+                emptied.add(host)
+    return emptied
+
+
+def short_name(host: str) -> str:
+    """A host's name without its domain: MPI's processor name may carry one that the
+    hostfile does not."""
+    return host.split(".", 1)[0]
+
+
+def spawn_due(m: Membership) -> bool:
+    """On the first learner of lockstep learners: whether replacements that had to wait
+    (their hosts away or full) can start now; the learners then spawn them after the step
+    they agree on (membership.py)."""
+    return bool(m.waiting_replacements and not m.respawn_failed
+                and placement(m, m.waiting_replacements))
+
+
 def respawn(m: Membership) -> None:
-    """Collective over ``everyone`` at a loss (see the module's docstring): start a
-    replacement for each lost learner no spare replaces; they join ``everyone`` as spares."""
+    """Collective over ``everyone`` at a loss, or when replacements that waited can start
+    (see the module's docstring): start a replacement for each lost learner no spare
+    replaces, where :func:`placement` finds room; they join ``everyone`` as spares."""
     t = m.trainer
     if not t.cfg.launcher.get("respawn") or m.respawn_failed:
         return
     first = m.members.index(m.learners[0])
-    count = 0
-    if m.me == m.learners[0] and not (t.milestones.done or t.stop_status or t.algo_finished):
-        count = max(0, m.target - len(m.learners) - len(m.spares))
-    count = m.everyone.bcast(count, root=first)
-    if not count:
+    plan = None
+    if m.me == m.learners[0]:
+        over = t.milestones.done or t.stop_status or t.algo_finished
+        count = 0 if over else max(0, m.target - len(m.learners) - len(m.spares))
+        plan = (count, placement(m, count))
+    count, hosts = m.everyone.bcast(plan, root=first)
+    say_waiting(m, count - len(hosts))
+    if not hosts:
         return
     MPI = mpi()
     started = time.perf_counter()
-    numbers = list(range(len(m.hosts), len(m.hosts) + count))
+    numbers = list(range(len(m.hosts), len(m.hosts) + len(hosts)))
+    command, args = sys.executable, ["-m", "runner.worker", str(Path(t.run_dir).resolve()),
+                                     RESPAWNED]
     try:
-        spawned = m.everyone.Spawn(sys.executable, args=[
-            "-m", "runner.worker", str(Path(t.run_dir).resolve()), RESPAWNED],
-            maxprocs=count, root=first)
+        if hosts[0] is None:
+            spawned = m.everyone.Spawn(command, args=args, maxprocs=len(hosts), root=first)
+        else:  # one process per host named, in the order of ``numbers``
+            infos = [MPI.Info.Create() for _ in hosts]
+            for info, host in zip(infos, hosts):
+                info.Set("host", host)
+            spawned = m.everyone.Spawn_multiple([command] * len(hosts), [args] * len(hosts),
+                                                [1] * len(hosts), infos, root=first)
+            for info in infos:
+                info.Free()
         everyone = spawned.Merge(high=False)
     except MPI.Exception as ex:
         m.respawn_failed = True
-        say_respawn_failed(m, count, f"MPI_Comm_spawn failed: {ex.Get_error_string()}")
+        say_respawn_failed(m, len(hosts), f"MPI_Comm_spawn failed: {ex.Get_error_string()}")
         return
     free_quietly(spawned)
+    for host in hosts:  # the lost learners' hosts taken again (or as many, taken elsewhere)
+        same = [h for h in m.lost_hosts if host is not None and short_name(h) == host]
+        if same or m.lost_hosts:
+            m.lost_hosts.remove(same[0] if same else m.lost_hosts[0])
     m.unready |= set(numbers)  # with any spawned earlier that is still starting
+    m.launches.append(numbers)
     everyone.bcast({"numbers": numbers, "members": m.members, "learners": m.learners,
-                    "hosts": m.hosts, "unready": sorted(m.unready)}, root=0)
-    hosts, names = _exchange_names(everyone, new=False)
+                    "hosts": m.hosts, "unready": sorted(m.unready),
+                    "lost_hosts": m.lost_hosts, "launches": m.launches}, root=0)
+    hosts_now, names = _exchange_names(everyone, new=False)
     free_quietly(m.everyone)
     m.everyone = track(everyone)
     m.members = m.members + numbers
-    m.hosts = m.hosts + hosts
+    m.hosts = m.hosts + hosts_now
     m.respawned_at = started
     ulfm.learn_process_names(dict(zip(m.members, names)))
-    log.info("respawned learner(s) %s on %s in %.2f s", numbers, hosts,
+    log.info("respawned learner(s) %s on %s in %.2f s", numbers, hosts_now,
              time.perf_counter() - started)
+
+
+def say_waiting(m: Membership, waiting: int) -> None:
+    """Replacements that no host can take now: one line when their number changes.
+    Lockstep learners start them once a host answers again or has a free slot
+    (:func:`spawn_due`); asynchronous learners meet only at a loss, so theirs are not
+    started."""
+    if waiting == m.waiting_replacements:
+        return
+    m.waiting_replacements = waiting
+    t = m.trainer
+    if not waiting:
+        return
+    where = why_no_host(m)
+    if t.algo.asynchronous:
+        m.respawn_failed = True  # nowhere to start them later
+        say_respawn_failed(m, waiting, f"{where}; asynchronous learners meet only at a loss")
+        return
+    line = (f"adpsgd-run: {waiting} replacement learner(s) wait for a host: {where}; "
+            f"{len(m.learners)} learner(s) go on meanwhile")
+    m.say(line, t.world.is_main)
+    if t.world.is_main:
+        record_event(t.run_dir, {"time": round(time.time(), 3), "event": "respawn waits",
+                                 "at_samples": t.state.samples, "learners": len(m.learners),
+                                 "cause": where})
+
+
+def why_no_host(m: Membership) -> str:
+    """Why :func:`placement` finds no host: the hosts that cannot take one though they have
+    room, and why each (see emptied_hosts), then that the others are full."""
+    capacity = m.host_capacity() or {}
+    used = Counter(short_name(m.hosts[n]) for n in m.members)
+    answering = {short_name(h) for h in hosts_answering() or ()} | set(used)
+    roomy = [h for h in capacity if used[h] < capacity[h]]
+    emptied = [h for h in roomy if h in emptied_hosts(m)]
+    silent = [h for h in roomy if h not in answering and h not in emptied]
+    reasons = [f"{', '.join(hosts)} {verbs[len(hosts) > 1]} {what}" for hosts, verbs, what in (
+        (emptied, ("has", "have"), "no process of the job left, and Open MPI's runtime cannot "
+                                   "start one there again"),
+        (silent, ("does", "do"), "not answer")) if hosts]
+    return "; ".join([*reasons, f"no {'other ' if reasons else ''}host of launcher.hostfile "
+                                "has a free slot"])
 
 
 def say_respawn_failed(m: Membership, count: int, why: str) -> None:

@@ -13,6 +13,8 @@ learners' steps, so waiting costs them nothing; it polls a receive every
 * ``join``: after a loss, lockstep learners call the spares in at the next step they agree
   on; asynchronous learners (who agree on no step) at the loss itself, in its recovery
   (:func:`grow`);
+* ``spawn``: replacements that waited for a host start now (launcher.respawn;
+  runner/elastic/respawn.py): the spare takes part in the spawn, which is collective;
 * ``release``: the job has ended; the spare exits as the learners do (status 0, or 75/130
   after a graceful stop).
 
@@ -60,6 +62,7 @@ log = logging.getLogger("adpsgd")
 # Functions here take the job's elastic.Membership (``m``).
 NOTICE_TAG = 7177  # the first learner's word to the spares; a donor's state to its joiner
 JOIN, RELEASE = "join", "release"
+SPAWN = "spawn"  # replacements that waited for a host start now (respawn.py)
 STANDBY_POLL_S = 0.05  # how often a waiting spare looks for word
 
 
@@ -121,6 +124,12 @@ def standby(m: Membership) -> None:
             if grow(m):
                 return
             continue
+        if notice == SPAWN:
+            try:
+                respawn(m)
+                continue
+            except mpi().Exception:  # a loss meanwhile: the learners recover from it
+                revoke_all()
         # A loss: the learners shrink everyone and split again (elastic.Membership.recover),
         # and start replacements (respawn.py); again at another loss meanwhile.
         while True:

@@ -82,6 +82,24 @@ def own_form(hosts: list[Host], flavor: str) -> Path:
     return path
 
 
+def host_problem(shell: str, host: str, timeout_s: float = PROBE_TIMEOUT_S) -> str | None:
+    """Why ``host`` does not run ``true`` through ``shell`` within ``timeout_s``; None when
+    it answers."""
+    command = [shell, *(["-o", "BatchMode=yes", "-o", f"ConnectTimeout={max(1, timeout_s):.0f}"]
+                        if Path(shell).name == "ssh" else []), host, "true"]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s,
+                              stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        return f"no answer within {timeout_s:.0f} s"
+    except OSError as ex:
+        return one_line(ex)
+    if done.returncode != 0:
+        said = one_line(done.stderr or done.stdout or "")
+        return f"exit {done.returncode}" + (f": {said}" if said else "")
+    return None
+
+
 def unanswered_host(shell: str, hosts: list[Host],
                     timeout_s: float = PROBE_TIMEOUT_S) -> tuple[str, str] | None:
     """The first host (in the file's order) that does not run ``true`` through ``shell``
@@ -90,20 +108,8 @@ def unanswered_host(shell: str, hosts: list[Host],
     problems: dict[str, str] = {}
 
     def ask(host: str) -> None:
-        command = [shell, *(["-o", "BatchMode=yes", "-o", f"ConnectTimeout={timeout_s:.0f}"]
-                            if Path(shell).name == "ssh" else []), host, "true"]
-        try:
-            done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s,
-                                  stdin=subprocess.DEVNULL)
-        except subprocess.TimeoutExpired:
-            problems[host] = f"no answer within {timeout_s:.0f} s"
-            return
-        except OSError as ex:
-            problems[host] = one_line(ex)
-            return
-        if done.returncode != 0:
-            said = one_line(done.stderr or done.stdout or "")
-            problems[host] = f"exit {done.returncode}" + (f": {said}" if said else "")
+        if (problem := host_problem(shell, host, timeout_s)) is not None:
+            problems[host] = problem
 
     threads = [threading.Thread(target=ask, args=(host.name,), daemon=True) for host in hosts]
     for thread in threads:

@@ -315,7 +315,8 @@ class LocalLauncher(Launcher):
             output = MpiexecOutput(proc.stdout, run_dir / "logs" / "mpiexec.log")
             errors = MpiexecStderr(stderr_read, run_dir / "logs" / "mpiexec.log")
             grace = 0.0 if "-disable-auto-cleanup" in proc.args else MPIEXEC_GRACE_S
-            supervision = Supervision(self.cfg)
+            supervision = Supervision(self.cfg, listener if across_hosts_elastic else None,
+                                      run_dir)
             try:
                 status = supervision.supervise(proc, watchdog, forwarding, grace)
             except (ForcedStop, KeyboardInterrupt):
@@ -329,6 +330,8 @@ class LocalLauncher(Launcher):
             finally:
                 if listener:
                     listener.close()
+                if supervision.probe:
+                    supervision.probe.stop()
         ended = time.time()
         output.join()
         errors.join()

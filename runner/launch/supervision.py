@@ -15,10 +15,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..comm.hostfile import read_hostfile
 from ..runlog.failure_events import record_event
 from ..runlog.liveness import HEARTBEAT_S
+from .host_probe import HostProbe
+from .hosts import remote_shell_path
 from .stop_forwarding import StopForwarding, stop_process_group
-from .watchdog import DeadRank, RankWatchdog, StalledRank, rank_progress
+from .watchdog import DeadRank, HeartbeatListener, RankWatchdog, StalledRank, rank_progress
 
 POLL_S = 0.25  # how often the watchdog looks at the ranks
 # After the watchdog sees a rank die, mpiexec gets this long to end the job by itself.
@@ -29,12 +32,18 @@ class Supervision:
     """One job's supervision, under the launcher's settings ``cfg`` (launcher.*), and what
     it saw: a rank that stalled, learners left behind, whether mpiexec was killed first."""
 
-    def __init__(self, cfg: Any):
+    def __init__(self, cfg: Any, listener: HeartbeatListener | None = None,
+                 run_dir: Path | None = None):
         self.cfg = cfg
         self.stalled: StalledRank | None = None
         self.left_behind: list[int] = []
         self.mpiexec_killed_first = False
         self.stalled_killed: set[int] = set()  # pids killed for silence (kill_stalled)
+        # Asks the hosts whether they answer (launcher.respawn across hosts).
+        self.probe = (HostProbe(listener, remote_shell_path(cfg.remote_shell,
+                                                            "launcher.remote_shell"),
+                                [host.name for host in read_hostfile(cfg.hostfile)], run_dir)
+                      if listener is not None and getattr(cfg, "respawn", False) else None)
 
     def supervise(self, proc: subprocess.Popen, watchdog: RankWatchdog,
                   forwarding: StopForwarding, grace_s: float) -> int:
@@ -98,13 +107,15 @@ class Supervision:
             return seen
         return dead.when >= ended or self.mpiexec_killed_first
 
-    @staticmethod
-    def declare_lost(watchdog: RankWatchdog, silent: dict[int, float]) -> None:
+    def declare_lost(self, watchdog: RankWatchdog, silent: dict[int, float]) -> None:
         """Tell every answer from now on that ``silent`` (rank -> seconds) are lost, with an
-        event saying how long each was silent against what its heartbeats let expect."""
+        event saying how long each was silent against what its heartbeats let expect; their
+        hosts take no replacement until they answer again (host_probe.py)."""
         listener = watchdog.listener
         now = time.monotonic()
         thresholds = {rank: listener.detector.threshold(rank, now) for rank in silent}
+        # In the answer that names the loss: no replacement goes to their host for now.
+        listener.set_away({heard[1] for rank in silent if (heard := listener.last(rank))})
         listener.declare_lost(sorted(silent))
         listener.detector.recovering(now)
         for rank, silent_s in sorted(silent.items()):

@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..runlog.liveness import (
+    ANSWERS_MARK,
     LOST_ANSWER,
     TRAINING,
     process_alive,
@@ -75,9 +76,10 @@ class HeartbeatListener:
     ``answer``: an elastic job across hosts. Every heartbeat is answered with the learners
     the launcher takes for lost (:meth:`declare_lost`): the survivors learn of a loss that
     MPI cannot see (a cut link, a host gone silent), and a rank that hears no answer is cut
-    off (:class:`LauncherLink`). Its :class:`LossDetector` (``sensitivity``) learns each
-    learner's heartbeats from its first one in training on, and says who is silent for too
-    long (:meth:`suspected`)."""
+    off (:class:`LauncherLink`); and with the hosts that answer (:meth:`set_answering`), where
+    replacements may go (runner/elastic/respawn.py). Its
+    :class:`LossDetector` (``sensitivity``) learns each learner's heartbeats from its first
+    one in training on, and says who is silent for too long (:meth:`suspected`)."""
 
     def __init__(self, answer: bool = False, sensitivity: Sensitivity | None = None) -> None:
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -87,6 +89,12 @@ class HeartbeatListener:
         self.answer = answer
         self.detector = LossDetector(sensitivity or Sensitivity())
         self._declared: set[int] = set()
+        # launcher.respawn across hosts (runner/launch/host_probe.py): the hosts that answered
+        # the last round of questions, and those of learners taken for lost since (host ->
+        # when), which only a later round brings back. Replacements go to the first only.
+        self._answering: set[str] = set()
+        self._silent: set[str] = set()  # in the last round
+        self._away: dict[str, float] = {}
         self._training: set[int] = set()  # ranks heard to say so (past their start-up)
         self._lock = threading.Lock()
         threading.Thread(target=self._listen, name="heartbeats", daemon=True).start()
@@ -107,6 +115,7 @@ class HeartbeatListener:
                     if training:
                         self._training.add(rank)
                     declared = sorted(self._declared)
+                    answering = sorted(self._answering - set(self._away))
             except ValueError:
                 continue  # not one of ours
             if started:
@@ -114,8 +123,9 @@ class HeartbeatListener:
             self.detector.heard(rank, time.monotonic())
             if self.answer:
                 try:
-                    self.sock.sendto(" ".join([LOST_ANSWER, *map(str, declared)]).encode(),
-                                     sender)
+                    self.sock.sendto(" ".join([LOST_ANSWER, *map(str, declared),
+                                               *(ANSWERS_MARK + host for host in answering)]
+                                              ).encode(), sender)
                 except OSError:  # the sender's network went away meanwhile
                     pass
 
@@ -142,6 +152,23 @@ class HeartbeatListener:
     def declared(self) -> set[int]:
         with self._lock:
             return set(self._declared)
+
+    def set_away(self, hosts: set[str]) -> None:
+        """``hosts`` (of learners taken for lost) are not named answering from now on, until
+        a round of questions asked after this one says they answer."""
+        with self._lock:
+            self._away.update(dict.fromkeys(hosts, time.monotonic()))
+
+    def set_answering(self, hosts: set[str], asked: set[str], asked_at: float) -> set[str]:
+        """The hosts that answered a round of questions to ``asked`` (time.monotonic()
+        ``asked_at``); returns those it brings back: silent in the round before, or away."""
+        with self._lock:
+            back = {h for h, since in self._away.items() if h in hosts and asked_at > since}
+            back |= hosts & self._silent
+            for host in back & set(self._away):
+                del self._away[host]
+            self._answering, self._silent = set(hosts), asked - hosts
+            return back
 
     def training(self) -> set[int]:
         with self._lock:

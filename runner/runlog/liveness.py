@@ -97,6 +97,9 @@ NETWORK_HEARTBEAT_S = "ADPSGD_NETWORK_HEARTBEAT_S"
 LOST_ANSWER = "lost"
 
 
+ANSWERS_MARK = "+"  # before a host in the launcher's answer: it answers (host_probe.py)
+
+
 TRAINING = "training"  # a heartbeat's last word once the rank trains (its start-up is over)
 
 
@@ -223,6 +226,14 @@ def the_launcher_hears_us() -> bool:
     return link is None or link.answered_after(time.monotonic())
 
 
+def hosts_answering() -> frozenset[str] | None:
+    """In an elastic job across hosts with launcher.respawn, the hosts the launcher last
+    found answering, less those of learners it took for lost since (a replacement may go
+    there); None where there is no such link."""
+    link = LINK
+    return link.answering if link is not None else None
+
+
 class LauncherLink:
     """A rank's end of the answered heartbeats (:class:`HeartbeatListener`), in a thread of
     its own: ``on_lost(ranks)`` for the learners the launcher newly takes for lost (this
@@ -243,6 +254,7 @@ class LauncherLink:
         self.on_lost, self.on_cut_off, self.on_launcher_gone = (on_lost, on_cut_off,
                                                                 on_launcher_gone)
         self.answered = time.monotonic()  # when the launcher's last answer came
+        self.answering: frozenset[str] = frozenset()  # as the last answer said
         self._answer = threading.Condition()
         LINK = self
         threading.Thread(target=self._listen, name="launcher-link", daemon=True).start()
@@ -288,6 +300,9 @@ class LauncherLink:
             if words[:1] == [LOST_ANSWER.encode()]:
                 answered = now
                 lost = {int(word) for word in words[1:] if word.isdigit()}
+                self.answering = frozenset(word[1:].decode(errors="replace")
+                                           for word in words[1:]
+                                           if word.startswith(ANSWERS_MARK.encode()))
                 if lost - known:
                     self.on_lost(sorted(lost - known))
                     known |= lost
