@@ -66,3 +66,24 @@ def test_a_replacement_is_spawned_for_a_killed_asynchronous_learner(tmp_path):
     history, summary = assert_spare_4_replaced_learner_2(proc, run_dir)  # at the loss
     assert_4_was_spawned(run_dir, summary)
     assert summary["top1"] > 60, history
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_a_replacement_that_cannot_be_started_is_one_line_and_the_job_goes_on(tmp_path):
+    """MPI_Comm_spawn fails (faults.respawn_fails: the program to start does not exist): one
+    line names it, the job goes on and completes on the 3 survivors, and it is not tried
+    again."""
+    proc, run_dir = respawned_run(tmp_path, "dpsgd", "faults.sigkill.step=10",
+                                  "faults.respawn_fails=true", "trainer.epochs=2")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    said = [line for line in proc.stderr.splitlines() if "could not be started" in line]
+    assert len(said) == 1 and re.fullmatch(
+        r"adpsgd-run: 1 replacement learner\(s\) could not be started \(MPI_Comm_spawn "
+        r"failed: .+\): 3 learner\(s\) go on", said[0]), proc.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["learners_at_end"] == 3, summary
+    assert [(m["event"], m["learner"]) for m in summary["membership"]] == [("lost", 2)]
+    events = [json.loads(line) for line in (run_dir / "logs" / "events.jsonl").open()]
+    assert [e["event"] for e in events if "respawn" in e["event"]] == ["respawn failed"]
+    assert_every_sample_once(summary, epochs=2)

@@ -204,6 +204,9 @@ class FaultsConfig(Section):
     # Every rank sleeps this long in each evaluation (a slow held-out set): lets a test press
     # Ctrl-C in the middle of one.
     eval_delay_s: float = 0.0
+    # launcher.respawn asks MPI to start a program that does not exist, so that starting a
+    # replacement fails as it would on a broken host (tests of launcher.respawn).
+    respawn_fails: bool = False
 
     def check(self, prefix: str, cfg: DictConfig) -> None:
         require(self.delay_s >= 0, f"{prefix}.delay_s", f"must be >= 0, got {self.delay_s}",
@@ -228,6 +231,9 @@ class FaultsConfig(Section):
                 "must be >= 0", self.hint(prefix, "checkpoint_write_delay_s"))
         require(self.eval_delay_s >= 0, f"{prefix}.eval_delay_s", "must be >= 0",
                 self.hint(prefix, "eval_delay_s"))
+        require(not self.respawn_fails or cfg.launcher.get("respawn"), f"{prefix}.respawn_fails",
+                "makes the start of a replacement fail, and this job starts none",
+                "launcher.respawn=true (or leave faults.respawn_fails out)")
 
 
 @dataclass

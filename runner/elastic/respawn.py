@@ -180,6 +180,8 @@ def respawn(m: Membership) -> None:
     numbers = list(range(len(m.hosts), len(m.hosts) + len(hosts)))
     command, args = sys.executable, ["-m", "runner.worker", str(Path(t.run_dir).resolve()),
                                      RESPAWNED]
+    if t.cfg.faults.get("respawn_fails"):  # a fault injected on purpose
+        command = str(Path(t.run_dir) / "no-such-program")
     try:
         if hosts[0] is None:
             spawned = m.everyone.Spawn(command, args=args, maxprocs=len(hosts), root=first)

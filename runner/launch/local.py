@@ -407,6 +407,10 @@ class LocalLauncher(Launcher):
             statuses.discard(None)
         if statuses in ({EXIT_PREEMPTED}, {EXIT_STOPPED}):  # every rank stopped gracefully
             return statuses.pop(), None
+        if self.cfg.elastic and statuses == {0}:
+            # Every rank left completed the run; Open MPI's mpiexec ends non-zero for its own
+            # reasons (a replacement it could not start marks the job failed).
+            return 0, None
         if status == -signal.SIGINT and signal.SIGINT in received:
             # The user's Ctrl-C itself: a Ctrl-C while mpiexec is being spawned reaches it in
             # the instant between fork and its own session, and it dies of it at once.
