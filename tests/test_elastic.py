@@ -62,6 +62,9 @@ SLURM_ELASTIC = ["algo=dpsgd", "launcher=slurm", "launcher.nodes=2", "launcher.p
      "launcher.elastic=true"),
     (["algo=ssgd", "launcher.elastic=true", "launcher.respwan=true"], "unknown key "
      "'launcher.respwan'", "did you mean launcher.respawn"),
+    (["algo=ssgd", "launcher.elastic=true", "launcher.respawn=true",
+      "faults.respawn_fail=true"], "unknown key 'faults.respawn_fail'",
+     "did you mean faults.respawn_fails"),
     (["algo=ssgd", "launcher.elastic=true", "launcher.link_timeout_s=1"],
      "launcher.link_timeout_s: must be at least 5 s", "launcher.link_timeout_s=10"),
     (["algo=ssgd", "launcher.elastic=true", "launcher.link_timeout_s=30",

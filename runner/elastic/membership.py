@@ -394,7 +394,7 @@ class Membership:
 
     def host_capacity(self) -> dict[str, int] | None:
         """Processes each host of launcher.hostfile takes (launcher.procs_per_node, else its
-        slots), by short name; None without a hostfile, or one that cannot be read now."""
+        slots), by short name; None without a hostfile; empty when it cannot be read now."""
         if self._capacity is False:
             launcher = self.trainer.cfg.launcher
             self._capacity = None
@@ -402,8 +402,9 @@ class Membership:
                 try:
                     self._capacity = {short_name(h.name): launcher.procs_per_node or h.slots
                                       for h in read_hostfile(launcher.hostfile)}
-                except UserError as ex:
-                    log.warning("replacements go where Open MPI places them: %s", ex)
+                except UserError as ex:  # changed since the start: no host is known to work
+                    self._capacity = {}
+                    log.warning("no replacement can be placed: %s", ex)
         return self._capacity
 
     def spares_wanted(self, unready_too: bool = False) -> bool:
