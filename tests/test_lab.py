@@ -438,18 +438,18 @@ def test_an_elastic_job_goes_on_without_a_learner_killed_on_another_host(lab_ove
     assert all(e["distinct"] == e["used"] == 1438 for e in summary["epoch_samples"])
 
 
-def respawning_job(tmp_path: Path, lab_overrides: list[str], *options: str
+def respawning_job(tmp_path: Path, lab_overrides: list[str], epochs: int
                    ) -> tuple[Path, subprocess.Popen]:
     """D-PSGD on 4 learners, 0-1 on lab1 and 2-3 on lab2, with launcher.respawn and a
-    hostfile of lab1-lab3 (2 slots each: lab3's are free), steps slowed to last a minute."""
+    hostfile of lab1-lab3 (2 slots each: lab3's are free), its steps slowed."""
     run_dir = tmp_path / "run"
     shell = next(o for o in lab_overrides if o.startswith("launcher.remote_shell="))
     hosts = hostfile(tmp_path, ["lab1 slots=2", "lab2 slots=2", "lab3 slots=2"])
     proc = start(["recipe=digit_images", "algo=dpsgd", "seed=1", "launcher.nprocs=4",
                   "launcher.procs_per_node=2", "launcher.elastic=true", "launcher.respawn=true",
-                  "launcher.link_timeout_s=5", "trainer.epochs=16", "trainer.progress=false",
-                  "faults.delay_s=0.2", f"launcher.hostfile={hosts}", shell, *options,
-                  f"hydra.run.dir={run_dir}"], tmp_path)
+                  "launcher.link_timeout_s=5", f"trainer.epochs={epochs}",
+                  "trainer.progress=false", "faults.delay_s=0.2", f"launcher.hostfile={hosts}",
+                  shell, f"hydra.run.dir={run_dir}"], tmp_path)
     return run_dir, proc
 
 
@@ -457,7 +457,7 @@ def test_a_replacement_goes_back_to_the_host_of_a_killed_learner(lab_overrides, 
     """Learner 3 killed on lab2, where learner 2 still runs: the survivors spawn learner 4
     on lab2 again (the lost learner's host first, which answers and has its slot free),
     not on lab3's free slots, and the job ends on 4 learners."""
-    run_dir, proc = respawning_job(tmp_path, lab_overrides)
+    run_dir, proc = respawning_job(tmp_path, lab_overrides, epochs=8)
     err = kill_learner_3_on_lab2(run_dir, proc)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert [(m["event"], m["learner"], m["host"]) for m in summary["membership"]] == [
@@ -473,7 +473,8 @@ def test_replacements_wait_for_a_host_that_answers_again(lab_overrides, tmp_path
     does not answer): one line says so, and the 2 learners go on. lab3's link comes back:
     the launcher finds it answering, the learners spawn learners 4-5 there at their next
     step, and the job ends on 4 learners, every sample of every epoch used once."""
-    run_dir, proc = respawning_job(tmp_path, lab_overrides)
+    # 16 epochs: lab3 silent for a round, the cut, the wait, lab3 back for a round, the spawn.
+    run_dir, proc = respawning_job(tmp_path, lab_overrides, epochs=16)
     events = run_dir / "logs" / "events.jsonl"
     try:
         wait_for_an_evaluation(run_dir, proc)
