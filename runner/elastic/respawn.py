@@ -223,7 +223,7 @@ def say_waiting(m: Membership, waiting: int) -> None:
     """Replacements that no host can take now: one line when their number changes.
     Lockstep learners start them once a host answers again or has a free slot
     (:func:`spawn_due`); asynchronous learners meet only at a loss, so theirs are not
-    started."""
+    started (a later loss tries again)."""
     if waiting == m.waiting_replacements:
         return
     m.waiting_replacements = waiting
@@ -231,8 +231,7 @@ def say_waiting(m: Membership, waiting: int) -> None:
     if not waiting:
         return
     where = why_no_host(m)
-    if t.algo.asynchronous:
-        m.respawn_failed = True  # nowhere to start them later
+    if t.algo.asynchronous:  # tried again at the next loss only
         say_respawn_failed(m, waiting, f"{where}; asynchronous learners meet only at a loss")
         return
     line = (f"adpsgd-run: {waiting} replacement learner(s) wait for a host: {where}; "

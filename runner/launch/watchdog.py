@@ -77,9 +77,9 @@ class HeartbeatListener:
     the launcher takes for lost (:meth:`declare_lost`): the survivors learn of a loss that
     MPI cannot see (a cut link, a host gone silent), and a rank that hears no answer is cut
     off (:class:`LauncherLink`); and with the hosts that answer (:meth:`set_answering`), where
-    replacements may go (runner/elastic/respawn.py). Its
-    :class:`LossDetector` (``sensitivity``) learns each learner's heartbeats from its first
-    one in training on, and says who is silent for too long (:meth:`suspected`)."""
+    replacements may go (runner/elastic/respawn.py). Its :class:`LossDetector`
+    (``sensitivity``) learns each learner's heartbeats from its first one in training on,
+    and says who is silent for too long (:meth:`suspected`)."""
 
     def __init__(self, answer: bool = False, sensitivity: Sensitivity | None = None) -> None:
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -164,9 +164,9 @@ class HeartbeatListener:
         ``asked_at``); returns those it brings back: silent in the round before, or away."""
         with self._lock:
             back = {h for h, since in self._away.items() if h in hosts and asked_at > since}
-            back |= hosts & self._silent
-            for host in back & set(self._away):
+            for host in back:
                 del self._away[host]
+            back |= (hosts & self._silent) - set(self._away)
             self._answering, self._silent = set(hosts), asked - hosts
             return back
 
