@@ -109,12 +109,8 @@ def placement(m: Membership, count: int) -> list[str | None]:
     capacity = m.host_capacity()
     if capacity is None:
         return [None] * count
-    used = Counter(short_name(m.hosts[n]) for n in m.members)
-    answering = hosts_answering()
-    # A host takes one if it answers (its learners are heard, or the launcher found it so)
-    # and the job's launches there are not all gone (emptied_hosts).
-    open_hosts = ({short_name(h) for h in answering} | set(used) if answering is not None
-                  else set(capacity)) - emptied_hosts(m)
+    used, answering, emptied = hosts_now(m, capacity)
+    open_hosts = answering - emptied
     preferred = [h for h in m.lost_hosts if short_name(h) in capacity] + list(capacity)
     chosen: list[str | None] = []
     for _ in range(count):
@@ -125,6 +121,19 @@ def placement(m: Membership, count: int) -> list[str | None]:
         chosen.append(host)
         used[host] += 1
     return chosen
+
+
+def hosts_now(m: Membership, capacity: dict[str, int]
+              ) -> tuple[Counter[str], set[str], set[str]]:
+    """By short name: the job's processes alive on each host; the hosts that answer (where
+    learners are heard, or that the launcher found answering; every host of ``capacity``
+    without a launcher link); the hosts Open MPI cannot start a process of the job on
+    (:func:`emptied_hosts`). What :func:`placement` and :func:`why_no_host` both read."""
+    used = Counter(short_name(m.hosts[n]) for n in m.members)
+    answering = hosts_answering()
+    heard = ({short_name(h) for h in answering} | set(used) if answering is not None
+             else set(capacity))
+    return used, heard, emptied_hosts(m)
 
 
 def emptied_hosts(m: Membership) -> set[str]:
@@ -247,10 +256,9 @@ def why_no_host(m: Membership) -> str:
     """Why :func:`placement` finds no host: the hosts that cannot take one though they have
     room, and why each (see emptied_hosts), then that the others are full."""
     capacity = m.host_capacity() or {}
-    used = Counter(short_name(m.hosts[n]) for n in m.members)
-    answering = {short_name(h) for h in hosts_answering() or ()} | set(used)
+    used, answering, emptied_now = hosts_now(m, capacity)
     roomy = [h for h in capacity if used[h] < capacity[h]]
-    emptied = [h for h in roomy if h in emptied_hosts(m)]
+    emptied = [h for h in roomy if h in emptied_now]
     silent = [h for h in roomy if h not in answering and h not in emptied]
     reasons = [f"{', '.join(hosts)} {verbs[len(hosts) > 1]} {what}" for hosts, verbs, what in (
         (emptied, ("has", "have"), "no process of the job left, and Open MPI's runtime cannot "
