@@ -222,11 +222,11 @@ class Membership:
         self.unready: set[int] = set(respawned.unready) if respawned is not None else set()
         self.ready_heard: set[int] = set()
         # The hosts of lost learners no replacement has taken yet (a replacement goes back
-        # there first); replacements that no host could take yet (respawn.placement), and
-        # whether the learners agreed to start them before their next step.
+        # there first, where it can: respawn.spawn_unsafe_hosts reads the launches);
+        # replacements that no host could take yet (respawn.placement), and whether the
+        # learners agreed to start them before their next step.
         self.lost_hosts: list[str] = list(respawned.lost_hosts) if respawned is not None else []
-        self.launches = (respawned.launches if respawned is not None  # respawn.emptied_hosts
-                         else [list(self.members)])
+        self.launches = respawned.launches if respawned is not None else [list(self.members)]
         self.waiting_replacements = 0
         self.spawn_next = False
         self._capacity: dict[str, int] | None | bool = False  # not read yet

@@ -102,15 +102,15 @@ def placement(m: Membership, count: int) -> list[str | None]:
     """Where up to ``count`` replacements can start now (the first learner decides): without
     a hostfile, anywhere ([None] * count: Open MPI's runtime places them on this machine);
     with one, on hosts that answer (where learners live, or that the launcher found
-    answering: runner/runlog/liveness.py's hosts_answering) and can take one (not emptied)
+    answering: runner/runlog/liveness.py's hosts_answering) and can take one (not spawn-unsafe)
     with a slot free (``launcher.procs_per_node``, else the host's slots, less the job's
     processes alive there), the lost learners' hosts first. Fewer than ``count`` when no
     such host is left: the others wait (:func:`spawn_due`)."""
     capacity = m.host_capacity()
     if capacity is None:
         return [None] * count
-    used, answering, emptied = hosts_now(m, capacity)
-    open_hosts = answering - emptied
+    used, answering, unsafe = hosts_now(m, capacity)
+    open_hosts = answering - unsafe
     preferred = [h for h in m.lost_hosts if short_name(h) in capacity] + list(capacity)
     chosen: list[str | None] = []
     for _ in range(count):
@@ -128,29 +128,29 @@ def hosts_now(m: Membership, capacity: dict[str, int]
     """By short name: the job's processes alive on each host; the hosts that answer (where
     learners are heard, or that the launcher found answering; every host of ``capacity``
     without a launcher link); the hosts Open MPI cannot start a process of the job on
-    (:func:`emptied_hosts`). What :func:`placement` and :func:`why_no_host` both read."""
+    (:func:`spawn_unsafe_hosts`). What :func:`placement` and :func:`why_no_host` both read."""
     used = Counter(short_name(m.hosts[n]) for n in m.members)
     answering = hosts_answering()
     heard = ({short_name(h) for h in answering} | set(used) if answering is not None
              else set(capacity))
-    return used, heard, emptied_hosts(m)
+    return used, heard, spawn_unsafe_hosts(m)
 
 
-def emptied_hosts(m: Membership) -> set[str]:
-    """Hosts where every process of one of the job's launches (the first, or a spawn) has
-    ended while others of it live on elsewhere. Open MPI 5's runtime forgets such a launch on
-    that host, and a process spawned there cannot connect to the job (its MPI_Init fails in
-    PMIx_Connect: "Not supported"), which would leave the learners waiting in the spawn; a
-    host the launch never used, or one where a process of it still runs, takes one."""
+def spawn_unsafe_hosts(m: Membership) -> set[str]:
+    """Hosts where a process of one of the job's live launches (the first, or a spawn, with
+    a process alive somewhere) has ended. Open MPI 5's runtime cannot be trusted to start a
+    process of the job there: once every process of a launch on a host has ended, a process
+    spawned there fails in MPI_Init (PMIx_Connect: "Not supported") and the spawning
+    learners wait forever; after one of several ended, the spawn usually works, but failed
+    once under load with MPI_ERR_INTERN ("Unreachable"), and the runtime then lost a daemon
+    and ended the whole job. A host the live launches never used, or used without a loss,
+    takes one; so does a host whose launches have all ended (in no spawn's connect)."""
     alive = set(m.members)
-    emptied = set()
+    unsafe = set()
     for launch in m.launches:
-        if not alive & set(launch):  # none left: not in the spawn's connect
-            continue
-        for host in {short_name(m.hosts[n]) for n in launch}:
-            if not any(short_name(m.hosts[n]) == host for n in launch if n in alive):
-                emptied.add(host)
-    return emptied
+        if alive & set(launch):
+            unsafe |= {short_name(m.hosts[n]) for n in launch if n not in alive}
+    return unsafe
 
 
 def short_name(host: str) -> str:
@@ -254,15 +254,15 @@ def say_waiting(m: Membership, waiting: int) -> None:
 
 def why_no_host(m: Membership) -> str:
     """Why :func:`placement` finds no host: the hosts that cannot take one though they have
-    room, and why each (see emptied_hosts), then that the others are full."""
+    room, and why each (see spawn_unsafe_hosts), then that the others are full."""
     capacity = m.host_capacity() or {}
-    used, answering, emptied_now = hosts_now(m, capacity)
+    used, answering, unsafe_now = hosts_now(m, capacity)
     roomy = [h for h in capacity if used[h] < capacity[h]]
-    emptied = [h for h in roomy if h in emptied_now]
-    silent = [h for h in roomy if h not in answering and h not in emptied]
+    unsafe = [h for h in roomy if h in unsafe_now]
+    silent = [h for h in roomy if h not in answering and h not in unsafe]
     reasons = [f"{', '.join(hosts)} {verbs[len(hosts) > 1]} {what}" for hosts, verbs, what in (
-        (emptied, ("has", "have"), "no process of the job left, and Open MPI's runtime cannot "
-                                   "start one there again"),
+        (unsafe, ("has", "have"), "lost a process of the job, and Open MPI's runtime cannot "
+                                  "reliably start one there again"),
         (silent, ("does", "do"), "not answer")) if hosts]
     return "; ".join([*reasons, f"no {'other ' if reasons else ''}host of launcher.hostfile "
                                 "has a free slot"])
