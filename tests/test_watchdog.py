@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -250,6 +251,39 @@ def test_only_training_ranks_on_other_hosts_silent_past_their_threshold_are_newl
         assert watchdog.lost() == {2, 3}
     finally:
         watchdog.stop()
+        listener.close()
+
+
+def test_heartbeats_the_launcher_has_not_read_yet_are_not_taken_for_silence():
+    """The launcher held up (its heartbeat thread kept from running) while a learner's
+    heartbeats arrive: they wait in the socket, and the launcher reads them before it judges
+    the learner's silence, so its own delay is not taken for a loss."""
+    listener = HeartbeatListener(sensitivity=Sensitivity(loss_after_s=0.5, link_timeout_s=60))
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    host, port = listener.target.rsplit(":", 1)
+
+    def beat() -> None:
+        sock.sendto(b"2 102 lab2 training", (host, int(port)))
+
+    try:
+        for _ in range(5):
+            beat()
+            time.sleep(0.05)
+        seen(lambda: 2 in listener.training(), "the heartbeats")
+        with listener._lock:  # hold the heartbeat thread: it reads one beat and waits
+            beat()
+            time.sleep(0.1)
+            beat()  # stays in the socket
+            time.sleep(1.0)  # past the 0.5 s floor since the last beat the launcher read
+            judged = []
+            judge = threading.Thread(target=lambda: judged.append(listener.suspected()))
+            judge.start()
+            time.sleep(0.1)
+        judge.join(5)  # the launcher runs again: it reads both beats, then judges
+        assert judged == [{}], judged
+        time.sleep(0.8)
+        assert 2 in listener.suspected()  # silent for real now
+    finally:
         listener.close()
 
 

@@ -141,8 +141,22 @@ class HeartbeatListener:
 
     def suspected(self) -> dict[int, float]:
         """The ranks silent past what their heartbeats so far let the detector expect:
-        rank -> seconds silent."""
+        rank -> seconds silent. Heartbeats that have arrived but are not read yet are read
+        first (:meth:`_catch_up`)."""
+        self._catch_up()
         return self.detector.suspected(time.monotonic())
+
+    def _catch_up(self, within_s: float = 1.0) -> None:
+        """Wait (up to ``within_s``) until the heartbeat thread has read every datagram the
+        host has received. A launcher that a loaded machine held up for a second would
+        otherwise judge before reading the heartbeats waiting for it, and take its own
+        delay for the learners' silence (a false loss, seen in CI at a load of about 8)."""
+        deadline = time.monotonic() + within_s
+        try:
+            while select.select([self.sock], [], [], 0)[0] and time.monotonic() < deadline:
+                time.sleep(0.005)
+        except (OSError, ValueError):  # closed
+            pass
 
     def declare_lost(self, ranks: list[int]) -> None:
         """From now on, every answer names ``ranks`` among the lost."""
