@@ -47,6 +47,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from ..errors import OneLineParser, UserError, command_status, one_line
 from ..runlog.records import read_metrics
 from ..runlog.summary import NOT_METRICS, primary_metric
+from .report_groups import check_over, check_target, parse_target, write_groups
 
 PROG = "adpsgd-report"
 TABLE_COLUMNS = ("run", "algo", "recipe", "nprocs", "final metric", "samples/s", "compute s",
@@ -266,7 +267,7 @@ def markdown_table(runs: list[Run], settings: Sequence[str] = ()) -> str:
 
 
 # ---- plots -----------------------------------------------------------------------------------
-def _figure(panels: int, max_columns: int | None = None):
+def panel_figure(panels: int, max_columns: int | None = None):
     """A figure of ``panels`` panels of one size, in rows of at most ``max_columns`` (None:
     one row), so that many runs make a taller picture, not an ever wider one."""
     import matplotlib
@@ -288,7 +289,7 @@ def plot_curves(runs: list[Run], x_key: str, x_label: str, rank0: bool, out: Pat
     """Loss and each recipe metric present against ``x_key``, one colour and marker per run
     (runs without evaluations, timing-only simulations, have no line)."""
     metrics = ["loss"] + sorted({r.metric for r in runs if r.metric})
-    fig, axes = _figure(len(metrics))
+    fig, axes = panel_figure(len(metrics))
     for index, run in enumerate(runs):
         color, marker = f"C{index % 10}", MARKERS[index % len(MARKERS)]
         for ax, metric in zip(axes, metrics):
@@ -320,7 +321,7 @@ def plot_curves(runs: list[Run], x_key: str, x_label: str, rank0: bool, out: Pat
 def plot_throughput(runs: list[Run], out: Path) -> None:
     """Samples/s bars, and the seconds a rank spent (mean per rank) stacked per run: computing,
     loading data, communicating, idle, evaluating and checkpointing."""
-    fig, (rate_ax, time_ax) = _figure(2)
+    fig, (rate_ax, time_ax) = panel_figure(2)
     labels = [r.label for r in runs]
     positions = range(len(runs))
     rates = [r.summary.get("samples_per_s") or 0.0 for r in runs]
@@ -349,7 +350,7 @@ def plot_learners(runs: list[Run], out: Path) -> None:
     """Per run, a bar per learner: its own work per step (computing, loading batches) with
     its waiting per step stacked on top, so that the slow learner stands out."""
     shown = [r for r in runs if r.summary.get("learners")]
-    fig, axes = _figure(len(shown), max_columns=LEARNER_COLUMNS)
+    fig, axes = panel_figure(len(shown), max_columns=LEARNER_COLUMNS)
     for ax, run in zip(axes, shown):
         learners = run.summary["learners"]
         ranks = [learner["rank"] for learner in learners]
@@ -369,13 +370,18 @@ def plot_learners(runs: list[Run], out: Path) -> None:
 
 
 def write_report(run_dirs: Sequence[Path], out: Path, rank0: bool = False,
-                 skipped: Callable[[str], None] = note) -> dict[str, Path]:
+                 skipped: Callable[[str], None] = note, over: str = "seed",
+                 target: str | None = None) -> dict[str, Path]:
     """Load the runs (run dirs, or sweep dirs: see :func:`find_run_dirs`) and write the
-    PNGs and table.md into ``out``; return the paths."""
+    PNGs and table.md into ``out``, and the groups of runs that differ only in ``over``
+    with ``target`` (report_groups.py); return the paths."""
     runs = []
     for path, in_sweep in find_run_dirs(run_dirs, skipped):
         runs.append(load_run(path))
         runs[-1].in_sweep = in_sweep
+    wanted = parse_target(target, lower_is_better)
+    check_over(runs, over)  # mistakes in the groups' options before anything is drawn
+    check_target(runs, wanted)
     settings = differing_settings(runs)
     label_runs(runs, settings)
     try:
@@ -395,6 +401,7 @@ def write_report(run_dirs: Sequence[Path], out: Path, rank0: bool = False,
         paths["table"].write_text(markdown_table(
             runs, [key for key in settings if key not in SHOWN_SETTINGS]))
         paths["tb"] = link_event_dirs(runs, out / "tb")
+        paths.update(write_groups(runs, out, over, wanted))
     except OSError as ex:
         raise UserError(f"cannot write the report to {out}: {one_line(ex)}",
                         "give --out a writable directory") from None
@@ -430,6 +437,12 @@ def build_parser() -> argparse.ArgumentParser:
                         help="directory for PNGs, table.md and tb/ (links for TensorBoard)")
     parser.add_argument("--rank0", action="store_true",
                         help="also draw rank 0's own model (split eval_rank0), dashed")
+    parser.add_argument("--over", default="seed", metavar="KEY",
+                        help="runs whose configs differ only in KEY form a group: mean and "
+                             "spread in groups.md/.json, bands in curves_groups.png "
+                             "(default: seed)")
+    parser.add_argument("--target", metavar="METRIC=VALUE",
+                        help="the groups' training time to reach it, e.g. top1=90 or wer=5")
     return parser
 
 
@@ -438,8 +451,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     def body() -> int:
         args = build_parser().parse_args(argv)
-        paths = write_report(args.run_dirs, args.out, rank0=args.rank0)
+        paths = write_report(args.run_dirs, args.out, rank0=args.rank0, over=args.over,
+                             target=args.target)
         print(paths["table"].read_text(), end="")
+        if "groups_table" in paths:
+            print(f"\nruns that differ only in {args.over}, as groups:")
+            print(paths["groups_table"].read_text(), end="")
         for path in paths.values():
             print(f"wrote {path}")
         print(f"compare them in TensorBoard: tensorboard --logdir {paths['tb']}")
