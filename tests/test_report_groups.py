@@ -25,7 +25,7 @@ TARGET = 85.0  # top-1 %: reached by some evaluations of these runs, not by the 
 def sweep(tmp_path_factory):
     """The sweep, and one more D-PSGD run of seed 1 with another learning rate."""
     root = tmp_path_factory.mktemp("groups")
-    common = ["recipe=digit_images", "launcher=sim", "launcher.nprocs=4", "trainer.epochs=2",
+    common = ["recipe=digit_images", "launcher=sim", "launcher.nprocs=4", "trainer.epochs=3",
               "trainer.progress=false"]
     run_cli(["-m", *common, f"algo={','.join(ALGOS)}", f"seed={','.join(map(str, SEEDS))}",
              f"hydra.sweep.dir={root / 'sweep'}"], cwd=root)
