@@ -220,17 +220,20 @@ class Communicator:
             return
         if self.backend == "mpi":
             with contextlib.ExitStack() as staged:
-                requests = [self._tensor_comm.Irecv(
-                    staged.enter_context(self._staging.host(_bytes(buf), copy_in=False)),
-                    source=peer, tag=tag) for peer, buf in receives]
+                requests: list = []  # posted one by one: a post that fails keeps the others
                 hosts: dict[int, Any] = {}  # a tensor sent to several peers is staged once
-                for out, peer in sends:
-                    if id(out) not in hosts:
-                        hosts[id(out)] = staged.enter_context(
-                            self._staging.host(_bytes(out), copy_back=False))
-                    requests.append(self._tensor_comm.Isend(hosts[id(out)], dest=peer,
-                                                            tag=tag))
                 try:
+                    for peer, buf in receives:
+                        requests.append(self._tensor_comm.Irecv(
+                            staged.enter_context(self._staging.host(_bytes(buf),
+                                                                    copy_in=False)),
+                            source=peer, tag=tag))
+                    for out, peer in sends:
+                        if id(out) not in hosts:
+                            hosts[id(out)] = staged.enter_context(
+                                self._staging.host(_bytes(out), copy_back=False))
+                        requests.append(self._tensor_comm.Isend(hosts[id(out)], dest=peer,
+                                                                tag=tag))
                     self.MPI.Request.Waitall(requests)
                 except self.MPI.Exception:
                     keep_abandoned(requests)  # and the buffers they point into

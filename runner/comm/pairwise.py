@@ -29,13 +29,14 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from functools import partial
 
 import numpy as np
 
 from ..lazy import torch
 from .global_clock import ProgressTable
 from .traffic import Traffic
-from .ulfm import free_quietly, keep_abandoned, track
+from .ulfm import free_quietly, keep_abandoned, post_each, track
 from .world import mpi
 
 REQUEST, REPLY, MODEL_REQUEST, MODEL_REPLY = 21, 22, 23, 24
@@ -234,11 +235,13 @@ class PairwiseAverager:
             key = [self.rank, peer, self.partners.get(peer, 0)]
             header = self._snapshot(key)
             reply = np.empty_like(header)
-            self._wait([self._send(header, peer, REQUEST),
-                        self.comm.Irecv(reply, source=peer, tag=REPLY)], peer, "request")
-            requests = [self._send(_np(s), peer, MODEL_REQUEST) for s in self.snapshots]
-            requests += [self.comm.Irecv(_np(r), source=peer, tag=MODEL_REPLY)
-                         for r in self.received]
+            self._wait(post_each([lambda: self._send(header, peer, REQUEST),
+                                  lambda: self.comm.Irecv(reply, source=peer, tag=REPLY)]),
+                       peer, "request")
+            requests = post_each(
+                [*(partial(self._send, _np(s), peer, MODEL_REQUEST) for s in self.snapshots),
+                 *(partial(self.comm.Irecv, _np(r), source=peer, tag=MODEL_REPLY)
+                   for r in self.received)])
             self._wait(requests, peer, "model exchange")
             self._merge(reply, peer, started, key)
         finally:
@@ -259,10 +262,12 @@ class PairwiseAverager:
             header = np.empty(3 * self.size)
             self.comm.Recv(header, source=peer, tag=REQUEST)
             key = [peer, self.rank, self.partners.get(peer, 0)]
-            requests = [self._send(self._snapshot(key), peer, REPLY)]
-            requests += [self.comm.Irecv(_np(r), source=peer, tag=MODEL_REQUEST)
-                         for r in self.received]
-            requests += [self._send(_np(s), peer, MODEL_REPLY) for s in self.snapshots]
+            snapshot = self._snapshot(key)
+            requests = post_each(
+                [partial(self._send, snapshot, peer, REPLY),
+                 *(partial(self.comm.Irecv, _np(r), source=peer, tag=MODEL_REQUEST)
+                   for r in self.received),
+                 *(partial(self._send, _np(s), peer, MODEL_REPLY) for s in self.snapshots)])
             self._wait(requests, peer, "reply")
             self._merge(header, peer, started, key)
         finally:

@@ -204,6 +204,21 @@ def keep_abandoned(requests: list) -> None:
     PROCESS.abandoned.extend(requests)
 
 
+def post_each(posts: list) -> list:
+    """The requests of ``posts`` (callables that each post one), posted in order. A post that
+    fails (a revoked communicator, a peer found dead) keeps the ones already posted
+    (:func:`keep_abandoned`) before the error goes on: dropped, they would be freed in
+    flight."""
+    requests: list = []
+    try:
+        for post in posts:
+            requests.append(post())
+    except BaseException:
+        keep_abandoned(requests)
+        raise
+    return requests
+
+
 def free_quietly(mpi_comm) -> None:
     """Free a communicator that may be revoked and hold dead ranks."""
     MPI = mpi()
