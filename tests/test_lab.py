@@ -618,7 +618,8 @@ def test_the_lab_benchmarks_quick_modes(lab_overrides, tmp_path):
     silent, rows = run_quick(tmp_path, "bench_silent_host", "--runs", str(tmp_path / "silent"))
     [case] = silent["cases"]
     assert (case["algo"], case["fault"], case["learners_at_end"]) == ("ssgd", "cut", 2)
-    # decided past the floor (less the beat before the cut), training again after that
-    assert 0.8 <= case["fault_to_decision_s"] <= case["fault_to_training_s"] < 10, case
+    # decided past the floor less the last beat read before the cut (0.2 s apart, more on a
+    # loaded machine: CI saw 0.789 s), training again after that
+    assert 0.6 <= case["fault_to_decision_s"] <= case["fault_to_training_s"] < 10, case
     assert case["every_sample_once"] and len(rows) == 1
     assert lab("status").stdout == before
