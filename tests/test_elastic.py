@@ -146,17 +146,6 @@ def test_every_asynchronous_elastic_algorithm_says_what_it_heard_of_the_others()
         assert callable(getattr(Algorithm, method)), method
 
 
-def test_elastic_ranks_leave_out_the_collectives_that_crash_at_a_failure_unless_chosen():
-    """coll/han crashes survivors when a process fails while it builds its communicators:
-    an elastic job's ranks leave it out, unless the user chose the components."""
-    from runner.launch.ulfm_mpi import ulfm_environment
-
-    mpiexec = str(ULFM_PREFIX / "bin" / "mpiexec")
-    assert ulfm_environment(mpiexec, {})["OMPI_MCA_coll"] == "^han"
-    assert ulfm_environment(mpiexec, {"OMPI_MCA_coll": "tuned,self"})["OMPI_MCA_coll"] == \
-        "tuned,self"
-
-
 def test_an_undone_step_puts_back_model_buffers_and_optimizer_state():
     model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.BatchNorm1d(2))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)

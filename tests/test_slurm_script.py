@@ -109,7 +109,6 @@ def test_an_elastic_job_s_step_is_its_supervisor_over_srun_with_pmix(tmp_path):
     env = launcher.environment()
     assert env["OMPI_MCA_mpi_ft_enable"] == "1" and env["LD_PRELOAD"].startswith(
         str(PMIX_QUIET)) and env["MPI4PY_LIBMPI"].endswith("libmpi.so.40"), env
-    assert env["OMPI_MCA_coll"] == os.environ.get("OMPI_MCA_coll", "^han"), env
     assert (launcher.cfg.hostfile, launcher.cfg.elastic, launcher.STARTER) == \
         (str(hosts), True, "srun")
 

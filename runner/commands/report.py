@@ -47,6 +47,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from ..errors import OneLineParser, UserError, command_status, one_line
 from ..runlog.records import read_metrics
 from ..runlog.summary import NOT_METRICS, primary_metric
+from .report_figures import lower_is_better, panel_figure
 from .report_groups import check_over, check_target, parse_target, write_groups
 
 PROG = "adpsgd-report"
@@ -56,10 +57,6 @@ TABLE_COLUMNS = ("run", "algo", "recipe", "nprocs", "final metric", "samples/s",
 SHOWN_SETTINGS = {"algo", "recipe", "launcher.nprocs"}
 RUN_FILES = ("metrics.jsonl", "summary.json")
 SWEEP_FILE = "multirun.yaml"  # Hydra writes it into every sweep dir
-
-
-def lower_is_better(metric: str) -> bool:
-    return any(word in metric for word in ("wer", "loss", "err"))
 
 
 @dataclass
@@ -267,20 +264,6 @@ def markdown_table(runs: list[Run], settings: Sequence[str] = ()) -> str:
 
 
 # ---- plots -----------------------------------------------------------------------------------
-def panel_figure(panels: int, max_columns: int | None = None):
-    """A figure of ``panels`` panels of one size, in rows of at most ``max_columns`` (None:
-    one row), so that many runs make a taller picture, not an ever wider one."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only, never a display
-    from matplotlib.figure import Figure
-
-    columns = max(1, min(panels, max_columns or panels))
-    rows = -(-panels // columns)
-    fig = Figure(figsize=(5.2 * columns, 3.8 * rows), dpi=90, layout="constrained")
-    return fig, [fig.add_subplot(rows, columns, i + 1) for i in range(panels)]
-
-
 MARKERS = "osD^v<>ph*"  # one per run beside its colour: runs that overlap stay visible
 PERCENT = ("top1", "top5", "wer", "acc", "err")  # metrics the recipes report in percent
 

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 from omegaconf import OmegaConf
 
 from ..errors import UserError
+from .report_figures import lower_is_better, panel_figure
 
 if TYPE_CHECKING:
     from .report import Run
@@ -275,8 +276,6 @@ def mean_curve(runs: Sequence[Run], metric: str) -> tuple[list[float], list[floa
 def plot_groups(groups: Sequence[Group], out: Path) -> None:
     """Held-out loss and the recipe's metric against epochs: per group the mean over its
     runs, the min-max band shaded."""
-    from .report import lower_is_better, panel_figure
-
     metrics = ["loss"] + sorted({r.metric for g in groups for r in g.runs if r.metric})
     fig, axes = panel_figure(len(metrics))
     for index, group in enumerate(groups):

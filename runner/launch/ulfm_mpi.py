@@ -50,19 +50,12 @@ def ulfm_environment(mpiexec: str, env: dict[str, str]) -> dict[str, str]:
     prefix's libmpi, which finds its own libraries (PMIx, PRRTE, hwloc) beside it; an error
     raised before a communicator exists to take it is returned, not fatal, as every error
     of a survivor must be. (A send freed in flight that fails later aborts regardless: the
-    requests a failure interrupts are kept instead, runner/comm/ulfm.py keep_abandoned.)
-
-    Open MPI's hierarchical collectives (coll/han, chosen for communicators across hosts)
-    are left out unless the user chose the components (OMPI_MCA_coll): han builds its
-    sub-communicators at a communicator's first collective and, when a process fails
-    meanwhile, crashes every survivor (SIGSEGV in mca_coll_han_comm_create, seen on the
-    lab after a second loss), where the tuned collectives report the failure."""
+    requests a failure interrupts are kept instead, runner/comm/ulfm.py keep_abandoned.)"""
     lib = Path(mpiexec).resolve().parent.parent / "lib"
     paths = [str(lib), *filter(None, env.get("LD_LIBRARY_PATH", "").split(os.pathsep))]
     return {"MPI4PY_LIBMPI": str(lib / "libmpi.so.40"),
             "LD_LIBRARY_PATH": os.pathsep.join(paths),
-            "OMPI_MCA_mpi_initial_errhandler": "mpi_errors_return",
-            "OMPI_MCA_coll": env.get("OMPI_MCA_coll", "^han")}
+            "OMPI_MCA_mpi_initial_errhandler": "mpi_errors_return"}
 
 
 def open_mpi_args(elastic: bool, session_base: str | None = None) -> list[str]:
