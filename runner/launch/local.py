@@ -407,9 +407,16 @@ class LocalLauncher(Launcher):
             statuses.discard(None)
         if statuses in ({EXIT_PREEMPTED}, {EXIT_STOPPED}):  # every rank stopped gracefully
             return statuses.pop(), None
-        if self.cfg.elastic and statuses == {0}:
-            # Every rank left completed the run; Open MPI's mpiexec ends non-zero for its own
-            # reasons (a replacement it could not start marks the job failed).
+        if statuses == {0}:
+            # Every rank (every one left, elastic) completed the run and said so; mpiexec's
+            # own end after that does not undo it: Open MPI's marks the job failed for a
+            # replacement it could not start, MPICH's across hosts was seen killed by SIGPIPE
+            # at its teardown (a host's remote shell gone first).
+            if not self.cfg.elastic:  # (an elastic job's replacement said why already)
+                how = (f"was killed by signal {-status} ({signal.Signals(-status).name})"
+                       if status < 0 else f"exited with status {status}")
+                print(f"adpsgd-run: every rank completed the run; mpiexec {how} after that, "
+                      "which changes nothing", file=sys.stderr, flush=True)
             return 0, None
         if status == -signal.SIGINT and signal.SIGINT in received:
             # The user's Ctrl-C itself: a Ctrl-C while mpiexec is being spawned reaches it in
