@@ -174,10 +174,11 @@ def check_keys_used(typed: DictConfig, job: list[str]) -> None:
                           f"remove it; algo={', '.join(users)} follow a topology")
 
 
-def preflight(argv: list[str]) -> None:
+def preflight(argv: list[str]) -> list[DictConfig]:
+    """Check every job of ``argv`` before anything starts; their validated configs."""
     overrides, multirun, config_name, info = split_argv(argv)
     if info:
-        return
+        return []
     check_override_spacing(overrides)
     for config_dir in config_dirs(overrides)[:-1]:  # the user's (the last is the package's)
         if not config_dir.is_dir():
@@ -189,14 +190,39 @@ def preflight(argv: list[str]) -> None:
     single = single_run_dir(argv)  # a single run's one compose serves both
     configs = ([job_config(_single_run_config(tuple(argv)))] if single
                else compose_all(overrides, multirun, config_name))
+    checked = []
     for job, cfg in zip(jobs, configs):
         typed = validate_job(cfg)
         check_keys_used(typed, job)
         check_resume(typed, None)
-    if single and single[1] is None and single[0].is_dir():  # main() checks again, locked
-        from ..launch.run_dir import check_fresh_start
+        checked.append(typed)
+    if single and single[1] is None and single[0].is_dir() and not lists_jobs(argv, checked):
+        from ..launch.run_dir import check_fresh_start  # main() checks again, locked
 
         check_fresh_start(single[0])
+    return checked
+
+
+def lists_jobs(argv: list[str], configs: list[DictConfig]) -> bool:
+    """launcher.dry_run=true lists the jobs and starts none (runner/commands/sweep_plan.py),
+    except launcher=slurm's single job, whose dry run writes its batch script."""
+    multirun = split_argv(argv)[1]
+    return any(cfg.launcher.get("dry_run") and (multirun or cfg.launcher.name != "slurm")
+               for cfg in configs)
+
+
+def print_job_list(argv: list[str]) -> None:
+    from .sweep_plan import plan
+
+    overrides, multirun, config_name, _ = split_argv(argv)
+    naming = sweep_naming(argv)  # the jobs' dir names, as main() gives them to Hydra
+    planned = plan([*overrides, *([naming] if naming else [])], multirun, config_name)
+    for job in planned:
+        print(f"adpsgd-run: {job.line()}")
+    counts = {v: sum(j.verdict == v for j in planned) for v in
+              ("run", "resume", "start over", "skip", "refused")}
+    print("adpsgd-run: launcher.dry_run=true: nothing started; "
+          + ", ".join(f"{n} {v}" for v, n in counts.items() if n))
 
 
 @hydra.main(version_base=None, config_path=f"pkg://{CONFIG_MODULE}", config_name=CONFIG_NAME)
@@ -215,9 +241,7 @@ def run_job(cfg: DictConfig) -> None:
         print(f"adpsgd-run: error: {ex}", file=sys.stderr)
         raise SystemExit(2) from None
     except RunFinished as done:
-        print(f"adpsgd-run: {done}", flush=True)
-        if (run_dir / "metrics.jsonl").exists():
-            print(results_table(run_dir), flush=True)
+        report_finished(done, run_dir)
         return
     if resuming:
         print(f"adpsgd-run: {resuming}", flush=True)
@@ -281,6 +305,19 @@ def run_job(cfg: DictConfig) -> None:
         print(results_table(run_dir), flush=True)
 
 
+def report_finished(done: RunFinished, run_dir: Path) -> None:
+    """A job with nothing left to train: its results, or one line in a sweep continued with
+    resume=auto (one per completed job)."""
+    from ..runlog.summary import results_table
+
+    if in_a_sweep():
+        print(f"adpsgd-run: skipped, completed: {done}", flush=True)
+        return
+    print(f"adpsgd-run: {done}", flush=True)
+    if (run_dir / "metrics.jsonl").exists():
+        print(results_table(run_dir), flush=True)
+
+
 def samples_the_ranks_reached(run_dir: Path, cfg: DictConfig) -> int | None:
     """The most global samples a learner or spare reported (runner/launch/watchdog.py); None
     where none did."""
@@ -288,6 +325,13 @@ def samples_the_ranks_reached(run_dir: Path, cfg: DictConfig) -> int | None:
 
     return samples_reported(run_dir, int(cfg.launcher.nprocs)
                             + int(cfg.launcher.get("spares") or 0))
+
+
+def in_a_sweep() -> bool:
+    """Whether this job is one of a ``-m`` sweep's."""
+    from hydra.types import RunMode
+
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
 
 
 def report_user_stop(typed: DictConfig, run_dir: Path) -> None:
@@ -310,10 +354,17 @@ def report_user_stop(typed: DictConfig, run_dir: Path) -> None:
         how = f"after checkpointing at step {summary['steps']}"
     else:
         how = "before training started"
-    then = (f"the newest checkpoint is {checkpoints[-1].path}; to continue, run the same "
-            f"command with resume=auto hydra.run.dir={run_dir}" if checkpoints else
-            "no checkpoint was written, so there is nothing to continue from: the same "
-            "command starts the run again there")
+    if in_a_sweep():
+        then = ("to continue the sweep, run the same command with resume=auto: its completed "
+                "jobs are skipped, this one " + ("resumes from its newest checkpoint"
+                                                 if checkpoints else "starts again") +
+                " and the others run (add launcher.dry_run=true to list them first)")
+    elif checkpoints:
+        then = (f"the newest checkpoint is {checkpoints[-1].path}; to continue, run the same "
+                f"command with resume=auto hydra.run.dir={run_dir}")
+    else:
+        then = ("no checkpoint was written, so there is nothing to continue from: the same "
+                "command starts the run again there")
     print(f"adpsgd-run: stopped by Ctrl-C {how} (status stopped in {run_dir / 'summary.json'})"
           f"; {then}", file=sys.stderr)
 
@@ -377,10 +428,11 @@ def sweep_naming(argv: list[str]) -> str | None:
     return f"{EXCLUDE_KEYS}=[{','.join(repr(key) for key in fixed)}]"
 
 
-def check_command_line(argv: list[str]) -> None:
-    """Validate every job of ``argv``; on a user error print one line and exit with 2."""
+def check_command_line(argv: list[str]) -> list[DictConfig]:
+    """Validate every job of ``argv`` (their configs); on a user error print one line and
+    exit with 2."""
     try:
-        preflight(argv)
+        return preflight(argv)
     except UserError as ex:
         print(f"adpsgd-run: error: {ex}", file=sys.stderr)
         raise SystemExit(2) from None
@@ -412,7 +464,14 @@ def main() -> None:
             raise SystemExit(2) from None
         return
     try:
-        check_command_line(sys.argv[1:])
+        configs = check_command_line(sys.argv[1:])
+        if lists_jobs(sys.argv[1:], configs):
+            try:
+                print_job_list(sys.argv[1:])
+            except UserError as ex:
+                print(f"adpsgd-run: error: {ex}", file=sys.stderr)
+                raise SystemExit(2) from None
+            return
         RUN_DIR_GIVEN[0] = any(a.startswith(("hydra.run.dir=", "hydra.sweep.dir="))
                                for a in sys.argv[1:])
         try:

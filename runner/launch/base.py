@@ -39,6 +39,14 @@ class LauncherConfig(Section):
     # After a loss, start a replacement for each lost learner no spare takes the place of,
     # in the running job (MPI_Comm_spawn; runner/elastic/respawn.py).
     respawn: bool = False
+    # Start nothing: list each job (every combination of a -m sweep) with its run dir and
+    # whether it would run, resume or be skipped (runner/commands/sweep_plan.py);
+    # launcher=slurm's single job: write its job.sbatch only.
+    dry_run: bool = False
+    # Mean hours between failures of one node of this machine: trainer.checkpoint_every=auto
+    # spaces checkpoints by it (the job's MTBF is this over its nodes). null: the cluster
+    # preset's cluster.failures.node_mtbf_hours.
+    mtbf_h: Optional[float] = None
 
     def check(self, prefix: str, cfg: DictConfig) -> None:
         require(self.stall_timeout_s == 0 or self.stall_timeout_s >= 3 * HEARTBEAT_S,
@@ -62,6 +70,8 @@ class LauncherConfig(Section):
         require(not self.respawn or self.elastic, f"{prefix}.respawn", "replacements take "
                 "the places of the learners an elastic job loses; this job is not elastic",
                 f"{prefix}.elastic=true (or {prefix}.respawn=false)")
+        require(self.mtbf_h is None or self.mtbf_h > 0, f"{prefix}.mtbf_h",
+                f"must be > 0 hours (or null), got {self.mtbf_h}", f"{prefix}.mtbf_h=1000")
         if self.procs_per_node is not None:
             require(self.procs_per_node >= 1, f"{prefix}.procs_per_node",
                     f"must be >= 1, got {self.procs_per_node}", f"{prefix}.procs_per_node=2")

@@ -91,7 +91,6 @@ class SlurmConfig(LauncherConfig, LossDetectionKeys):
     python: Optional[str] = None  # Python on the nodes; default: this one (shared filesystem)
     signal_lead_s: int = 300  # USR1 this long before the time limit: checkpoint, requeue (0: none)
     max_requeues: int = 3  # a job requeues itself at most this often (SLURM_RESTART_COUNT)
-    dry_run: bool = False  # write job.sbatch only
     sbatch: str = "sbatch"  # the submit command
 
     def check(self, prefix: str, cfg: DictConfig) -> None:
