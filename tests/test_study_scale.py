@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import json
+import math
 import subprocess
 import sys
 
@@ -185,8 +186,13 @@ def test_failures_quick(tmp_path):
     loop = r["event_loop"]
     assert {(c["nprocs"], c["node_mtbf_h"]) for c in loop} == {(8, 1.0), (8, 10.0), (16, 1.0),
                                                                (16, 10.0)}
-    assert {c["policy"] for c in loop} == {"restart", "elastic"}
+    assert {c["policy"] for c in loop} == {"restart", "restart, auto (Young)", "elastic"}
     for cell in loop:
         assert cell["runs"] == 2 and 0 < cell["goodput"] <= 1 and 0 < cell["model_goodput"] <= 1
-        assert cell["per_epoch"] in ((None,) if cell["policy"] == "elastic" else (1, 2, 4))
+        assert cell["per_epoch"] in ((1, 2, 4, None) if cell["policy"] == "restart" else (None,))
+        if cell["policy"] == "restart, auto (Young)":
+            # the runs planned Young's period from the modelled write and the node MTBF
+            young = math.sqrt(2 * cell["checkpoint_s"] * cell["job_mtbf_h"] * 3600)
+            assert cell["planned_period_s"] == [pytest.approx(young, abs=1e-3)], cell
+            assert cell["interval_min"] == pytest.approx(young / 60), cell
         assert cell["failures_mean"] >= 0

@@ -18,7 +18,10 @@ With --event-loop-draws K, both policies are also simulated whole: K timing-only
 --epochs epochs per cell, whose nodes fail inside the simulator's event loop
 (cluster.failures, runner/sim/engine.py): restarting from the newest checkpoint, with one at
 every epoch's end (as every run has) and 1, 2 or 4 per epoch where the epoch's steps divide
-evenly; and going on without the failed nodes (launcher.elastic, checkpoints not timed).
+evenly, every --intervals-min minutes where that is between a step and an epoch, and
+``trainer.checkpoint_every=auto`` (Young's period from the modelled write and the node MTBF,
+planned by the run itself: runner/checkpoint/period.py); and going on without the failed
+nodes (launcher.elastic, checkpoints not timed).
 Beside each, the Monte Carlo model's goodput for the same policy.
 
 --restart-s, --recovery-s, --join-s and --storage-gbps are assumptions (defaults: 300 s for
@@ -143,11 +146,21 @@ def event_loop(args: argparse.Namespace, runs: dict[str, Any]) -> list[dict[str,
         for mtbf_h in args.node_mtbf_hours:
             failing = [f"trainer.epochs={args.epochs}",
                        f"cluster.failures.node_mtbf_hours={mtbf_h}"]
-            policies = {f"c{k}": ["launcher.max_restarts=100000",
-                                  f"cluster.storage_gbps={args.storage_gbps}",
-                                  f"cluster.failures.restart_s={args.restart_s}",
-                                  *([f"trainer.checkpoint_every={steps // k}"] if k > 1 else [])]
+            restarting = ["launcher.max_restarts=100000",
+                          f"cluster.storage_gbps={args.storage_gbps}",
+                          f"cluster.failures.restart_s={args.restart_s}"]
+            step_s = s["virtual_s"] / steps
+            policies = {f"c{k}": [*restarting, *([f"trainer.checkpoint_every={steps // k}"]
+                                                 if k > 1 else [])]
                         for k in PER_EPOCH if steps % k == 0}
+            # every --intervals-min minutes of training, where that is a step or more and
+            # less than an epoch (whose end has a checkpoint anyway)
+            policies.update({f"m{m:g}": [*restarting, f"trainer.checkpoint_every="
+                                                      f"{round(m * 60 / step_s)}"]
+                             for m in args.intervals_min if 1 <= m * 60 / step_s < steps})
+            # trainer.checkpoint_every=auto: Young's period from the modelled write and the
+            # cluster's node MTBF, planned by the run as it goes (runner/checkpoint/period.py)
+            policies["auto"] = [*restarting, "trainer.checkpoint_every=auto"]
             policies["elastic"] = ["launcher.elastic=true",
                                    f"cluster.failures.recovery_s={args.recovery_s}"]
             for policy, overrides in policies.items():
@@ -160,12 +173,22 @@ def event_loop(args: argparse.Namespace, runs: dict[str, Any]) -> list[dict[str,
                 checkpoint_s = done[0]["failures"]["checkpoint_s"]
                 model = FailureModel(mtbf_h * 3600, n // GPUS_PER_NODE, checkpoint_s,
                                      args.restart_s, args.recovery_s)
-                per_epoch = None if elastic else int(policy[1:])
-                interval_s = None if elastic else s["virtual_s"] / per_epoch
+                per_epoch = int(policy[1:]) if policy.startswith("c") else None
+                planned = [p["period_s"] for r in done
+                           for p in r["failures"].get("checkpoint_periods") or []]
+                if elastic:
+                    interval_s = None
+                elif per_epoch:
+                    interval_s = s["virtual_s"] / per_epoch
+                elif policy.startswith("m"):
+                    interval_s = step_s * round(float(policy[1:]) * 60 / step_s)
+                else:  # auto: the model at Young's period, which the runs planned
+                    interval_s = young_interval(checkpoint_s, model.job_mtbf_s)
                 mean, std = mean_goodput(work_s, model, interval_s, args.draws, seed=len(cells))
                 cells.append({
                     "nprocs": n, "node_mtbf_h": mtbf_h,
-                    "policy": "elastic" if elastic else "restart", "per_epoch": per_epoch,
+                    "policy": ("elastic" if elastic else "restart, auto (Young)"
+                               if policy == "auto" else "restart"), "per_epoch": per_epoch,
                     "interval_min": None if elastic else interval_s / 60,
                     "job_mtbf_h": model.job_mtbf_s / 3600, "failure_free_h": work_s / 3600,
                     "checkpoint_s": checkpoint_s, "runs": len(done),
@@ -175,7 +198,9 @@ def event_loop(args: argparse.Namespace, runs: dict[str, Any]) -> list[dict[str,
                     "failures_mean": float(np.mean([r["failures"]["restarts"]
                                                     + r["failures"]["nodes_lost"]
                                                     for r in done])),
-                    "model_goodput": mean, "model_goodput_std": std})
+                    "model_goodput": mean, "model_goodput_std": std,
+                    # auto: the periods its runs planned (Young's, from the modelled write)
+                    "planned_period_s": sorted(set(planned)) if policy == "auto" else None})
     return cells
 
 

@@ -9,17 +9,34 @@ name the schema's default.
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from omegaconf import MISSING, DictConfig
 
+from ..errors import ConfigError
 from .cluster import ClusterConfig
 from .section import Section, require
 
 # torch.compile backends for training that ship with torch (importing torch._dynamo to list
 # them all would cost the command line seconds).
 COMPILE_BACKENDS = ("inductor", "cudagraphs", "aot_eager", "eager")
+
+
+# trainer.checkpoint_every=auto: Young's period (runner/checkpoint/period.py).
+CHECKPOINT_AUTO = "auto"
+
+
+def node_mtbf_h(cfg: Any) -> float | None:
+    """Mean hours between failures of one node: launcher.mtbf_h, else the cluster preset's
+    cluster.failures.node_mtbf_hours (None: neither is given)."""
+    given = cfg.launcher.get("mtbf_h")
+    if given:
+        return float(given)
+    failures = (cfg.get("cluster") or {}).get("failures") or {}
+    preset = failures.get("node_mtbf_hours")
+    return float(preset) if preset else None
 
 
 @dataclass
@@ -52,7 +69,9 @@ class TrainerConfig(Section):
     compile_backend: str = "inductor"  # eager / aot_eager: check graph capture, no codegen
     cudnn_benchmark: bool = False  # let cuDNN time its kernels (fixed input shapes only)
     # Reliability (runner/checkpoint/files.py, docs/failures.md).
-    checkpoint_every: Optional[int] = None  # as eval_every, for checkpoints
+    # As eval_every, for checkpoints; auto: spaced by Young's rule sqrt(2 x cost x MTBF), the
+    # cost measured as the run goes, the MTBF from launcher.mtbf_h (runner/checkpoint/period.py).
+    checkpoint_every: Any = None
     keep_checkpoints: int = 2  # complete checkpoints kept in RUN_DIR/checkpoints
     on_nonfinite: str = "stop"  # NaN/Inf loss: stop (keep the last good checkpoint) | skip_batch
 
@@ -80,9 +99,7 @@ class TrainerConfig(Section):
         require(self.amp != "bf16" or self.dtype == "float32", f"{prefix}.amp",
                 f"bf16 autocast needs {prefix}.dtype=float32, got {self.dtype}",
                 self.hint(prefix, "amp"))
-        require(self.checkpoint_every is None or self.checkpoint_every >= 1,
-                f"{prefix}.checkpoint_every", f"must be >= 1 or null, got {self.checkpoint_every}",
-                self.hint(prefix, "checkpoint_every"))
+        self._check_checkpoint_every(prefix, cfg)
         require(self.keep_checkpoints >= 1, f"{prefix}.keep_checkpoints",
                 f"must be >= 1, got {self.keep_checkpoints}", self.hint(prefix, "keep_checkpoints"))
         require(self.on_nonfinite in ("stop", "skip_batch"), f"{prefix}.on_nonfinite",
@@ -91,6 +108,31 @@ class TrainerConfig(Section):
         require(self.compile_backend in COMPILE_BACKENDS, f"{prefix}.compile_backend",
                 f"must be one of {', '.join(COMPILE_BACKENDS)}, got {self.compile_backend!r}",
                 self.hint(prefix, "compile_backend"))
+
+    def _check_checkpoint_every(self, prefix: str, cfg: DictConfig) -> None:
+        key, every, auto = f"{prefix}.checkpoint_every", self.checkpoint_every, CHECKPOINT_AUTO
+        if isinstance(every, str) and every != auto:
+            close = difflib.get_close_matches(every, [auto], n=1, cutoff=0.5)
+            raise ConfigError(key, f"must be a number of steps >= 1, auto or null, got "
+                              f"{every!r}" + (f"; did you mean {auto}?" if close else ""),
+                              f"{key}={auto}")
+        steps = isinstance(every, int) and not isinstance(every, bool) and every >= 1
+        require(every is None or every == auto or steps, key,
+                f"must be a number of steps >= 1, auto or null, got {every!r}",
+                self.hint(prefix, "checkpoint_every"))
+        if every != auto or cfg is None:
+            return
+        require(node_mtbf_h(cfg) is not None, key, "auto spaces checkpoints by the failure "
+                "rate, and none is given (launcher.mtbf_h and the cluster preset's "
+                "cluster.failures.node_mtbf_hours are null)",
+                "launcher.mtbf_h=HOURS (mean hours between failures of one node)")
+        require(cfg.launcher.get("name") != "sim" or bool(cfg.cluster.get("storage_gbps")),
+                key, "auto spaces checkpoints by their cost, which the simulator models from "
+                "cluster.storage_gbps (null here)",
+                "cluster.storage_gbps=GBPS (e.g. 10), or trainer.checkpoint_every=N steps")
+        require(not cfg.launcher.get("elastic"), key, "an elastic job goes on without a lost "
+                "learner instead of restarting from a checkpoint, and a joining learner "
+                "cannot learn an auto schedule", f"{key}=N (steps) or launcher.elastic=false")
 
 
 @dataclass

@@ -27,10 +27,12 @@ from omegaconf import DictConfig, OmegaConf
 from ..algos import ALGORITHMS
 from ..algos.base import wire_dtype
 from ..checkpoint.checkpointer import Checkpointer
+from ..checkpoint.period import AutoPeriod
 from ..comm.communicator import Communicator
 from ..comm.seat import Seat
 from ..comm.traffic import traffic_report
 from ..comm.world import World, mpi
+from ..config.run_schema import CHECKPOINT_AUTO as AUTO
 from ..errors import ConfigError, UserError, warn_user
 from ..recipe import RECIPES
 from ..runlog.console import ProgressBar, evaluation_postfix
@@ -203,8 +205,13 @@ class Simulation:
         self.clocks = Clocks(self.n, self.cluster)
         global_batch = self.n * tcfg.batch_size
         self.schedule = LRSchedule(plain(cfg.optim), global_batch, train_size, tcfg.epochs)
+        auto = tcfg.checkpoint_every == AUTO  # planned as the run goes (setup_failures)
         self.milestones = Milestones(train_size, tcfg.epochs, global_batch, tcfg.eval_every,
-                                     tcfg.checkpoint_every, None)
+                                     None if auto else tcfg.checkpoint_every, None,
+                                     epoch_checkpoints=not auto)
+        self.auto_checkpoints = (AutoPeriod.of(cfg, global_batch, self.milestones.budget)
+                                 if auto else None)
+        self.checkpoint_periods: list[dict[str, Any]] = []
         self.samples = 0  # global samples consumed
         self.step = 0  # lockstep steps (asynchronous: steps of learner 0)
         self.losses: list[float] = []
@@ -312,6 +319,10 @@ class Simulation:
         self.checkpoint_s = (written * 8 / (cluster.storage_gbps * 1e9)
                              if cluster.storage_gbps else 0.0)
         self.checkpoints_written_s = 0.0
+        if self.auto_checkpoints:  # the same rule as real ranks, on the modelled write
+            first = self.auto_checkpoints.first(self.samples)
+            if first is not None:
+                self.milestones.add_checkpoint(first)
         self.restarts: list[dict[str, Any]] = []
         self.membership: list[dict[str, Any]] = []  # launcher.elastic: the learners lost
         self.nodes_lost = 0
@@ -335,9 +346,23 @@ class Simulation:
         if self.handled_failure():
             return False
         self.write_checkpoint()
+        if self.auto_checkpoints:
+            self.plan_next_checkpoint()
         if self.standing is not None:
             self.standing = self.snapshot()
         return True
+
+    def plan_next_checkpoint(self) -> None:
+        """trainer.checkpoint_every=auto (runner/checkpoint/period.py): Young's period after
+        this checkpoint, from its modelled write and the virtual training seconds so far (what
+        failures cost left out)."""
+        lost = sum(r["lost_s"] + r["seconds_down"] for r in self.restarts)
+        training_s = self.clocks.now() - self.checkpoints_written_s - lost
+        point, record = self.auto_checkpoints.next(self.samples, self.checkpoint_s,
+                                                   self.samples / max(training_s, 1e-12))
+        self.checkpoint_periods.append(record)
+        if point is not None:
+            self.milestones.add_checkpoint(point)
 
     def write_checkpoint(self) -> None:
         self.save_checkpoint("scheduled")
@@ -403,6 +428,8 @@ class Simulation:
                 "down_s": sum(r["seconds_down"] for r in self.restarts),
                 "checkpoint_s": self.checkpoint_s,
                 "checkpoints_written_s": self.checkpoints_written_s,
+                "checkpoint_periods": (self.checkpoint_periods if self.auto_checkpoints
+                                       else None),
                 "goodput_samples_per_s": self.samples / max(self.clocks.now(), 1e-12)}
 
     def save_checkpoint(self, reason: str) -> None:

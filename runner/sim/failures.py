@@ -36,6 +36,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..checkpoint.period import young_period_s
+
 
 @dataclass(frozen=True)
 class FailureModel:
@@ -53,8 +55,9 @@ class FailureModel:
 
 
 def young_interval(checkpoint_s: float, job_mtbf_s: float) -> float:
-    """Young's optimum seconds of training between checkpoints: sqrt(2 delta M)."""
-    return math.sqrt(2 * checkpoint_s * job_mtbf_s)
+    """Young's optimum seconds of training between checkpoints: sqrt(2 delta M), the rule of
+    trainer.checkpoint_every=auto (runner/checkpoint/period.py)."""
+    return young_period_s(checkpoint_s, job_mtbf_s)
 
 
 def daly_interval(checkpoint_s: float, job_mtbf_s: float) -> float:

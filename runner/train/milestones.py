@@ -11,12 +11,14 @@ right there reuses it).
 * evaluations: every epoch end and every ``trainer.eval_every`` steps' worth of samples; the
   last one, at the sample budget ``epochs * train_size``, is final.
 * checkpoints: every epoch end (the budget included) and every ``trainer.checkpoint_every``
-  steps' worth of samples.
+  steps' worth of samples; with ``checkpoint_every=auto``, the budget and the points the run
+  plans as it goes (:meth:`Milestones.add_checkpoint`, runner/checkpoint/period.py).
 * preemption checks: every ``stop_check_every`` steps' worth of samples below the budget.
 """
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 
 EVALUATE, CHECKPOINT, STOP_CHECK = "evaluate", "checkpoint", "stop_check"
@@ -50,13 +52,16 @@ class Milestones:
 
     def __init__(self, train_size: int, epochs: int, global_batch: int,
                  eval_every: int | None, checkpoint_every: int | None,
-                 stop_check_every: int | None):
+                 stop_check_every: int | None, epoch_checkpoints: bool = True):
         self.budget = epochs * train_size
         epoch_ends = {e * train_size for e in range(1, epochs + 1)}
         points = [Milestone(s, EVALUATE, s == self.budget)
                   for s in epoch_ends | _every(eval_every, global_batch, self.budget)]
-        points += [Milestone(s, CHECKPOINT)
-                   for s in epoch_ends | _every(checkpoint_every, global_batch, self.budget)]
+        # epoch_checkpoints=False (checkpoint_every=auto): only the run's end, and the points
+        # added as it goes (add_checkpoint)
+        checkpoint_ends = epoch_ends if epoch_checkpoints else {self.budget}
+        points += [Milestone(s, CHECKPOINT) for s in
+                   checkpoint_ends | _every(checkpoint_every, global_batch, self.budget)]
         self.points = sorted(points, key=_key)  # the collective ones
         self.stop_stride = stop_check_every * global_batch if stop_check_every else 0
         # Checks lie strictly below the budget, at stop_stride, 2 * stop_stride, ...
@@ -77,6 +82,18 @@ class Milestones:
         if self.stops_passed >= self.stop_count:
             return None
         return Milestone((self.stops_passed + 1) * self.stop_stride, STOP_CHECK)
+
+    def add_checkpoint(self, samples: int) -> None:
+        """List one more checkpoint at ``samples``, beyond every milestone passed
+        (trainer.checkpoint_every=auto plans them as the run goes: runner/checkpoint/period.py).
+        Every rank adds the same ones at the same moment, so their lists stay equal."""
+        added = Milestone(samples, CHECKPOINT)
+        if added in self.points:
+            return
+        at = bisect.bisect_right([_key(m) for m in self.points], _key(added))
+        if at < self.passed:
+            raise ValueError(f"a checkpoint at {samples} samples lies behind the run")
+        self.points.insert(at, added)
 
     def _next(self) -> Milestone | None:
         listed = self.points[self.passed] if self.passed < len(self.points) else None

@@ -23,10 +23,12 @@ from omegaconf import DictConfig
 from ..algos import ALGORITHMS, TrainContext
 from ..algos.optim import SGD, parameter_groups
 from ..checkpoint.checkpointer import Checkpointer
+from ..checkpoint.period import AutoPeriod
 from ..checkpoint.preemption import StopAgreement
 from ..checkpoint.resize import RESIZED
 from ..comm import Communicator, Seat, Seated, World
 from ..comm.buffers import broadcast_model, flatten_parameters
+from ..config.run_schema import CHECKPOINT_AUTO as AUTO
 from ..elastic.membership import EpochLedger, Membership, elastic_step, lost_samples
 from ..errors import UserError, warn_user
 from ..recipe import RECIPES
@@ -106,10 +108,7 @@ class Trainer(Meetings, Seated):
         self.build_algorithm()
         self._build_loaders(eval_set, device)
         self.schedule = self.schedule_for_the_world()
-        self.milestones = Milestones(len(self.train_set), tcfg.epochs,
-                                     world.size * tcfg.batch_size,
-                                     tcfg.eval_every, tcfg.checkpoint_every,
-                                     stop_check_every=1)  # the agreement spaces its checks
+        self.milestones = self.milestones_for_the_world()
         self.faults = FaultInjector(cfg.faults, world.rank, cfg.seed)
         self.ledger = None if self.algo.asynchronous else EpochLedger(len(self.train_set))
         self.state = RunState()
@@ -133,6 +132,7 @@ class Trainer(Meetings, Seated):
                               resume_at=resume_at) if world.is_main else None)
         if self.runlog and self.resumed_from:
             self.runlog.rewrite_metrics(self.state.history)
+        self.plan_first_checkpoint()
 
     def _build_loaders(self, eval_set: Any, device: torch.device) -> None:
         """The training batches' fetcher, whether they are prefetched to the device, and the
@@ -176,6 +176,27 @@ class Trainer(Meetings, Seated):
         self.stop = StopAgreement(self.comm.mpi_comm, self.world.rank, self.comm.timeout_s)
 
     # ---- training --------------------------------------------------------------------
+    def milestones_for_the_world(self) -> Milestones:
+        tcfg = self.cfg.trainer
+        auto = tcfg.checkpoint_every == AUTO  # planned as the run goes
+        return Milestones(len(self.train_set), tcfg.epochs, self.world.size * tcfg.batch_size,
+                          tcfg.eval_every, None if auto else tcfg.checkpoint_every,
+                          stop_check_every=1,  # the agreement spaces its checks
+                          epoch_checkpoints=not auto)
+
+    def plan_first_checkpoint(self) -> None:
+        """trainer.checkpoint_every=auto: the session's first checkpoint, which measures the
+        cost the next ones are spaced by (runner/checkpoint/period.py)."""
+        tcfg = self.cfg.trainer
+        self.auto_checkpoints = (AutoPeriod.of(self.cfg, self.world.size * tcfg.batch_size,
+                                               self.milestones.budget)
+                                 if tcfg.checkpoint_every == AUTO else None)
+        self.checkpoint_periods: list[dict[str, Any]] = []  # how each next one was chosen
+        if self.auto_checkpoints:
+            first = self.auto_checkpoints.first(self.state.samples)
+            if first is not None:
+                self.milestones.add_checkpoint(first)
+
     def run(self) -> dict[str, Any]:
         """Train until the global sample count reaches ``epochs`` passes over the data, or
         until a graceful stop (runner/checkpoint/preemption.py: SIGUSR1/SIGTERM checkpoint with

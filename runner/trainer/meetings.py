@@ -121,9 +121,35 @@ class Meetings:
         state = self.state
         refuse_poisoned_state(self.param_buffers, state.loss_is_finite(), self.comm,
                               self.world.rank, state.step, self.checkpointer.last)
+        written_before = self.timers.seconds["checkpoint"]
         self.checkpointer.save(state.samples, state.step, state.samples / len(self.train_set),
                                reason, self._rank_state)
+        if self.auto_checkpoints and reason == "scheduled":
+            self._plan_next_checkpoint(self.timers.seconds["checkpoint"] - written_before)
         self._leave()
+
+    def _plan_next_checkpoint(self, cost_s: float) -> None:
+        """trainer.checkpoint_every=auto: the next checkpoint, Young's period after this one
+        (runner/checkpoint/period.py). Every rank plans from the same numbers: the slowest
+        rank's write and training seconds. A checkpoint that was there already (not written
+        again) measures nothing: the last cost measured stands."""
+        spent = self.timers.seconds
+        train_s = time.perf_counter() - self.start_time - spent["eval"] - spent["checkpoint"]
+        cost_s, train_s = self.comm.allreduce_numbers([cost_s, train_s], op="max")
+        if cost_s <= 0 and self.checkpoint_periods:
+            cost_s = self.checkpoint_periods[-1]["checkpoint_s"]
+        if cost_s <= 0 or train_s <= 0:  # nothing measured yet: measure at the next one
+            point, record = self.auto_checkpoints.first(self.state.samples), None
+        else:
+            point, record = self.auto_checkpoints.next(self.state.samples, cost_s,
+                                                       self.state.samples / train_s)
+            self.checkpoint_periods.append(record)
+            log.info("checkpoint_every=auto: %.3f s to write, job MTBF %g s: Young's period "
+                     "%.1f s of training, %d samples at %.1f samples/s; next checkpoint at %s",
+                     cost_s, record["mtbf_s"], record["period_s"], record["period_samples"],
+                     record["samples_per_s"], point if point is not None else "the end")
+        if point is not None:
+            self.milestones.add_checkpoint(point)
 
     def _rank_state(self) -> dict[str, Any]:
         return capture_rank_state(self)

@@ -64,7 +64,10 @@ def gather_summary(trainer: Trainer, status: str) -> dict[str, Any]:
            # samples used per epoch (lockstep algorithms).
            "nprocs": t.cfg.launcher.nprocs, "learners_at_end": t.world.size,
            "membership": membership.events if membership else [],
-           "epoch_samples": t.ledger.closed if t.ledger is not None else None}
+           "epoch_samples": t.ledger.closed if t.ledger is not None else None,
+           # trainer.checkpoint_every=auto: each planned period with its inputs
+           # (runner/checkpoint/period.py).
+           "checkpoint_periods": t.checkpoint_periods if t.auto_checkpoints else None}
     summary = build_summary(status, t.cfg, t.world, run, t.state.history, per_rank, digests,
                             t.recipe, recipe_reports)
     t.runlog.finish(summary)
