@@ -67,7 +67,7 @@ def timed(command: list[str], cwd: Path) -> tuple[float, float, subprocess.Compl
 
 
 def log_time(line: str) -> float:
-    """The epoch seconds of a rank log line ("2026-11-29 08:06:11,123 rank0 INFO ...")."""
+    """The epoch seconds of a rank log line ("2026-11-29 08:06:11,123 rank0@vm INFO ...")."""
     stamp = datetime.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f")
     return stamp.timestamp()
 

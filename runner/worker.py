@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -73,7 +74,9 @@ def setup_logging(run_dir: Path, rank: int, redirect_fds: bool) -> TextIO:
     log_dir = run_dir / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     path = log_dir / f"rank{rank}.log"
-    fmt = logging.Formatter(f"%(asctime)s rank{rank} %(levelname)s %(message)s")
+    # Host and rank on every line: the logs of a job across hosts read merged (sort -m).
+    fmt = logging.Formatter(f"%(asctime)s rank{rank}@{socket.gethostname()} %(levelname)s "
+                            "%(message)s")
     logger = logging.getLogger("adpsgd")
     logger.setLevel(logging.INFO)
     if redirect_fds:
@@ -305,8 +308,11 @@ def speaking_to_the_launcher(run_dir: Path, rank: int, world_mpi: Any, console: 
         watch_launcher(watched, lambda: launcher_gone(watched, console))
 
     def say(message: str) -> None:
-        if not launcher or in_process:
+        if in_process:
             print(message, file=console, flush=True)
+        elif not launcher:  # the ranks' lines meet in one output (SLURM's): whose is each
+            print(f"{message} [rank {rank} on {socket.gethostname()}]", file=console,
+                  flush=True)
 
     def give_up(message: str) -> None:  # a communication timed out (monitor thread)
         log.error("%s", message)

@@ -23,8 +23,9 @@ def test_a_lost_rank_restarts_until_none_are_left_and_is_recorded(tmp_path, caps
     assert err[0] == ("adpsgd-run: restart 1 of 2: rank 1 died; starting over: no checkpoint was "
                       "complete, 120 samples lost")
     assert err[1].endswith("samples lost unknown")
-    assert err[2] == ("adpsgd-run: not restarting: all 2 restarts (launcher.max_restarts=2) are "
-                      "used")
+    assert err[2] == ("adpsgd-run: not restarting: the run has used all 2 of its restarts "
+                      "(launcher.max_restarts=2 counts them across the run's jobs; "
+                      "logs/restarts.json lists them)")
     assert not (tmp_path / "metrics.jsonl").exists()  # a start over reads no stale results
     records = read_restarts(tmp_path)
     assert [r["cause"] for r in records] == ["rank 1 died", "rank 0 died"]
@@ -70,3 +71,18 @@ def test_a_job_that_failed_before_its_first_heartbeat_is_placed_by_its_last_eval
     assert Restarts(tmp_path, 1).decide(failure, [None, None])
     assert capsys.readouterr().err.endswith("no checkpoint was complete, 640 samples lost\n")
     assert read_restarts(tmp_path)[0]["at_samples"] == 640
+
+
+def test_max_restarts_counts_the_restarts_of_the_whole_run(tmp_path, capsys):
+    """A later job of the same run (resume=auto, a requeue) starts with the restarts its run
+    has had: launcher.max_restarts limits the run, and the line counts on."""
+    assert Restarts(tmp_path, 2).decide(lost_rank("rank 1 died"), [64, 64])
+    later = Restarts(tmp_path, 2)  # the next job of the run
+    assert later.taken == 1
+    assert later.decide(lost_rank("rank 0 died"), [128, 128])
+    assert not Restarts(tmp_path, 2).decide(lost_rank("rank 1 died"), [192, 192])
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith("adpsgd-run: restart 1 of 2: rank 1 died")
+    assert err[1].startswith("adpsgd-run: restart 2 of 2: rank 0 died")
+    assert "has used all 2 of its restarts" in err[2]
+    assert len(read_restarts(tmp_path)) == 2

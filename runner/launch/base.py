@@ -22,8 +22,9 @@ class LauncherConfig(Section):
     nprocs: int = 1  # total ranks
     procs_per_node: Optional[int] = None  # ranks per node (emulated when launched locally)
     # Start a job that lost a rank, its node or its mpiexec again from the newest complete
-    # checkpoint, at most this often (runner/launch/restart_policy.py); 0: never. launcher=sim: the
-    # modelled job's restarts after its nodes' failures (cluster.failures).
+    # checkpoint, at most this often over the whole run (its earlier jobs' restarts count:
+    # runner/launch/restart_policy.py); 0: never. launcher=sim: the modelled job's restarts
+    # after its nodes' failures (cluster.failures).
     max_restarts: int = 0
     # A rank whose heartbeat stopped this long ago (a stopped process, a hung node) ends the
     # job (launcher=local; under SLURM the job script's step watcher); 0: never.

@@ -126,13 +126,15 @@ class Restarts:
 
     def __init__(self, run_dir: Path, max_restarts: int, taken: int = 0):
         """``taken``: restarts already made by this launcher (a batch job's script counts
-        them across the calls it makes)."""
-        self.run_dir, self.max_restarts, self.taken = Path(run_dir), max_restarts, taken
+        them across the calls it makes). launcher.max_restarts limits the run's restarts, not
+        a job's: those of its earlier jobs (a resume=auto, a requeue) count too."""
+        self.run_dir, self.max_restarts = Path(run_dir), max_restarts
         try:  # a resumed run keeps its earlier restarts
             self.records = read_restarts(run_dir, strict=True)
         except ValueError as ex:
             say(f"warning: {ex}: the run's earlier restarts are not kept")
             self.records = []
+        self.taken = max(taken, len(self.records))
         last = self.records[-1] if self.records else None
         # (cause, resumed_from_samples) of the last restart: the same again is no progress.
         self._last = (last["cause"], last["resumed_from_samples"]) if last else None
@@ -152,8 +154,9 @@ class Restarts:
                 f"{resumed_from} samples: the failure repeats at the same point")
             return False
         if self.taken >= self.max_restarts:
-            say(f"not restarting: all {self.max_restarts} restarts "
-                f"(launcher.max_restarts={self.max_restarts}) are used")
+            say(f"not restarting: the run has used all {self.max_restarts} of its restarts "
+                f"(launcher.max_restarts={self.max_restarts} counts them across the run's "
+                "jobs; logs/restarts.json lists them)")
             return False
         self.taken += 1
         self._last = (failure.cause, resumed_from)
