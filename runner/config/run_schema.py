@@ -114,7 +114,7 @@ class TrainerConfig(Section):
         if isinstance(every, str) and every != auto:
             close = difflib.get_close_matches(every, [auto], n=1, cutoff=0.5)
             raise ConfigError(key, f"must be a number of steps >= 1, auto or null, got "
-                              f"{every!r}" + (f"; did you mean {auto}?" if close else ""),
+                              f"{every!r}" + (f" (did you mean {auto}?)" if close else ""),
                               f"{key}={auto}")
         steps = isinstance(every, int) and not isinstance(every, bool) and every >= 1
         require(every is None or every == auto or steps, key,
