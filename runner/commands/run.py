@@ -13,6 +13,7 @@ import gc
 import os
 import sys
 import tempfile
+from collections.abc import Callable
 from functools import lru_cache, partial
 from pathlib import Path
 
@@ -455,22 +456,23 @@ def print_help(argv: list[str]) -> None:
     print(string.Template(cfg.hydra.help.template).safe_substitute(CONFIG=config))
 
 
+def one_line_on_error(action: Callable[[list[str]], None], argv: list[str]) -> None:
+    """``action(argv)``; a user's mistake in it ends with its one line and exit status 2."""
+    try:
+        action(argv)
+    except UserError as ex:
+        print(f"adpsgd-run: error: {ex}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
 def main() -> None:
     if any(flag in sys.argv[1:] for flag in HELP_FLAGS) and "--hydra-help" not in sys.argv:
-        try:
-            print_help(sys.argv[1:])
-        except UserError as ex:
-            print(f"adpsgd-run: error: {ex}", file=sys.stderr)
-            raise SystemExit(2) from None
+        one_line_on_error(print_help, sys.argv[1:])
         return
     try:
         configs = check_command_line(sys.argv[1:])
         if lists_jobs(sys.argv[1:], configs):
-            try:
-                print_job_list(sys.argv[1:])
-            except UserError as ex:
-                print(f"adpsgd-run: error: {ex}", file=sys.stderr)
-                raise SystemExit(2) from None
+            one_line_on_error(print_job_list, sys.argv[1:])
             return
         RUN_DIR_GIVEN[0] = any(a.startswith(("hydra.run.dir=", "hydra.sweep.dir="))
                                for a in sys.argv[1:])
