@@ -4,8 +4,8 @@ checkpoint cost and the machine's failure rate.
     T = sqrt(2 C M)
 
 * ``C``: the seconds the run's last scheduled checkpoint took to write (every rank's state,
-  until rank 0 had every checksum), measured as it goes; the mean over the ranks, so that
-  every rank computes the same ``T``;
+  until rank 0 had every checksum), measured as it goes; the slowest rank's, so that every
+  rank computes the same ``T``;
 * ``M``: the job's mean time between failures, ``launcher.mtbf_h`` (hours between failures
   of one node) over the job's nodes (``launcher.nprocs / launcher.procs_per_node``, one node
   when that is not set); with ``launcher.mtbf_h`` null, the cluster preset's
