@@ -54,7 +54,7 @@ def job_run_dir(cfg: DictConfig, num: int, multirun: bool) -> Path:
 
 def verdict(typed: DictConfig, run_dir: Path) -> tuple[str, str]:
     """(what a start of this job would do in ``run_dir``, why)."""
-    from ..checkpoint.files import check_compatible, complete_checkpoints, resolve_resume
+    from ..checkpoint.files import check_compatible, resolve_resume
     from ..launch.run_dir import check_fresh_start
 
     if typed.resume is None:
@@ -68,8 +68,8 @@ def verdict(typed: DictConfig, run_dir: Path) -> tuple[str, str]:
         return "run", "a new run"
     checkpoint = resolve_resume(typed.resume, run_dir)
     if checkpoint is None:
-        if typed.resume == "auto" and (run_dir / "metrics.jsonl").exists() \
-                and not complete_checkpoints(run_dir):
+        # (auto found no complete checkpoint; an evaluated attempt is cleared first)
+        if typed.resume == "auto" and (run_dir / "metrics.jsonl").exists():
             return "start over", "it stopped before its first complete checkpoint"
         return "run", "no complete checkpoint in its run dir"
     try:
