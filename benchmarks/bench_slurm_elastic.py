@@ -43,7 +43,8 @@ NAME = "slurm_elastic"
 BIN = Path(sys.executable).parent
 SLURM_LOCAL = REPO / "scripts" / "slurm_local.sh"
 LAB = REPO / "scripts" / "lab_cluster.sh"
-NODES, LOST_NODE, TRAIN_SIZE = 4, "lab3", 1438
+# The lab's third host (scripts/lab_cluster.sh names them LAB_PREFIX1..N; lab3 by default).
+NODES, LOST_NODE, TRAIN_SIZE = 4, f"{os.environ.get('LAB_PREFIX', 'lab')}3", 1438
 ALGOS = ["ssgd", "dpsgd", "adpsgd", "hadpsgd", "sgp", "choco", "diloco"]
 FAULTS = ["node", "link"]
 FULL = {"algos": ALGOS, "faults": FAULTS, "epochs": 12, "delay_s": 0.05}

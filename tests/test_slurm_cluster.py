@@ -35,14 +35,16 @@ JOB = ["recipe=digit_images", "algo=adpsgd", "trainer.epochs=4", "trainer.progre
        "launcher.time=00:10:00", "launcher.signal_lead_s=60"]
 
 
-def slurm_up(*options: str) -> dict[str, str]:
+def slurm_up(*options: str, env: dict[str, str] | None = None) -> dict[str, str]:
     """``scripts/slurm_local.sh up OPTIONS`` (idempotent: quick when the cluster is up) and
     the environment for SLURM's commands, SLURM_CONF of that cluster; the test skips, with the
-    script's reason, when its daemons cannot start."""
+    script's reason, when its daemons cannot start. ``env``: the scripts' variables (which
+    lab, which directory), kept in the environment returned."""
     command = " ".join(["scripts/slurm_local.sh up", *options])
+    env = {**os.environ, **(env or {})}
     try:
         proc = subprocess.run(["bash", str(REPO / "scripts" / "slurm_local.sh"), "up",
-                               *options], capture_output=True, text=True, timeout=900)
+                               *options], capture_output=True, text=True, timeout=900, env=env)
     except subprocess.TimeoutExpired:
         pytest.skip(f"{command} did not finish in 15 minutes")
     conf = re.search(r"export SLURM_CONF=(\S+)", proc.stdout)
@@ -50,7 +52,7 @@ def slurm_up(*options: str) -> dict[str, str]:
         reason = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
         print(f"SLURM tests skip: {command} failed: {reason}", file=sys.stderr)
         pytest.skip(f"{command} failed: {reason}")
-    return {**os.environ, "SLURM_CONF": conf.group(1), "PATH": f"{BIN}:{os.environ['PATH']}"}
+    return {**env, "SLURM_CONF": conf.group(1), "PATH": f"{BIN}:{os.environ['PATH']}"}
 
 
 @pytest.fixture(scope="session")
