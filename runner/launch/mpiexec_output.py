@@ -109,8 +109,8 @@ class MpiexecOutput:
                 with open(self.report_path, "a") as report:
                     report.write(line)
 
-    def join(self) -> None:
-        self.thread.join(timeout=5)
+    def join(self, timeout_s: float = 5.0) -> None:
+        self.thread.join(timeout=timeout_s)
 
 
 class MpiexecStderr:
@@ -169,5 +169,5 @@ class MpiexecStderr:
         sys.stderr.buffer.write(data)
         sys.stderr.flush()
 
-    def join(self) -> None:
-        self.thread.join(timeout=5)
+    def join(self, timeout_s: float = 5.0) -> None:
+        self.thread.join(timeout=timeout_s)
