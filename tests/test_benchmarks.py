@@ -198,9 +198,10 @@ def test_elastic(tmp_path):
 
 @pytest.mark.mpi
 def test_respawn(tmp_path):
-    """--quick: ssgd on 4 ranks uninterrupted, and with learner 2 killed a third of the way
-    and a replacement spawned. Two epochs may end before a replacement started on a busy
-    machine: then it never joined, the job ended on 3, and the row says so."""
+    """--quick: ssgd on 4 ranks with learner 2 killed a third of the way and a replacement
+    spawned (the uninterrupted job to compare with is the full mode's). Two epochs may end
+    before a replacement started on a busy machine: then it never joined, the job ended on
+    3, and the row says so."""
     r, rows = run_quick(tmp_path, "bench_respawn", "--runs", str(tmp_path / "runs"))
     (case,) = r["cases"]
     assert case["algo"] == "ssgd" and positive(case["kill_to_training_s"])
@@ -213,6 +214,7 @@ def test_respawn(tmp_path):
         assert case["learners_at_end"] == 3 and "kill_to_joined_s" not in case
         assert cells[3] == "never"
     assert cells[1] == "ssgd" and cells[-1] == "yes"
+    assert case["uninterrupted_top1"] is None and cells[5] == f"- / {case['top1']:.2f}"
 
 
 @pytest.mark.mpi
