@@ -35,6 +35,15 @@ from conftest import BIN, REPO, read_run, run_cli, run_mpi
 DIGITS = ["recipe=digit_images", "launcher.nprocs=4", "launcher.elastic=true",
           "trainer.epochs=2"]
 TRAIN_SIZE = 1438  # the digits' training set (recipe.heldout_fraction=0.2)
+
+
+def digits_on(nprocs: int) -> list[str]:
+    """DIGITS on ``nprocs`` learners: a test whose behaviour does not need 4 starts fewer
+    ranks (each imports torch, ~2 CPU s before its first step)."""
+    return [f"launcher.nprocs={nprocs}" if arg.startswith("launcher.nprocs=") else arg
+            for arg in DIGITS]
+
+
 SLURM_ELASTIC = ["algo=dpsgd", "launcher=slurm", "launcher.nodes=2", "launcher.procs_per_node=1",
                  "launcher.elastic=true", "launcher.dry_run=true"]
 
@@ -335,10 +344,10 @@ def test_a_peer_the_launcher_declares_lost_fails_like_a_dead_one(tmp_path):
                 in proc.stdout), proc.stdout
 
 
-def start(run_dir: Path, *args: str) -> subprocess.Popen:
-    return subprocess.Popen([str(BIN / "adpsgd-run"), *DIGITS, f"hydra.run.dir={run_dir}",
-                             *args], cwd=run_dir.parent, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+def start(run_dir: Path, *args: str, nprocs: int = 4) -> subprocess.Popen:
+    return subprocess.Popen([str(BIN / "adpsgd-run"), *digits_on(nprocs),
+                             f"hydra.run.dir={run_dir}", *args], cwd=run_dir.parent,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def wait_for_text(proc: subprocess.Popen, path: Path, text: str) -> None:
@@ -394,10 +403,11 @@ def test_a_hung_learner_on_this_host_is_taken_for_lost_and_the_job_completes(tmp
     """SIGSTOP of learner 2 (a hung process, not a dead one: no MPI notices it) in an elastic
     job on one host: after launcher.stall_timeout_s without its heartbeat the launcher kills
     it, and the others go on without it as without a dead learner, every sample used once.
-    (The job once ended there, while across hosts the same hang was survived.)"""
+    (The job once ended there, while across hosts the same hang was survived.) 3 learners,
+    not 4: the survivors wait out the stall time-out polling MPI, each burning CPU."""
     run_dir = tmp_path / "run"
     with open(tmp_path / "stderr", "w") as stderr:
-        job = subprocess.Popen([str(BIN / "adpsgd-run"), *DIGITS, "algo=dpsgd",
+        job = subprocess.Popen([str(BIN / "adpsgd-run"), *digits_on(3), "algo=dpsgd",
                                 "launcher.stall_timeout_s=6", "faults.delay_s=0.3",
                                 f"hydra.run.dir={run_dir}"], cwd=tmp_path,
                                stdout=subprocess.DEVNULL, stderr=stderr, text=True)
@@ -418,9 +428,9 @@ def test_a_hung_learner_on_this_host_is_taken_for_lost_and_the_job_completes(tmp
     assert status == 0, err
     assert f"adpsgd-run: learner 2 (pid {pid}) stopped responding: no heartbeat for " in err
     assert "(launcher.stall_timeout_s=6): killed, the job goes on without it" in err
-    assert "learner 2 (" in err and "3 learner(s) go on" in err, err
+    assert "learner 2 (" in err and "2 learner(s) go on" in err, err
     history, summary = read_run(run_dir)
-    assert summary["status"] == "completed" and summary["learners_at_end"] == 3, summary
+    assert summary["status"] == "completed" and summary["learners_at_end"] == 2, summary
     assert [e["learner"] for e in summary["membership"]] == [2]
     assert [e["learner"] for e in summary["events"] if e["event"] == "stalled"] == [2]
     assert_every_sample_once(summary)
@@ -430,10 +440,12 @@ def test_a_hung_learner_on_this_host_is_taken_for_lost_and_the_job_completes(tmp
 @pytest.mark.slow
 def test_two_learners_killed_at_different_moments_every_sample_used_once(tmp_path):
     run_dir = tmp_path / "run"
-    # Steps slowed down (a random sleep of up to 0.2 s) so that the second kill, from
-    # outside, lands while the job still trains.
+    # Steps slowed down (a random sleep of up to 0.1 s) so that the second kill, from
+    # outside, lands while the job still trains: it follows the first loss by the polling's
+    # 0.02 s, ~24 steps before the end. (Each step waits for its slowest rank's sleep while
+    # the others poll MPI, which costs CPU: no longer than needed.)
     proc = start(run_dir, "algo=ssgd", "faults.sigkill.ranks=[2]", "faults.sigkill.step=5",
-                 "faults.delay_s=0.2")
+                 "faults.delay_s=0.1")
     killed_at = kill_learner_after_first_loss(proc, run_dir, learner=1)
     out, err = proc.communicate(timeout=240)
     assert proc.returncode == 0, err[-3000:]
@@ -507,23 +519,24 @@ def test_each_lockstep_algorithm_goes_on_without_a_killed_learner(tmp_path, algo
 @pytest.mark.mpi
 @pytest.mark.slow
 def test_fewer_learners_than_min_learners_checkpoint_end_with_one_line_and_restart(tmp_path):
-    """Learner 3 dies at step 5 with launcher.min_learners=4: the 3 survivors checkpoint where
+    """Learner 2 dies at step 5 with launcher.min_learners=3: the 2 survivors checkpoint where
     they are (the dead learner's part of the pass dealt to them) and end the job with one line
     and exit status 4, a lost machine's, not a user's mistake's 2: launcher.max_restarts
-    restarts it on 4 from that checkpoint, nothing lost. (The kill comes again at the same
+    restarts it on 3 from that checkpoint, nothing lost. (The kill comes again at the same
     step, so the second loss is not restarted: the failure repeats at the same point.)
     summary.json says failed, with the loss's samples and that checkpoint."""
     run_dir = tmp_path / "run"
-    proc = run_cli([*DIGITS, "algo=ssgd", "launcher.min_learners=4", "faults.sigkill.ranks=[3]",
-                    "faults.sigkill.step=5", "launcher.max_restarts=1",
+    # 3 learners, not 4: its two jobs start 6 ranks, not 8, for the same behaviour.
+    proc = run_cli([*digits_on(3), "algo=ssgd", "launcher.min_learners=3",
+                    "faults.sigkill.ranks=[2]", "faults.sigkill.step=5", "launcher.max_restarts=1",
                     f"hydra.run.dir={run_dir}"], cwd=tmp_path, check=False, timeout=240)
     host = os.uname().nodename
-    cause = f"only 3 learner(s) remain after losing learner 3 ({host}) (launcher.min_learners=4)"
+    cause = f"only 2 learner(s) remain after losing learner 2 ({host}) (launcher.min_learners=3)"
     assert_ends_with_one_error_line(proc, cause, "continue with resume=auto",
                                     status=EXIT_TOO_FEW_LEARNERS)
     # The loss's own line does not promise that the job goes on (it once said "go on").
     lost = [line for line in proc.stderr.splitlines() if " lost at " in line]
-    assert len(lost) == 2 and all("3 learner(s) remain, fewer than launcher.min_learners=4"
+    assert len(lost) == 2 and all("2 learner(s) remain, fewer than launcher.min_learners=3"
                                   in line for line in lost), lost
     summary = json.loads((run_dir / "summary.json").read_text())
     [loss, again] = summary["membership"]
@@ -546,10 +559,10 @@ def test_fewer_learners_than_min_learners_checkpoint_end_with_one_line_and_resta
 def test_every_learner_killed_at_once_ends_the_job_with_one_line_despite_a_spare(tmp_path):
     """Open MPI's mpiexec under ULFM ends with status 0 when every rank has died (a death is
     the job's to handle): the launcher must not take that for a completed run, and the spare
-    left waiting must not either."""
+    left waiting must not either. (2 learners: every one of 4 dies the same way.)"""
     run_dir = tmp_path / "run"
-    proc = run_cli([*DIGITS, "algo=dpsgd", "launcher.spares=1",
-                    "faults.sigkill.ranks=[0,1,2,3]", "faults.sigkill.step=5",
+    proc = run_cli([*digits_on(2), "algo=dpsgd", "launcher.spares=1",
+                    "faults.sigkill.ranks=[0,1]", "faults.sigkill.step=5",
                     f"hydra.run.dir={run_dir}"], cwd=tmp_path, check=False, timeout=240)
     assert proc.returncode == 137, proc.stderr
     lines = proc.stderr.splitlines()
@@ -560,7 +573,7 @@ def test_every_learner_killed_at_once_ends_the_job_with_one_line_despite_a_spare
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "failed" and summary["exit_status"] == 137
     assert summary["events"][-1]["event"] == "died"
-    spare = json.loads((run_dir / "logs" / "rank4.exit").read_text())
+    spare = json.loads((run_dir / "logs" / "rank2.exit").read_text())  # after the learners
     assert spare["status"] == 2 and "every learner of the elastic job is gone" in spare["message"]
 
 
@@ -579,9 +592,10 @@ def test_a_topology_without_a_graph_for_the_survivors_ends_the_job_with_one_line
 def test_a_sample_that_kills_every_learner_it_reaches_ends_the_job_at_its_second_victim(tmp_path):
     """faults.sigkill.sample: whichever learner is about to train sample 700 dies. The first
     loss is survived; the sample is dealt again with the rest of the pass and kills a second
-    learner, which is the same failure repeating: the job ends with one line naming both."""
+    learner, which is the same failure repeating: the job ends with one line naming both.
+    (3 learners: the first loss leaves 2, one rank fewer to start than with 4.)"""
     run_dir = tmp_path / "run"
-    proc = run_cli([*DIGITS, "algo=dpsgd", "faults.sigkill.sample=700",
+    proc = run_cli([*digits_on(3), "algo=dpsgd", "faults.sigkill.sample=700",
                     f"hydra.run.dir={run_dir}"], cwd=tmp_path, check=False, timeout=240)
     first = [line.split()[2] for line in proc.stderr.splitlines() if " lost at " in line][0]
     host = os.uname().nodename
@@ -807,14 +821,16 @@ def test_a_full_tmpdir_for_open_mpis_session_files_is_one_line(tmp_path, monkeyp
 @pytest.mark.slow
 def test_a_learner_killed_during_the_final_evaluation_is_undone_and_the_run_completes(tmp_path):
     run_dir = tmp_path / "run"
-    proc = start(run_dir, "algo=dasgd", "faults.eval_delay_s=1.5", "trainer.progress=false")
+    # 3 learners, not 4: a loss in the evaluation needs no more (one rank fewer to start).
+    proc = start(run_dir, "algo=dasgd", "faults.eval_delay_s=1.5", "trainer.progress=false",
+                 nprocs=3)
     wait_for_text(proc, run_dir / "logs" / "rank0.log", f"({2 * TRAIN_SIZE} samples)")
-    kill_rank(run_dir, 3)
+    kill_rank(run_dir, 2)
     _, err = proc.communicate(timeout=240)
     assert proc.returncode == 0, err[-3000:]
     history, summary = read_run(run_dir)
-    assert [m["learner"] for m in summary["membership"]] == [3]
-    # The last step was undone and trained again by 3: the final evaluation once, at the end.
+    assert [m["learner"] for m in summary["membership"]] == [2]
+    # The last step was undone and trained again by 2: the final evaluation once, at the end.
     assert summary["membership"][0]["at_samples"] < 2 * TRAIN_SIZE
     assert [(r["epoch"], r["split"]) for r in history] == [
         (1.0, "eval"), (1.0, "eval_rank0"), (2.0, "eval"), (2.0, "eval_rank0")], history
@@ -826,25 +842,26 @@ def test_a_learner_killed_during_the_final_evaluation_is_undone_and_the_run_comp
 @pytest.mark.parametrize("algo", ["dasgd", "adpsgd"])
 def test_a_learner_killed_in_a_checkpoint_after_an_evaluation_leaves_one_row_and_clean_dirs(
         tmp_path, algo):
-    """Epoch 1's evaluation is recorded, then learner 3 is killed while the epoch's checkpoint
-    is written (slowly): the step is undone and done again by 3 (AD-PSGD's learners keep
-    their steps and meet the evaluation and the checkpoint again). The evaluation's rows were
-    once kept beside the survivors' new ones (two rows for one evaluation), and the dir
-    rewritten by 3 ranks kept the 4th rank's file, which its COMPLETE does not list."""
+    """Epoch 1's evaluation is recorded, then learner 2 of 3 is killed while the epoch's
+    checkpoint is written (slowly): the step is undone and done again by 2 (AD-PSGD's
+    learners keep their steps and meet the evaluation and the checkpoint again). The
+    evaluation's rows were once kept beside the survivors' new ones (two rows for one
+    evaluation), and the dir rewritten by the survivors kept the lost rank's file, which its
+    COMPLETE does not list. (3 learners, not 4: one rank fewer to start.)"""
     run_dir = tmp_path / "run"
     proc = start(run_dir, f"algo={algo}", "faults.checkpoint_write_delay_s=1.5",
-                 "trainer.progress=false")
+                 "trainer.progress=false", nprocs=3)
     deadline = time.monotonic() + 120
     while not list((run_dir / "checkpoints").glob("samples-*/.rank*.tmp*")):
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
         time.sleep(0.02)
     recorded = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["split"] for r in recorded] == ["eval", "eval_rank0"], recorded
-    kill_rank(run_dir, 3)
+    kill_rank(run_dir, 2)
     _, err = proc.communicate(timeout=240)
     assert proc.returncode == 0, err[-3000:]
     history, summary = read_run(run_dir)
-    assert [m["learner"] for m in summary["membership"]] == [3]
+    assert [m["learner"] for m in summary["membership"]] == [2]
     # (an asynchronous run's evaluations come at its epochs' ends as far as counted: 1.1, 2.04)
     assert [(round(r["epoch"]), r["split"]) for r in history] == [
         (1, "eval"), (1, "eval_rank0"), (2, "eval"), (2, "eval_rank0")], history
@@ -992,19 +1009,20 @@ def test_a_spare_joins_the_super_learner_that_lost_its_leader(tmp_path):
 @pytest.mark.mpi
 @pytest.mark.slow
 def test_a_joined_learner_can_be_lost_too_and_every_sample_is_used_once(tmp_path):
-    """Learner 2 dies at step 5, the spare joins; learner 1 is killed from outside right
-    after the join: the job ends on 3 with each sample of each epoch used once."""
+    """Learner 2 dies at step 5, the spare (3) joins; learner 1 is killed from outside right
+    after the join: the job ends on 2 with each sample of each epoch used once. (3 learners,
+    not 4: the same losses and join, one rank fewer to start.)"""
     run_dir = tmp_path / "run"
     proc = start(run_dir, "algo=ssgd", "launcher.spares=1", "faults.sigkill.ranks=[2]",
-                 "faults.sigkill.step=5", "faults.delay_s=0.05")
+                 "faults.sigkill.step=5", "faults.delay_s=0.05", nprocs=3)
     wait_for_text(proc, run_dir / "logs" / "events.jsonl", '"joined"')
     kill_rank(run_dir, 1)
     _, err = proc.communicate(timeout=240)
     assert proc.returncode == 0, err[-3000:]
     _, summary = read_run(run_dir)
     assert [(m["event"], m["learner"]) for m in summary["membership"]] == [
-        ("lost", 2), ("joined", 4), ("lost", 1)]
-    assert summary["learners_at_end"] == 3 and summary["replicas_identical"]
+        ("lost", 2), ("joined", 3), ("lost", 1)]
+    assert summary["learners_at_end"] == 2 and summary["replicas_identical"]
     assert_every_sample_once(summary)
 
 
@@ -1012,21 +1030,22 @@ def test_a_joined_learner_can_be_lost_too_and_every_sample_is_used_once(tmp_path
 @pytest.mark.slow
 def test_a_spare_killed_while_waiting_is_named_and_the_job_goes_on(tmp_path):
     run_dir = tmp_path / "run"
+    # 3 learners (15 steps an epoch: step 20 is in the second) and the spare, rank 3.
     proc = start(run_dir, "algo=dpsgd", "launcher.spares=1", "faults.sigkill.ranks=[2]",
-                 "faults.sigkill.step=20", "faults.delay_s=0.05")
-    wait_for_text(proc, run_dir / "logs" / "rank4.log", "waiting to replace")
-    kill_rank(run_dir, 4)
+                 "faults.sigkill.step=20", "faults.delay_s=0.05", nprocs=3)
+    wait_for_text(proc, run_dir / "logs" / "rank3.log", "waiting to replace")
+    kill_rank(run_dir, 3)
     _, err = proc.communicate(timeout=240)
     assert proc.returncode == 0, err[-3000:]
     host = os.uname().nodename
-    assert f"adpsgd-run: spare(s) 4 ({host}) lost while waiting: 0 spare(s) left" in err
+    assert f"adpsgd-run: spare(s) 3 ({host}) lost while waiting: 0 spare(s) left" in err
     _, summary = read_run(run_dir)
     # The lost spare has its entry too (it once had none), and its place in events.jsonl:
     # found when the job next met every process, at learner 2's loss.
     assert [(m["event"], m["learner"], m["host"]) for m in summary["membership"]] == [
-        ("spare lost", 4, host), ("lost", 2, host)]
+        ("spare lost", 3, host), ("lost", 2, host)]
     assert "spare lost" in (run_dir / "logs" / "events.jsonl").read_text()
-    assert summary["learners_at_end"] == 3
+    assert summary["learners_at_end"] == 2
     assert_every_sample_once(summary)
 
 
@@ -1034,15 +1053,16 @@ def test_a_spare_killed_while_waiting_is_named_and_the_job_goes_on(tmp_path):
 @pytest.mark.slow
 def test_ctrl_c_stops_learners_and_spares_alike(tmp_path):
     """Every process, the spare waiting included, ends with the stopped status (130), so
-    the job counts as stopped gracefully, with its checkpoint."""
+    the job counts as stopped gracefully, with its checkpoint. (2 learners: a learner and
+    a spare are what it needs.)"""
     run_dir = tmp_path / "run"
     proc = start(run_dir, "algo=ssgd", "launcher.spares=1", "trainer.epochs=6",
-                 "faults.delay_s=0.1")
-    wait_for_text(proc, run_dir / "logs" / "rank4.log", "waiting to replace")
+                 "faults.delay_s=0.1", nprocs=2)
+    wait_for_text(proc, run_dir / "logs" / "rank2.log", "waiting to replace")
     time.sleep(1.0)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=240)
     assert proc.returncode == 130, err[-3000:]
-    assert exit_statuses(run_dir, list(range(5))) == [130] * 5
+    assert exit_statuses(run_dir, list(range(3))) == [130] * 3
     assert "stopped by Ctrl-C after checkpointing" in err.splitlines()[-1], err[-2000:]
     assert "without a rank reporting" not in err
