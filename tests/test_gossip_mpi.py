@@ -5,7 +5,7 @@ learning rate 0, gossip or averaging keeps the mean model and drives the consens
 
 import pytest
 
-from conftest import case_report, run_mpi, run_mpi_cases
+from conftest import SMALL_DIGITS_MODEL, case_report, run_mpi, run_mpi_cases
 
 pytestmark = pytest.mark.mpi
 
@@ -51,7 +51,8 @@ FAMILIES = {"gossip_invariants": {name: [*overrides, *COMMON] for name, override
 
 @pytest.fixture(scope="module")
 def invariant_lines(tmp_path_factory):
-    cases = {f"{script}.{name}": [f"check={script}", *overrides]
+    # The narrow CNN: none of these invariants depends on the width (conftest)
+    cases = {f"{script}.{name}": [f"check={script}", *overrides, *SMALL_DIGITS_MODEL]
              for script, family in FAMILIES.items() for name, overrides in family.items()}
     return run_mpi_cases(4, "invariants.py", tmp_path_factory.mktemp("invariants"), cases,
                          timeout=600)

@@ -6,7 +6,7 @@ runs every case (tests/mpi/resume.py)."""
 
 import pytest
 
-from conftest import case_report, run_mpi_cases
+from conftest import SMALL_DIGITS_MODEL, case_report, run_mpi_cases
 
 pytestmark = pytest.mark.mpi
 
@@ -32,7 +32,8 @@ CASES = {
 
 @pytest.fixture(scope="module")
 def job(tmp_path_factory):
-    return run_mpi_cases(2, "resume.py", tmp_path_factory.mktemp("resume"), CASES, timeout=500)
+    cases = {name: [*overrides, *SMALL_DIGITS_MODEL] for name, overrides in CASES.items()}
+    return run_mpi_cases(2, "resume.py", tmp_path_factory.mktemp("resume"), cases, timeout=500)
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -53,8 +54,9 @@ ASYNC_CASES = {
 
 @pytest.fixture(scope="module")
 def async_job(tmp_path_factory):
-    return run_mpi_cases(4, "async_resume.py", tmp_path_factory.mktemp("async_resume"),
-                         ASYNC_CASES, timeout=500)
+    cases = {name: [*overrides, *SMALL_DIGITS_MODEL] for name, overrides in ASYNC_CASES.items()}
+    return run_mpi_cases(4, "async_resume.py", tmp_path_factory.mktemp("async_resume"), cases,
+                         timeout=500)
 
 
 @pytest.mark.parametrize("case", sorted(ASYNC_CASES))
