@@ -3,7 +3,8 @@ each case selects, from the same seed in float64; each must end with SSGD's para
 rank (docs/algorithms.md: dpsgd on the complete graph, hadpsgd with one node, dasgd with delay 0 and
 tau 1, local SGD with period 1, each with plain SGD). A case whose overrides include
 ``reference:OVERRIDE`` items is compared with that configuration instead (DiLoCo with outer
-learning rate 1 and no outer momentum against local SGD)."""
+learning rate 1 and no outer momentum against local SGD). Items ``common:OVERRIDE`` apply to
+both runs (a smaller model or training set than PLAIN_SGD's)."""
 
 from runner.comm.communicator import Communicator
 
@@ -27,11 +28,13 @@ def train(world_mpi, run_dir, overrides):
 def checks(world_mpi, run_dir, overrides):
     against = tuple(o.removeprefix("reference:") for o in overrides
                     if o.startswith("reference:")) or ("algo=ssgd",)
-    if against not in reference:
-        reference[against] = train(world_mpi, f"{run_dir}-reference", list(against))
-    ref_steps, ref_params = reference[against]
-    steps, params = train(world_mpi, run_dir,
-                          [o for o in overrides if not o.startswith("reference:")])
+    common = tuple(o.removeprefix("common:") for o in overrides if o.startswith("common:"))
+    if (common, against) not in reference:
+        reference[common, against] = train(world_mpi, f"{run_dir}-reference",
+                                           [*common, *against])
+    ref_steps, ref_params = reference[common, against]
+    steps, params = train(world_mpi, run_dir, [*common, *(
+        o for o in overrides if not o.startswith(("reference:", "common:")))])
     assert steps == ref_steps > 0, (steps, ref_steps)
     worst = 0.0
     for ref, got in zip(ref_params, params):
