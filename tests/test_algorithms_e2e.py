@@ -80,24 +80,20 @@ IMMUNITY_CASES = {  # first override: whether the algorithm is lockstep (the con
     "adpsgd-random": ["lockstep=false", "algo=adpsgd", "algo.pattern=random",
                       "topology=complete"],
     "hadpsgd": ["lockstep=false", "algo=hadpsgd"],  # the other node against the straggler's
-    "ssgd": ["lockstep=true", "algo=ssgd"],  # control: every rank the same steps
+    # control: every rank the same steps. 1 epoch, enough for that: each of its steps costs
+    # 3 ranks' CPU for the straggler's whole step (they wait in MPI's allreduce, which polls).
+    "ssgd": ["lockstep=true", "algo=ssgd", "trainer.epochs=1"],
 }
 
 
-@pytest.fixture(scope="module")
-def immunity_lines(tmp_path_factory):
-    return run_mpi_cases(4, "straggler_immunity.py", tmp_path_factory.mktemp("immunity"),
-                         IMMUNITY_CASES)
-
-
 @pytest.mark.parametrize("case", sorted(IMMUNITY_CASES))
-def test_asynchronous_learners_go_on_without_a_10x_straggler(immunity_lines, case):
+def test_asynchronous_learners_go_on_without_a_10x_straggler(case_lines, case):
     """With rank 3 ten times slower (its compute seconds per step show it), each other
     learner's step takes well under the straggler's (their stepping seconds per step,
     measured in the same run, so a busy machine slows both sides alike) and they take more
     steps than it; lockstep SSGD's learners take equal steps, each as long as the
     straggler's."""
-    report = case_report(immunity_lines, case, 4)
+    report = case_report(case_lines, f"immunity-{case}", 4)
     assert report.count("steps per rank") == 4, report
     print(f"{case}: {report.splitlines()[0]}")
 
@@ -111,11 +107,17 @@ FINAL_MODEL_CASES = {
 
 
 @pytest.fixture(scope="module")
-def final_model_lines(tmp_path_factory):
-    return run_mpi_cases(4, "final_model.py", tmp_path_factory.mktemp("final"),
-                         FINAL_MODEL_CASES)
+def case_lines(tmp_path_factory):
+    """Both kinds of cases in one 4-rank job (tests/mpi/algorithm_cases.py): starting the
+    ranks costs more CPU than either's cases."""
+    cases = {**{f"immunity-{name}": ["straggler_immunity", *overrides]
+                for name, overrides in IMMUNITY_CASES.items()},
+             **{f"final-{name}": ["final_model", *overrides]
+                for name, overrides in FINAL_MODEL_CASES.items()}}
+    return run_mpi_cases(4, "algorithm_cases.py", tmp_path_factory.mktemp("cases"), cases,
+                         timeout=480)
 
 
 @pytest.mark.parametrize("case", sorted(FINAL_MODEL_CASES))
-def test_the_saved_final_model_is_the_scored_one(final_model_lines, case):
-    assert case_report(final_model_lines, case, 4).count("scored") == 4
+def test_the_saved_final_model_is_the_scored_one(case_lines, case):
+    assert case_report(case_lines, f"final-{case}", 4).count("scored") == 4

@@ -228,20 +228,32 @@ def test_kill_9_of_mpiexec_names_mpiexec(tmp_path):
     assert result["leftover_pids"] == []
 
 
-def test_a_helper_process_that_outlives_mpiexec_is_ended_with_the_job(tmp_path):
-    """An mpiexec that leaves a process of its job behind (Open MPI's prterun outlived an
-    elastic job once, childless): the launcher ends mpiexec's whole process group after it,
-    so nothing of the job is left."""
-    wrapper = tmp_path / "mpiexec"
-    marker = f"sleep {4000 + os.getpid() % 1000}"  # this test's helper, by its command line
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> tuple[Path, list[str]]:
+    """The uninterrupted small SSGD job, 2 epochs, that the checkpoint-write kill resumes to;
+    started through an mpiexec that leaves a helper process behind (one job for two tests: a
+    job start costs more CPU than its training). Returns its run dir and the helper pids
+    found after the job."""
+    work = tmp_path_factory.mktemp("uninterrupted")
+    wrapper = work / "mpiexec"
+    marker = f"sleep {4000 + os.getpid() % 1000}"  # this job's helper, by its command line
     wrapper.write_text(f"#!/bin/bash\n# the job (not a version probe) leaves a helper\n"
                        f"[ \"$1\" = -n ] && {marker} &\nexec {BIN / 'mpiexec'} \"$@\"\n")
     wrapper.chmod(0o755)
-    run_cli(["recipe=digit_images", "algo=ssgd", "launcher.nprocs=2", "trainer.epochs=1",
-             f"launcher.mpiexec={wrapper}", f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path)
+    run_dir = work / "run"
+    run_cli([*EXACT, "trainer.epochs=2", f"launcher.mpiexec={wrapper}",
+             f"hydra.run.dir={run_dir}"], cwd=work)
     left = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout.split()
     for pid in left:
         os.kill(int(pid), signal.SIGKILL)
+    return run_dir, left
+
+
+def test_a_helper_process_that_outlives_mpiexec_is_ended_with_the_job(uninterrupted):
+    """An mpiexec that leaves a process of its job behind (Open MPI's prterun outlived an
+    elastic job once, childless): the launcher ends mpiexec's whole process group after it,
+    so nothing of the job is left."""
+    _, left = uninterrupted
     assert left == [], "the helper outlived the job"
 
 
@@ -284,9 +296,8 @@ def writing_a_later_checkpoint(run_dir: Path) -> bool:
 
 
 def test_kill_during_a_checkpoint_write_keeps_the_previous_one_and_ssgd_resumes_exactly(
-        tmp_path):
-    reference = tmp_path / "uninterrupted"
-    run_cli([*EXACT, "trainer.epochs=2", f"hydra.run.dir={reference}"], cwd=tmp_path)
+        tmp_path, uninterrupted):
+    reference, _ = uninterrupted
 
     # Every write pauses inside the temporary file: rank 1 is killed in that window.
     slow_writes = [*EXACT[3:], "faults.checkpoint_write_delay_s=1.5"]

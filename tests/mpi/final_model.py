@@ -36,4 +36,5 @@ def checks(world_mpi, run_dir, overrides):
     return "scored"
 
 
-run_cases_on_ranks(checks)
+if __name__ == "__main__":  # also run beside other checks (algorithm_cases.py)
+    run_cases_on_ranks(checks)

@@ -46,9 +46,10 @@ def seconds_per_step(summary, rank: int) -> float:
 def checks(world_mpi, run_dir, overrides):
     lockstep = overrides[0] == "lockstep=true"
     comm = Communicator(world_mpi, "mpi")
-    cfg = compose_config([*overrides[1:], "launcher.nprocs=4", "launcher.procs_per_node=2",
+    # The case's overrides last: they may set another trainer.epochs.
+    cfg = compose_config(["launcher.nprocs=4", "launcher.procs_per_node=2",
                           f"faults.straggler.ranks=[{STRAGGLER}]", "faults.straggler.factor=10",
-                          "trainer.epochs=2", "trainer.batch_size=16"])
+                          "trainer.epochs=2", "trainer.batch_size=16", *overrides[1:]])
     trainer, node = build_trainer(world_mpi, comm, run_dir, cfg)
     summary = comm.bcast_object(trainer.run())
     node.close()
@@ -71,4 +72,5 @@ def checks(world_mpi, run_dir, overrides):
             "time per step")
 
 
-run_cases_on_ranks(checks)
+if __name__ == "__main__":  # also run beside other checks (algorithm_cases.py)
+    run_cases_on_ranks(checks)
