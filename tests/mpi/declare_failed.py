@@ -18,7 +18,8 @@ if rank == 2:  # silent: no message, no exit, until the others are done
     time.sleep(3)
     os._exit(0)
 declared = []
-threading.Timer(0.5, lambda: declared.append(declare_failed([2]))).start()
+declaring = threading.Timer(0.5, lambda: declared.append(declare_failed([2])))
+declaring.start()
 started = time.monotonic()
 try:
     world.recv(source=2)
@@ -27,6 +28,9 @@ except MPI.Exception as ex:
     error = MPI.Get_error_string(ex.Get_error_class())
     print(f"rank {rank}: waiting on rank 2 failed with {error} after "
           f"{time.monotonic() - started:.1f} s", flush=True)
+# Every survivor declares (the launcher tells them all): on a loaded machine the other
+# rank's declaration and revoke can end this wait before this rank's own timer fires.
+declaring.join()
 world.Revoke()
 shrunk = shrink(world)
 total = shrunk.comm.allreduce(1)
