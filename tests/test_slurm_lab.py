@@ -6,7 +6,7 @@ The lab here is one of its own, slab1..slab4 (SLURM_LAB: its names, subnet and d
 not the lab of tests/test_lab.py, so that neither file's cut links and killed hosts can reach
 the other's jobs. make test still runs the two files one after the other (one "lab" resource):
 side by side on 2 cores (2026-12-01) they shortened nothing yet, the suite being bound by its
-CPU, and the extra load made timing-sensitive tests elsewhere fail.
+CPU, and in those CI runs two timing-sensitive tests elsewhere failed under the extra load.
 
 Needs root (the lab's namespaces) and SLURM's daemons; elsewhere these tests skip with the
 reason. Jobs are the digits of tests/test_slurm_cluster.py, one rank per node."""
