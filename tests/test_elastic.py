@@ -842,26 +842,25 @@ def test_a_learner_killed_during_the_final_evaluation_is_undone_and_the_run_comp
 @pytest.mark.parametrize("algo", ["dasgd", "adpsgd"])
 def test_a_learner_killed_in_a_checkpoint_after_an_evaluation_leaves_one_row_and_clean_dirs(
         tmp_path, algo):
-    """Epoch 1's evaluation is recorded, then learner 2 of 3 is killed while the epoch's
-    checkpoint is written (slowly): the step is undone and done again by 2 (AD-PSGD's
-    learners keep their steps and meet the evaluation and the checkpoint again). The
-    evaluation's rows were once kept beside the survivors' new ones (two rows for one
-    evaluation), and the dir rewritten by the survivors kept the lost rank's file, which its
-    COMPLETE does not list. (3 learners, not 4: one rank fewer to start.)"""
+    """Epoch 1's evaluation is recorded, then learner 3 is killed while the epoch's checkpoint
+    is written (slowly): the step is undone and done again by 3 (AD-PSGD's learners keep
+    their steps and meet the evaluation and the checkpoint again). The evaluation's rows were
+    once kept beside the survivors' new ones (two rows for one evaluation), and the dir
+    rewritten by 3 ranks kept the 4th rank's file, which its COMPLETE does not list."""
     run_dir = tmp_path / "run"
     proc = start(run_dir, f"algo={algo}", "faults.checkpoint_write_delay_s=1.5",
-                 "trainer.progress=false", nprocs=3)
+                 "trainer.progress=false")
     deadline = time.monotonic() + 120
     while not list((run_dir / "checkpoints").glob("samples-*/.rank*.tmp*")):
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
         time.sleep(0.02)
     recorded = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["split"] for r in recorded] == ["eval", "eval_rank0"], recorded
-    kill_rank(run_dir, 2)
+    kill_rank(run_dir, 3)
     _, err = proc.communicate(timeout=240)
     assert proc.returncode == 0, err[-3000:]
     history, summary = read_run(run_dir)
-    assert [m["learner"] for m in summary["membership"]] == [2]
+    assert [m["learner"] for m in summary["membership"]] == [3]
     # (an asynchronous run's evaluations come at its epochs' ends as far as counted: 1.1, 2.04)
     assert [(round(r["epoch"]), r["split"]) for r in history] == [
         (1, "eval"), (1, "eval_rank0"), (2, "eval"), (2, "eval_rank0")], history
