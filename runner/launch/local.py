@@ -76,9 +76,9 @@ from .watchdog import (
     ranks_progress,
 )
 
-# How long mpiexec's output gets to drain once it was stopped with learners left behind on
-# a host that does not answer (their processes keep its pipes open).
-LEFT_BEHIND_DRAIN_S = 2.0
+# How long each of mpiexec's output readers gets to drain once mpiexec was stopped with
+# learners left behind on a host that does not answer (their processes keep its pipes open).
+LEFT_BEHIND_DRAIN_S = 1.0
 
 
 @dataclass
@@ -338,10 +338,10 @@ class LocalLauncher(Launcher):
                     supervision.probe.stop()
         ended = time.time()
         # The processes of a host the job went on without hold mpiexec's pipes open and
-        # never write again: the readers get what is already there, not 10 s to wait for them.
-        drain_by = time.monotonic() + (LEFT_BEHIND_DRAIN_S if supervision.left_behind else 10.0)
-        output.join(max(0.0, drain_by - time.monotonic()) / 2)
-        errors.join(max(0.0, drain_by - time.monotonic()))
+        # never write again: the readers get what is already there, not 5 s each to wait.
+        drain = {"timeout_s": LEFT_BEHIND_DRAIN_S} if supervision.left_behind else {}
+        output.join(**drain)
+        errors.join(**drain)
         job = EndedJob(run_dir, proc, status, watchdog, forwarding, output, supervision, ended,
                        output.lost_daemon_host or errors.lost_daemon_host)
         watchdog.kill_leftovers()  # a rank that outlived mpiexec would be an orphan
