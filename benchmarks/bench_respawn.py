@@ -67,12 +67,13 @@ def measure(args: argparse.Namespace) -> dict:
         run = killed_run(root / "respawned", algo, epochs, args.timeout,
                          "launcher.respawn=true", slowed)
         summary = run.pop("summary")
+        uninterrupted_top1 = None if plain is None else plain["top1"]
         cases.append({"algo": algo, "epochs": epochs, "delay_s": delay_s, **run,
                       "learners_at_end": summary["learners_at_end"],
-                      "uninterrupted_top1": plain and plain["top1"], "top1": summary["top1"],
+                      "uninterrupted_top1": uninterrupted_top1, "top1": summary["top1"],
                       "every_sample_once": every_sample_once(summary)})
         print(f"{algo}: training again {run['kill_to_training_s']} s, 4 learners again "
-              f"{run.get('kill_to_joined_s')} s, top-1 {top1(plain and plain['top1'])} -> "
+              f"{run.get('kill_to_joined_s')} s, top-1 {top1(uninterrupted_top1)} -> "
               f"{summary['top1']:.2f}", file=sys.stderr, flush=True)
     return record.finish({"cases": cases, "run_dirs": str(args.runs)})
 

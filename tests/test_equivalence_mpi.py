@@ -6,7 +6,7 @@ import pytest
 
 from runner.algos import ALGORITHMS
 
-from conftest import case_report, run_mpi_cases
+from conftest import RULES_DIGITS, case_report, run_mpi_cases
 
 pytestmark = pytest.mark.mpi
 
@@ -39,16 +39,10 @@ def test_the_reductions_are_declared():
             "choco-identity-consensus-1-is-dpsgd"} <= set(OTHER_CASES)
 
 
-# Equal update rules give equal parameters at any size: a small CNN and 395 training digits
-# (7 steps an epoch, the last short and uneven: 3, 3, 3, 2 samples; 7 is no multiple of the
-# period 3 the cases use) cost a fraction of the defaults' 23 steps of the full CNN.
-SMALL = ["recipe.channels=[8,16]", "recipe.hidden=32", "recipe.heldout_fraction=0.78"]
-
-
 @pytest.fixture(scope="module")
 def lines(tmp_path_factory):
     return run_mpi_cases(4, "equivalence.py", tmp_path_factory.mktemp("equivalence"),
-                         {case: [*(f"common:{o}" for o in SMALL), *overrides]
+                         {case: [*(f"common:{o}" for o in RULES_DIGITS), *overrides]
                           for case, overrides in ALL_CASES.items()})
 
 

@@ -11,15 +11,13 @@ import torch
 
 from runner.sim.drivers import SIM_DRIVERS
 
-from conftest import MPI_SCRIPTS, case_report, run_mpi_cases
+from conftest import MPI_SCRIPTS, RULES_DIGITS, case_report, run_mpi_cases
 
 pytestmark = pytest.mark.mpi
 
-# The rules are compared, not what they learn: a small CNN on 395 training digits (7 steps, the
-# last short and uneven; no multiple of period 3) costs a fraction of the defaults' 23 steps.
 COMMON = ["launcher.nprocs=4", "launcher.procs_per_node=2", "trainer.epochs=1",
           "trainer.dtype=float64", "trainer.batch_size=16", "optim.weight_decay=1e-4",
-          "recipe.channels=[8,16]", "recipe.hidden=32", "recipe.heldout_fraction=0.78"]
+          *RULES_DIGITS]  # the rules are compared, not what they learn
 CASES = {
     "ssgd": ["algo=ssgd"],
     "dpsgd_ring": ["algo=dpsgd", "topology=ring"],

@@ -46,15 +46,16 @@ LAB = REPO / "scripts" / "lab_cluster.sh"
 SLURM_LAB = {"LAB_PREFIX": "slab", "LAB_SUBNET": "10.214.0", "LAB_DIR": "/run/adpsgd-slab",
              "SLURM_LOCAL_DIR": "/tmp/adpsgd-slurm-slab"}
 
+JOB = ["recipe=digit_images", "algo=adpsgd", "trainer.epochs=4", "trainer.progress=false",
+       "faults.delay_s=0.1", "launcher=slurm", "launcher.nodes=2", "launcher.procs_per_node=1",
+       "launcher.time=00:10:00", "launcher.signal_lead_s=60",
+       "launcher.extra_sbatch=['--nodelist=slab[1-2]']"]  # of the cluster's 4 nodes
+
 
 def on_the_slurm_lab(*command: str, **options) -> subprocess.CompletedProcess:
     """One of the scripts' commands, on this file's lab."""
     return subprocess.run(["bash", *command], env={**os.environ, **SLURM_LAB},
                           capture_output=True, **options)
-JOB = ["recipe=digit_images", "algo=adpsgd", "trainer.epochs=4", "trainer.progress=false",
-       "faults.delay_s=0.1", "launcher=slurm", "launcher.nodes=2", "launcher.procs_per_node=1",
-       "launcher.time=00:10:00", "launcher.signal_lead_s=60",
-       "launcher.extra_sbatch=['--nodelist=slab[1-2]']"]  # of the cluster's 4 nodes
 
 
 @pytest.fixture(scope="session")
