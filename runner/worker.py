@@ -157,13 +157,15 @@ def tune_mpi(run_dir: Path) -> None:
         os.environ.setdefault(name, value)
 
 
-def launcher_gone(pid: int | None, console: TextIO) -> None:
+def launcher_gone(pid: int | None, console: TextIO, run_dir: Path, rank: int) -> None:
     """The launcher that supervises this job died (kill -9, a closed session): without it
     nobody watches the ranks, so they checkpoint and stop (status stopped). ``pid``: None
     when it ran on another host (its host said so, runner/runlog/liveness.py). What the rank
     would print on ``console`` (the progress bar, its last line) goes to its log from now
     on: nobody reads mpiexec's output any more, and mpiexec, killed by the first line it
-    passes on (SIGPIPE), would take the ranks down before they wrote summary.json."""
+    passes on (SIGPIPE), would take the ranks down before they wrote summary.json. A rank
+    that has not stopped ``comm.timeout_s`` later leaves without a checkpoint: nobody would
+    end it otherwise (:func:`leave_if_still_running`)."""
     log.warning("adpsgd-run (%s), which started this job, is gone: checkpointing and "
                 "stopping", f"pid {pid}" if pid else "on another host")
     try:
@@ -175,6 +177,29 @@ def launcher_gone(pid: int | None, console: TextIO) -> None:
     except (OSError, ValueError):
         pass
     request_stop(signal.SIGINT)
+    threading.Thread(target=leave_if_still_running, args=(run_dir, rank), daemon=True,
+                     name="launcher-gone").start()
+
+
+def leave_if_still_running(run_dir: Path, rank: int) -> None:
+    """End this process if it is still here ``comm.timeout_s`` after the launcher's end:
+    a call that waits on a peer lost with the launcher (a ULFM agreement with a rank that
+    aborted) never returns, and the stop could not happen. The last complete checkpoint
+    stays what resume=auto loads."""
+    try:
+        bound_s = float(OmegaConf.load(Path(run_dir) / RUN_CONFIG).comm.timeout_s)
+    except Exception:  # noqa: BLE001 - an unreadable config: the schema's default
+        from .config.run_schema import CommConfig
+
+        bound_s = CommConfig.timeout_s
+    time.sleep(bound_s)
+    line = (f"rank {rank} could not checkpoint and stop within comm.timeout_s={bound_s:g} s "
+            "of its launcher's end (a call to a lost peer never returned): it left without "
+            "a checkpoint; resume=auto continues from the last complete one")
+    log.error("%s", line)
+    write_exit_record(run_dir, rank, EXIT_PEER_LOST, line)
+    logging.shutdown()
+    os._exit(EXIT_PEER_LOST)
 
 
 def run_rank(run_dir: str | Path, in_process: bool = False, respawned: bool = False) -> int:
@@ -291,7 +316,8 @@ def start_rank_files(run_dir: Path, rank: int, in_process: bool,
                         on_cut_off=lambda silent_s: cut_off(
                             run_dir, rank, f"no answer from the launcher for "
                             f"{silent_s:.0f} s"),
-                        on_launcher_gone=partial(launcher_gone, None, console))
+                        on_launcher_gone=partial(launcher_gone, None, console, run_dir,
+                                                 rank))
         hold_shared(run_dir)
     return console
 
@@ -305,7 +331,7 @@ def speaking_to_the_launcher(run_dir: Path, rank: int, world_mpi: Any, console: 
     launcher = os.environ.get(LAUNCHER_PID)
     watched = launcher_here()
     if watched and not in_process:
-        watch_launcher(watched, lambda: launcher_gone(watched, console))
+        watch_launcher(watched, lambda: launcher_gone(watched, console, run_dir, rank))
 
     def say(message: str) -> None:
         if in_process:

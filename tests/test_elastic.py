@@ -328,20 +328,40 @@ def test_a_peer_the_launcher_declares_lost_fails_like_a_dead_one(tmp_path):
     """What the survivors of a cut link do when the launcher names the learners behind it:
     rank 2 is alive but silent, ranks 0 and 1 declare it failed from a thread while they
     wait on it, and their wait fails and their shrink leaves it out (tests/mpi)."""
-    from runner.launch.ulfm_mpi import open_mpi_args, ulfm_environment
-
-    mpiexec = str(ULFM_PREFIX / "bin" / "mpiexec")
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1",
-           **ulfm_environment(mpiexec, dict(os.environ))}
-    proc = subprocess.run([mpiexec, "-n", "3", *open_mpi_args(True), sys.executable,
-                           str(REPO / "tests" / "mpi" / "declare_failed.py")], env=env,
-                          capture_output=True, text=True, timeout=180, cwd=tmp_path)
+    proc = run_on_ulfm(3, "declare_failed.py", tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for rank in (0, 1):
         assert re.search(rf"rank {rank}: waiting on rank 2 failed with MPI_ERR_(PROC_FAILED|"
                          r"REVOKED)", proc.stdout), proc.stdout
         assert (f"rank {rank}: declared [True], survivors [0, 1], lost [2], allreduce 2"
                 in proc.stdout), proc.stdout
+
+
+@pytest.mark.mpi
+def test_a_stop_check_abandoned_in_flight_does_not_crash_the_survivors(tmp_path):
+    """A recovery abandons the stop agreement's check in flight: its request and
+    communicator are kept, since MPI's progress still runs the check's schedule. Dropping
+    the request (Open MPI aborted SGP's survivor, "Send error after request freed") or
+    freeing the communicator under it (a segfault in NBC_Progress) killed a survivor, and
+    the others then waited for it in the shrink forever (tests/mpi)."""
+    proc = run_on_ulfm(3, "abandoned_agreement.py", tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for rank in (0, 1):
+        assert f"rank {rank}: went on with survivors [0, 1], allreduce 2" in proc.stdout, \
+            proc.stdout + proc.stderr
+
+
+def run_on_ulfm(nprocs: int, script: str, cwd: Path) -> subprocess.CompletedProcess:
+    """``script`` of tests/mpi on ``nprocs`` ranks of Open MPI 5 with ULFM, as elastic
+    jobs run."""
+    from runner.launch.ulfm_mpi import open_mpi_args, ulfm_environment
+
+    mpiexec = str(ULFM_PREFIX / "bin" / "mpiexec")
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1",
+           **ulfm_environment(mpiexec, dict(os.environ))}
+    return subprocess.run([mpiexec, "-n", str(nprocs), *open_mpi_args(True),
+                           sys.executable, str(REPO / "tests" / "mpi" / script)], env=env,
+                          capture_output=True, text=True, timeout=180, cwd=cwd)
 
 
 def start(run_dir: Path, *args: str, nprocs: int = 4) -> subprocess.Popen:

@@ -112,3 +112,35 @@ def test_a_killed_launcher_stops_its_ranks_and_the_dir_has_one_job(tmp_path):
              f"hydra.run.dir={run_dir}"], cwd=tmp_path, timeout=300)
     _, summary = read_run(run_dir)
     assert summary["status"] == "completed" and summary["resumed_from"] == str(newest.path)
+
+
+STUCK_RANK = """
+import sys, time
+from pathlib import Path
+from runner.runlog.liveness import write_pid_file
+from runner.worker import launcher_gone
+
+run_dir = Path(sys.argv[1])
+write_pid_file(run_dir, 0)
+launcher_gone(12345, sys.stdout, run_dir, 0)
+time.sleep(120)  # as a call to a lost peer that never returns: the stop never comes
+"""
+
+
+def test_a_rank_that_cannot_stop_after_its_launcher_died_leaves_after_comm_timeout(tmp_path):
+    """A rank whose launcher died asks itself to stop; if a call to a lost peer never
+    returns (a ULFM shrink waiting on a survivor that aborted was seen), the stop never
+    comes: comm.timeout_s later the rank leaves with its exit record saying why, instead of
+    staying for good."""
+    run_dir = tmp_path / "run"
+    (run_dir / "logs").mkdir(parents=True)
+    (run_dir / ".hydra").mkdir()
+    (run_dir / ".hydra" / "run.yaml").write_text("comm:\n  timeout_s: 1.5\n")
+    proc = subprocess.run([str(BIN / "python"), "-c", STUCK_RANK, str(run_dir)],
+                          capture_output=True, text=True, timeout=60)  # not the stuck 120 s
+    record = json.loads((run_dir / "logs" / "rank0.exit").read_text())
+    assert proc.returncode == 3 and record["status"] == 3, (proc.stdout, proc.stderr, record)
+    assert record["message"] == (
+        "rank 0 could not checkpoint and stop within comm.timeout_s=1.5 s of its launcher's "
+        "end (a call to a lost peer never returned): it left without a checkpoint; "
+        "resume=auto continues from the last complete one")

@@ -184,10 +184,15 @@ class StopAgreement:
     def abandon(self) -> None:
         """Drop the check in flight and the communicator, which hold a lost learner
         (launcher.elastic): the survivors start a new agreement."""
-        from ..comm.ulfm import free_quietly
+        from ..comm.ulfm import free_quietly, keep_abandoned
 
-        self._pending = None
-        free_quietly(self.comm)
+        if self._pending is None:
+            free_quietly(self.comm)
+        else:  # its schedule still runs in MPI's progress, on this communicator: dropping
+            # the request frees it in flight (its failed send then aborts the process, "Send
+            # error after request freed"), and freeing the communicator under it crashes
+            keep_abandoned([self._pending, self.comm])
+            self._pending = None
 
     def close(self) -> None:
         """Complete the last check (every rank started the same ones) and free the

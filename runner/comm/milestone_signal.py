@@ -21,7 +21,7 @@ import time
 import numpy as np
 
 from .pairwise import ExchangeTimeout
-from .ulfm import free_quietly, track
+from .ulfm import free_quietly, keep_abandoned, track
 from .world import mpi
 
 TAG = 31
@@ -67,6 +67,8 @@ class MilestoneSignal:
         """After a peer was lost (elastic jobs): free without waiting for anyone."""
         if not self.closed:
             self.closed = True
+            keep_abandoned(self._sends)  # in flight to the lost peer: never freed in flight
+            self._sends = []
             free_quietly(self.comm)
 
     def close(self) -> None:
