@@ -29,8 +29,41 @@ def read_tests(report: Path) -> list[dict]:
                         if child.tag in ("failure", "error", "skipped")), "passed")
         rows.append({"file": case.get("classname", "").split(".")[-1] + ".py",
                      "name": case.get("name", ""), "wall_s": float(case.get("time", 0)),
-                     "cpu_s": cpu, "outcome": outcome})
+                     "cpu_s": cpu, "outcome": outcome,
+                     "started_at": float(properties.get("started_at") or 0.0),
+                     "worker": properties.get("worker", "")})
     return rows
+
+
+def cores_busy(rows: list[dict], bin_s: float = 60.0) -> list[float]:
+    """Cores in use in each ``bin_s`` of the suite: each test's CPU seconds spread evenly
+    over its wall time (tests/conftest.py records when each started). Empty for a report
+    without start times."""
+    timed = [r for r in rows if r["started_at"] > 0]
+    if not timed:
+        return []
+    start = min(r["started_at"] for r in timed)
+    end = max(r["started_at"] + max(r["wall_s"], 1e-3) for r in timed)
+    busy = [0.0] * (int((end - start) // bin_s) + 1)
+    for row in timed:
+        span = max(row["wall_s"], 1e-3)  # (a report's times have 3 decimals)
+        first = row["started_at"] - start
+        last, rate = first + span, row["cpu_s"] / span
+        for b in range(int(first // bin_s), int(last // bin_s) + 1):
+            overlap = min(last, (b + 1) * bin_s) - max(first, b * bin_s)
+            busy[b] += rate * max(overlap, 0.0) / bin_s
+    return busy
+
+
+def workers_end(rows: list[dict]) -> dict[str, float]:
+    """Seconds from the suite's start to each pytest worker's last test's end."""
+    timed = [r for r in rows if r["started_at"] > 0]
+    start = min((r["started_at"] for r in timed), default=0.0)
+    ends: dict[str, float] = {}
+    for row in timed:
+        ends[row["worker"]] = max(ends.get(row["worker"], 0.0),
+                                  row["started_at"] + row["wall_s"] - start)
+    return dict(sorted(ends.items()))
 
 
 def by_file(rows: list[dict]) -> list[dict]:
@@ -59,6 +92,11 @@ def main(argv: list[str] | None = None) -> None:
         share = f["cpu_s"] / cpu if cpu else 0.0
         print(f"| {f['file']} | {f['tests']} | {f['wall_s']:.1f} | {f['cpu_s']:.1f} "
               f"| {share:.1%} |")
+    if busy := cores_busy(rows):
+        print("\nCores in use, minute by minute (the tests' CPU over their wall time): "
+              + " ".join(f"{b:.1f}" for b in busy))
+        print("Each worker's last test ended at: " + ", ".join(
+            f"{w} {s:.0f} s" for w, s in workers_end(rows).items()))
     if args.top <= 0:
         return
     print(f"\nThe {args.top} tests that used the most CPU:\n")

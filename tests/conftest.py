@@ -10,6 +10,7 @@ import resource
 import signal
 import subprocess
 import sys
+import time
 import unittest.mock
 from collections.abc import Iterator
 from pathlib import Path
@@ -269,6 +270,9 @@ def cpu_counted(item, phase: str) -> Iterator[None]:
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_setup(item):
+    # When and where the test ran: suite_profile.py draws from them how busy the cores were.
+    item.user_properties += [("started_at", round(time.time(), 2)),
+                             ("worker", os.environ.get("PYTEST_XDIST_WORKER", "main"))]
     with cpu_counted(item, "setup"), starts_no_process(item):
         yield
 

@@ -283,3 +283,9 @@ def test_suite_profile_sums_each_tests_cpu_with_the_processes_it_started(tmp_pat
     row = next(line for line in out.splitlines() if line.startswith("| test_data.py |"))
     assert row.split("|")[2].strip() == str(len(cases))
     assert sum(line.startswith("| test_data.py::") for line in out.splitlines()) == 3
+    # When each test ran: the cores' use over time spreads every CPU second once.
+    assert all(r["started_at"] > 0 and r["worker"] == "main" for r in rows)
+    busy = profile.cores_busy(rows, bin_s=0.05)
+    assert busy and min(busy) >= 0
+    assert sum(busy) * 0.05 == pytest.approx(sum(r["cpu_s"] for r in rows), rel=1e-6, abs=1e-6)
+    assert list(profile.workers_end(rows)) == ["main"] and "Cores in use" in out
