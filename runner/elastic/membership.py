@@ -57,11 +57,6 @@ from .respawn import joined, replacements_ready, respawn, short_name, spawn_due
 from .streams import Streams, stream_of
 from .trainer_view import ElasticTrainer
 
-# A step failed but the shrink lost nobody: shrink this many times more, this far apart,
-# before the error is taken for one that is not a loss.
-UNSEEN_DEATH_SHRINKS = 3
-UNSEEN_DEATH_WAIT_S = 0.5
-
 log = logging.getLogger("adpsgd")
 
 
@@ -468,14 +463,6 @@ class Membership:
             cut_off(t.run_dir, self.me, "MPI reported peers lost, and the launcher did not "
                     "answer: this learner is behind a cut link")
         gone = self.shrink_everyone()
-        for _ in range(UNSEEN_DEATH_SHRINKS):
-            if any(n in gone for n in before):
-                break
-            # The error may come from a death MPI has not yet made known to every survivor
-            # (seen on a loaded machine: the shrink kept a killed learner): shrink again a
-            # moment later. Every survivor got the same answer, so all of them do.
-            time.sleep(UNSEEN_DEATH_WAIT_S)
-            gone = self.shrink_everyone()
         if not any(n in gone for n in before):  # every learner is alive: not a lost learner
             raise error if error is not None else RuntimeError("a step failed on another "
                                                                "rank with every rank alive")
