@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import os
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -268,9 +269,10 @@ def test_suite_profile_sums_each_tests_cpu_with_the_processes_it_started(tmp_pat
     subprocess.run([sys.executable, "-c", burn], check=True)
     assert cpu_seconds() - before >= 0.3  # a child's CPU counts once it has been waited for
     report = tmp_path / "suite.xml"
+    alone = {k: v for k, v in os.environ.items() if k != "PYTEST_XDIST_WORKER"}  # not a worker
     subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                     "tests/test_data.py", f"--junitxml={report}"], cwd=REPO, check=True,
-                   capture_output=True)
+                   capture_output=True, env=alone)
     cases = list(ET.parse(report).getroot().iter("testcase"))
     assert cases and all({"cpu_s_setup", "cpu_s_call", "cpu_s_teardown"}
                          <= {p.get("name") for p in case.iter("property")} for case in cases)
