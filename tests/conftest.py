@@ -180,13 +180,22 @@ def pytest_collection_finish(session) -> None:
         session.items.sort(key=schedule_rank)
 
 
+# Resources whose tests mostly wait (links, heartbeats, SLURM's scheduling: in CI the lab's
+# and the SLURM files used 13 CPU seconds in 100 of wall time) share one worker, one after
+# another: on their own workers they ran side by side for the suite's first 14 minutes and
+# left the cores half idle (1.1 of 2 in use, benchmarks/suite_profile.py), while the other
+# workers keep both cores busy with the tests that compute.
+WAITING_RESOURCES = ("lab", "slurm")
+
+
 def worker_groups(items) -> dict:
     """The xdist group of each test that must share a worker with others; tests left out
     run on whichever worker is free.
 
     Two reasons bind tests to one worker, and a test bound by both joins both groups:
     * a resource that one test at a time may use, named by ``pytest.mark.resource(NAME)``:
-      the lab's hosts and links (a test cuts them), the local SLURM, the GPU;
+      the lab's hosts and links (a test cuts them), the local SLURM, the GPU; the resources
+      whose tests mostly wait (:data:`WAITING_RESOURCES`) are one group;
     * a module- or session-scoped fixture of a test file (one job whose results several
       tests check): on two workers it would run twice.
     Groups are the connected parts of the tests and their resources and fixtures."""
@@ -200,7 +209,9 @@ def worker_groups(items) -> dict:
 
     bound = {}
     for item in items:
-        keys = [f"resource {mark.args[0]}" for mark in item.iter_markers("resource")]
+        resources = [mark.args[0] for mark in item.iter_markers("resource")]
+        keys = [f"resource {WAITING_RESOURCES[0] if r in WAITING_RESOURCES else r}"
+                for r in resources]
         fixtures = getattr(item, "_fixtureinfo", None)
         for name in fixtures.names_closure if fixtures else ():
             for definition in fixtures.name2fixturedefs.get(name, ()):
