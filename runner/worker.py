@@ -149,12 +149,18 @@ def tune_mpi(run_dir: Path) -> None:
     when the config cannot be read (the error comes, as one line, once MPI runs)."""
     from .comm.world import mpi_environment
 
-    try:
-        allreduce = OmegaConf.load(run_dir / RUN_CONFIG).comm.get("allreduce", "auto")
-    except Exception:  # noqa: BLE001 - reported where the config is loaded for real
-        return
-    for name, value in mpi_environment(allreduce).items():
+    for name, value in mpi_environment(comm_setting(run_dir, "allreduce", "auto")).items():
         os.environ.setdefault(name, value)
+
+
+def comm_setting(run_dir: Path, name: str, default: Any) -> Any:
+    """The run config's ``comm.NAME``, read before (or beside) the trainer's own load of it;
+    ``default`` when the config cannot be read (the error comes, as one line, where the
+    config is loaded for real)."""
+    try:
+        return OmegaConf.load(Path(run_dir) / RUN_CONFIG).comm.get(name, default)
+    except Exception:  # noqa: BLE001 - reported where the config is loaded for real
+        return default
 
 
 def launcher_gone(pid: int | None, console: TextIO, run_dir: Path, rank: int) -> None:
@@ -186,12 +192,9 @@ def leave_if_still_running(run_dir: Path, rank: int) -> None:
     a call that waits on a peer lost with the launcher (a ULFM agreement with a rank that
     aborted) never returns, and the stop could not happen. The last complete checkpoint
     stays what resume=auto loads."""
-    try:
-        bound_s = float(OmegaConf.load(Path(run_dir) / RUN_CONFIG).comm.timeout_s)
-    except Exception:  # noqa: BLE001 - an unreadable config: the schema's default
-        from .config.run_schema import CommConfig
+    from .config.run_schema import CommConfig
 
-        bound_s = CommConfig.timeout_s
+    bound_s = float(comm_setting(run_dir, "timeout_s", CommConfig.timeout_s))
     time.sleep(bound_s)
     line = (f"rank {rank} could not checkpoint and stop within comm.timeout_s={bound_s:g} s "
             "of its launcher's end (a call to a lost peer never returned): it left without "
