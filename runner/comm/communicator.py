@@ -40,7 +40,15 @@ import numpy as np
 from ..lazy import torch
 from .deadline import DEADLINES, CommTimeout
 from .traffic import Traffic
-from .ulfm import GarbledMessage, free_quietly, keep_abandoned, track
+from .ulfm import (
+    GarbledMessage,
+    free_completed,
+    free_quietly,
+    keep_abandoned,
+    start_recv,
+    start_send,
+    track,
+)
 from .world import mpi
 
 TENSOR_BACKENDS = ("mpi", "nccl", "gloo")
@@ -224,7 +232,8 @@ class Communicator:
                 hosts: dict[int, Any] = {}  # a tensor sent to several peers is staged once
                 try:
                     for peer, buf in receives:
-                        requests.append(self._tensor_comm.Irecv(
+                        requests.append(start_recv(
+                            self._tensor_comm,
                             staged.enter_context(self._staging.host(_bytes(buf),
                                                                     copy_in=False)),
                             source=peer, tag=tag))
@@ -232,9 +241,10 @@ class Communicator:
                         if id(out) not in hosts:
                             hosts[id(out)] = staged.enter_context(
                                 self._staging.host(_bytes(out), copy_back=False))
-                        requests.append(self._tensor_comm.Isend(hosts[id(out)], dest=peer,
-                                                                tag=tag))
+                        requests.append(start_send(self._tensor_comm, hosts[id(out)],
+                                                   dest=peer, tag=tag))
                     self.MPI.Request.Waitall(requests)
+                    free_completed(requests)
                 except self.MPI.Exception:
                     keep_abandoned(requests)  # and the buffers they point into
                     staged.pop_all()

@@ -21,7 +21,7 @@ import time
 import numpy as np
 
 from .pairwise import ExchangeTimeout
-from .ulfm import free_quietly, keep_abandoned, track
+from .ulfm import free_completed, free_quietly, keep_abandoned, start_send, track
 from .world import mpi
 
 TAG = 31
@@ -49,10 +49,13 @@ class MilestoneSignal:
         payload = np.array([samples], dtype=np.int64)
         for peer in range(self.size):
             if peer != self.rank:
-                self._sends.append((self.comm.Isend(payload, dest=peer, tag=TAG), payload))
+                self._sends.append((start_send(self.comm, payload, dest=peer, tag=TAG),
+                                    payload))
         self.announced += 1
         self.floor = max(self.floor, samples)
-        self._sends = [(r, p) for r, p in self._sends if not r.Test()]
+        done = [r.Test() for r, _ in self._sends]
+        free_completed([r for (r, _), d in zip(self._sends, done) if d])
+        self._sends = [send for send, d in zip(self._sends, done) if not d]
 
     def latest(self) -> int:
         """The largest milestone announced so far (reads what has arrived; never waits)."""
@@ -85,5 +88,7 @@ class MilestoneSignal:
                     f"{self.timeout_s:.0f} s (is every rank alive?)")
             self.latest()
             time.sleep(1e-3)
+        free_completed([r for r, _ in self._sends])
+        self._sends = []
         self.closed = True
         self.comm.Free()

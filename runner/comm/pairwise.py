@@ -36,7 +36,15 @@ import numpy as np
 from ..lazy import torch
 from .global_clock import ProgressTable
 from .traffic import Traffic
-from .ulfm import free_quietly, keep_abandoned, post_each, track
+from .ulfm import (
+    free_completed,
+    free_quietly,
+    keep_abandoned,
+    post_each,
+    start_recv,
+    start_send,
+    track,
+)
 from .world import mpi
 
 REQUEST, REPLY, MODEL_REQUEST, MODEL_REPLY = 21, 22, 23, 24
@@ -236,11 +244,11 @@ class PairwiseAverager:
             header = self._snapshot(key)
             reply = np.empty_like(header)
             self._wait(post_each([lambda: self._send(header, peer, REQUEST),
-                                  lambda: self.comm.Irecv(reply, source=peer, tag=REPLY)]),
+                                  lambda: start_recv(self.comm, reply, source=peer, tag=REPLY)]),
                        peer, "request")
             requests = post_each(
                 [*(partial(self._send, _np(s), peer, MODEL_REQUEST) for s in self.snapshots),
-                 *(partial(self.comm.Irecv, _np(r), source=peer, tag=MODEL_REPLY)
+                 *(partial(start_recv, self.comm, _np(r), source=peer, tag=MODEL_REPLY)
                    for r in self.received)])
             self._wait(requests, peer, "model exchange")
             self._merge(reply, peer, started, key)
@@ -265,7 +273,7 @@ class PairwiseAverager:
             snapshot = self._snapshot(key)
             requests = post_each(
                 [partial(self._send, snapshot, peer, REPLY),
-                 *(partial(self.comm.Irecv, _np(r), source=peer, tag=MODEL_REQUEST)
+                 *(partial(start_recv, self.comm, _np(r), source=peer, tag=MODEL_REQUEST)
                    for r in self.received),
                  *(partial(self._send, _np(s), peer, MODEL_REPLY) for s in self.snapshots)])
             self._wait(requests, peer, "reply")
@@ -276,7 +284,7 @@ class PairwiseAverager:
     def _send(self, data: np.ndarray, peer: int, tag: int):
         """Post one message to ``peer``, counted as sent."""
         self.traffic.count("world/gossip", data.nbytes)
-        return self.comm.Isend(data, dest=peer, tag=tag)
+        return start_send(self.comm, data, dest=peer, tag=tag)
 
     def _snapshot(self, key: list[int]) -> np.ndarray:
         """Copy x into the snapshot buffers; return the progress table of that moment.
@@ -321,6 +329,7 @@ class PairwiseAverager:
                         f"answer in {self.timeout_s:.0f} s (is rank {peer} alive?)")
                 time.sleep(delay)
                 delay = min(delay * 2, 1e-3)
+            free_completed(requests)
         except BaseException:
             keep_abandoned(requests)  # freed in flight, a failing send aborts the process
             raise
