@@ -34,6 +34,7 @@ from omegaconf import DictConfig, OmegaConf
 from .checkpoint.preemption import PREEMPTED, STOPPED, install_stop_handlers, request_stop
 from .comm.deadline import DEADLINES, CommTimeout
 from .elastic.launcher_link import cut_off, learners_lost_elsewhere
+from .elastic.peer_exits import watch_peer_exits
 from .elastic.respawn import RESPAWNED, Joined, join_the_job
 from .errors import (
     EXIT_PEER_LOST,
@@ -263,6 +264,8 @@ def _run_rank(run_dir: Path, in_process: bool, respawned: bool) -> int:
     say = speaking_to_the_launcher(run_dir, rank, world_mpi, console, in_process)
     try:
         cfg = load_run_config(run_dir)
+        if cfg.launcher.get("elastic") and not in_process:
+            watch_peer_exits(run_dir, rank)  # peers that end unseen by MPI: taken for failed
         threads = os.environ.get("OMP_NUM_THREADS")
         if threads:
             torch.set_num_threads(int(threads))

@@ -61,6 +61,8 @@ BAD_COMMANDS = [
     (["faults.delay_s=-1"], "faults.delay_s: must be >= 0", "faults.delay_s=0"),
     (["faults.sigkill.ranks=[1]", "faults.sigkill.step=0"], "faults.sigkill.step: must be >= 1",
      "faults.sigkill.step=10"),
+    (["faults.sigkill.how=exti"], "faults.sigkill.how: must be kill or exit, got 'exti'",
+     "faults.sigkill.how=kill"),
     # A fault a rank injects into itself, in the simulator, which has no counterpart for it.
     (["launcher=sim", "faults.nonfinite_loss.ranks=[1]", "faults.nonfinite_loss.steps=[3]"],
      "faults.nonfinite_loss.ranks: the simulator does not model it",

@@ -11,6 +11,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -547,6 +548,48 @@ def test_each_lockstep_algorithm_goes_on_without_a_killed_learner(tmp_path, algo
     assert summary["status"] == "completed" and summary["learners_at_end"] == 3
     assert_every_sample_once(summary)
     assert summary["top1"] > 70, history
+
+
+def test_only_peers_here_that_ended_without_their_exit_record_are_taken_for_failed(tmp_path):
+    """The watch of runner/elastic/peer_exits.py: a peer whose process is gone with its record
+    blank, and no other (alive, recorded, on another host, this rank, declared already)."""
+    from runner.elastic.peer_exits import ended_without_a_word
+    from runner.runlog.liveness import rank_file, write_exit_record, write_pid_file
+
+    pid_max = int(Path("/proc/sys/kernel/pid_max").read_text())
+    dead = next(pid for pid in range(pid_max - 1, 1, -1) if not Path(f"/proc/{pid}").exists())
+    here = socket.gethostname()
+    for rank, (pid, host) in enumerate([(os.getpid(), here), (dead, here),
+                                        (dead, here), (dead, "elsewhere"),
+                                        (os.getpid(), here), (dead, here),
+                                        (dead, here)]):
+        write_pid_file(tmp_path, rank)  # the blank record
+        rank_file(tmp_path, rank, "pid").write_text(f"{pid} {host}\n")
+    write_exit_record(tmp_path, 2, 0)  # finished
+    assert ended_without_a_word(tmp_path, 6, declared={5}) == [1]
+    assert ended_without_a_word(tmp_path, 0, declared=set()) == [1, 5, 6]
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_a_learner_that_exits_unseen_by_mpi_is_taken_for_failed_and_the_job_completes(tmp_path):
+    """Learner 2 ends at step 10 with exit status 1 and no exit record (faults.sigkill.how=exit),
+    as a process that Open MPI ended on its own does: ULFM takes an exit for no failure, and
+    its peers waited for it in the shrink for good (seen: 10 minutes, until killed). Each
+    survivor sees its pid gone with its record blank (runner/elastic/peer_exits.py) and
+    declares it failed; the job goes on with 3 and completes."""
+    run_dir = tmp_path / "run"
+    proc = run_cli([*DIGITS, "algo=dpsgd", "faults.sigkill.ranks=[2]", "faults.sigkill.step=10",
+                    "faults.sigkill.how=exit", f"hydra.run.dir={run_dir}"], cwd=tmp_path,
+                   timeout=240)
+    assert "learner 2 (" in proc.stderr and "3 learner(s) go on" in proc.stderr, proc.stderr
+    history, summary = read_run(run_dir)
+    assert summary["status"] == "completed" and summary["learners_at_end"] == 3, summary
+    assert [e["learner"] for e in summary["membership"]] == [2]
+    assert_every_sample_once(summary)
+    for rank in (0, 1, 3):
+        assert "rank(s) 2 on this host ended without a word" in \
+            (run_dir / "logs" / f"rank{rank}.log").read_text()
 
 
 @pytest.mark.mpi

@@ -232,6 +232,10 @@ class SigkillConfig:
     # These ranks kill -9 themselves as an elastic job starts recovering from a loss: a
     # second loss during the recovery (tests of launcher.elastic).
     recovering_ranks: list[int] = field(default_factory=list)
+    # "exit": the rank ends with exit status 1 instead of a kill -9, without its exit record,
+    # as a process that MPI ended on its own does, which ULFM takes for no failure (tests of
+    # an elastic job's watch on peers that end: runner/elastic/peer_exits.py).
+    how: str = "kill"
 
 
 @dataclass
@@ -266,6 +270,8 @@ class FaultsConfig(Section):
         require(self.sigkill.step is None or self.sigkill.step >= 1, f"{prefix}.sigkill.step",
                 f"must be >= 1 (steps count from 1), got {self.sigkill.step}",
                 f"{prefix}.sigkill.step=10")
+        require(self.sigkill.how in ("kill", "exit"), f"{prefix}.sigkill.how",
+                f"must be kill or exit, got {self.sigkill.how!r}", f"{prefix}.sigkill.how=kill")
         require(self.sigkill.sample is None or self.sigkill.sample >= 0,
                 f"{prefix}.sigkill.sample", f"must be >= 0 (an index into the training set), "
                 f"got {self.sigkill.sample}", f"{prefix}.sigkill.sample=0")

@@ -72,6 +72,15 @@ def write_exit_record(run_dir: str | Path, rank: int, status: int,
             pass
 
 
+def exit_record_written(run_dir: str | Path, rank: int) -> bool:
+    """Whether the rank has written its exit record (False while it is blank or missing)."""
+    try:
+        with open(rank_file(run_dir, rank, "exit"), "rb") as f:
+            return bool(f.read(RECORD_BYTES).strip())
+    except OSError:
+        return False
+
+
 # The local launcher's pid and host, in its ranks' environment: ranks on its host stop when
 # it is gone (a pid means nothing on another host).
 LAUNCHER_PID = "ADPSGD_LAUNCHER_PID"

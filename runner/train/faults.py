@@ -27,6 +27,7 @@ class FaultInjector:
         self.sigkill_step = cfg.sigkill.step if rank in cfg.sigkill.ranks else None
         self.sigkill_sample = cfg.sigkill.get("sample")  # configs saved before it: none
         self.sigkill_in_recovery = rank in (cfg.sigkill.get("recovering_ranks") or [])
+        self.ends_by_exit = cfg.sigkill.get("how") == "exit"
         self.eval_delay_s = cfg.eval_delay_s
 
     def poison(self, loss: torch.Tensor, step: int) -> torch.Tensor:
@@ -37,20 +38,27 @@ class FaultInjector:
         """kill -9 of this rank as it starts ``faults.sigkill.step``: a crash that leaves no
         word, the same at every attempt (a resumed run reaches that step again)."""
         if step == self.sigkill_step:
-            os.kill(os.getpid(), signal.SIGKILL)
+            self._die()
 
     def crash_in_recovery(self) -> None:
         """kill -9 of this rank as an elastic job starts recovering from a loss
         (``faults.sigkill.recovering_ranks``): a second loss in the middle of the first's
         recovery."""
         if self.sigkill_in_recovery:
-            os.kill(os.getpid(), signal.SIGKILL)
+            self._die()
 
     def crash_on(self, samples: np.ndarray) -> None:
         """kill -9 of this rank before it trains ``faults.sigkill.sample``: a sample that kills
         whichever learner it is dealt to."""
         if self.sigkill_sample is not None and (samples == self.sigkill_sample).any():
-            os.kill(os.getpid(), signal.SIGKILL)
+            self._die()
+
+    def _die(self) -> None:
+        """kill -9 of this rank; with ``faults.sigkill.how=exit``, an exit with status 1
+        that skips everything Python would do on its way out (the exit record too)."""
+        if self.ends_by_exit:
+            os._exit(1)
+        os.kill(os.getpid(), signal.SIGKILL)
 
     def straggle(self, started: float) -> None:
         """A straggler does the same work ``factor`` times slower: sleep the difference."""
