@@ -365,6 +365,18 @@ def test_survivors_of_kills_in_the_middle_of_exchanges_go_on(tmp_path):
         assert f"rank {rank}: survived 3 losses" in proc.stdout, proc.stdout + proc.stderr
 
 
+@pytest.mark.mpi
+def test_a_shrink_that_waits_for_a_peer_that_exited_unseen_ends_the_job_at_its_bound(tmp_path):
+    """A peer that exits is no failure to ULFM: without anyone declaring it failed, the
+    survivors' shrink waits for it for good (seen: 10 minutes, until killed by hand). Bounded
+    by comm.timeout_s, the job ends with one line naming the rank and the call."""
+    proc = run_on_ulfm(3, "unseen_exit_bounded_shrink.py", tmp_path)
+    assert proc.returncode != 0, proc.stdout + proc.stderr
+    assert re.search(r"adpsgd-run: process [01]: shrinking to the survivors of a loss got no "
+                     r"answer in 2 s", proc.stderr), proc.stdout + proc.stderr
+    assert "the shrink returned" not in proc.stdout, proc.stdout
+
+
 def run_on_ulfm(nprocs: int, script: str, cwd: Path) -> subprocess.CompletedProcess:
     """``script`` of tests/mpi on ``nprocs`` ranks of Open MPI 5 with ULFM, as elastic
     jobs run."""

@@ -21,6 +21,7 @@ groups (NCCL, gloo) cannot, so elastic runs move tensors over MPI.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,11 +64,15 @@ class FailureState:
             except MPI.Exception:  # revoked already, or freed
                 pass
 
-    def shrink(self, mpi_comm) -> Shrunk:
-        """The survivors' communicator and who is gone (collective over the survivors)."""
+    def shrink(self, mpi_comm, timeout_s: float | None = None, who: str = "a rank") -> Shrunk:
+        """The survivors' communicator and who is gone (collective over the survivors).
+        ``timeout_s``: the job ends (one line naming ``who``) when the shrink has not returned
+        by then: it waits for every process MPI does not know to be dead, and one that ended
+        unseen (runner/elastic/peer_exits.py) or hangs would keep it waiting for good."""
         MPI = mpi()
         lost_before, self.lost_peers = self.lost_peers, True  # one may die during the shrink
-        new = mpi_comm.Shrink()
+        with _bounded(f"{who}: shrinking to the survivors of a loss", timeout_s):
+            new = mpi_comm.Shrink()
         new.Set_errhandler(MPI.ERRORS_RETURN)
         survivors = MPI.Group.Translate_ranks(new.Get_group(), list(range(new.Get_size())),
                                               mpi_comm.Get_group())
@@ -108,17 +113,27 @@ def is_mpi_error(ex: BaseException) -> bool:
     return isinstance(ex, (mpi().Exception, GarbledMessage))
 
 
-def agree(mpi_comm, ok: bool, flags: int = 0) -> int:
+def agree(mpi_comm, ok: bool, flags: int = 0, timeout_s: float | None = None,
+          who: str = "a rank") -> int:
     """Collective over the survivors: 1 only if every survivor says ``ok`` and nobody
     failed since the last agreement (the outcome is the same on every survivor), else 0.
     ``flags`` (bits from 1 on) are ANDed across the survivors into the same answer: a fact
-    that one survivor knows goes to all with it (the others set its bit)."""
+    that one survivor knows goes to all with it (the others set its bit). ``timeout_s``:
+    as :meth:`FailureState.shrink`'s."""
     MPI = mpi()
     try:
-        agreed = mpi_comm.Agree(int(ok) | flags << 1)
+        with _bounded(f"{who}: the survivors' agreement on a step", timeout_s):
+            agreed = mpi_comm.Agree(int(ok) | flags << 1)
     except MPI.Exception:  # a process failed that not every survivor had acknowledged
         return 0
     return agreed if agreed & 1 else 0
+
+
+def _bounded(what: str, timeout_s: float | None):
+    """A deadline for one blocking call (runner/comm/deadline.py), or none."""
+    from .deadline import DEADLINES
+
+    return contextlib.nullcontext() if timeout_s is None else DEADLINES.watch(what, timeout_s)
 
 
 # PMIx's status for a process that ended without finalizing (PMIX_ERR_PROC_TERM_WO_SYNC):

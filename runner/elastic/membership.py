@@ -315,7 +315,8 @@ class Membership:
         first = self.me == self.learners[0]
         ready = not self.unready or not first or replacements_ready(self)
         agreed = agree(t.comm.mpi_comm, error is None,
-                       flags=int(ready) | int(not first or spawn_due(self)) << 1)
+                       flags=int(ready) | int(not first or spawn_due(self)) << 1,
+                       timeout_s=t.comm.timeout_s, who=f"learner {self.me}")
         if agreed:
             self.spawn_next = bool(agreed & 4)
             if agreed & 2:
@@ -426,7 +427,7 @@ class Membership:
     def shrink_everyone(self) -> list[int]:
         """Collective over every process alive: drop the dead ones from ``everyone`` (and
         from ``learners``); returns their numbers."""
-        shrunk = shrink(self.everyone)
+        shrunk = shrink(self.everyone, self.trainer.comm.timeout_s, f"process {self.me}")
         gone = [self.members[r] for r in shrunk.lost]
         self.lost_hosts += [self.hosts[n] for n in gone if n in self.learners]
         free_quietly(self.everyone)
