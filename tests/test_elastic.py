@@ -587,9 +587,10 @@ def test_only_peers_here_that_ended_without_their_exit_record_are_taken_for_fail
 def test_a_learner_that_exits_unseen_by_mpi_is_taken_for_failed_and_the_job_completes(tmp_path):
     """Learner 2 ends at step 10 with exit status 1 and no exit record (faults.sigkill.how=exit),
     as a process that Open MPI ended on its own does: ULFM takes an exit for no failure, and
-    its peers waited for it in the shrink for good (seen: 10 minutes, until killed). Each
-    survivor sees its pid gone with its record blank (runner/elastic/peer_exits.py) and
-    declares it failed; the job goes on with 3 and completes."""
+    its peers waited for it in the shrink for good (seen: 10 minutes, until killed). The
+    survivors see its pid gone with its record blank and MPI unaware of it
+    (runner/elastic/peer_exits.py) and declare it failed; the job goes on with 3 and
+    completes."""
     run_dir = tmp_path / "run"
     proc = run_cli([*DIGITS, "algo=dpsgd", "faults.sigkill.ranks=[2]", "faults.sigkill.step=10",
                     "faults.sigkill.how=exit", f"hydra.run.dir={run_dir}"], cwd=tmp_path,
@@ -599,9 +600,9 @@ def test_a_learner_that_exits_unseen_by_mpi_is_taken_for_failed_and_the_job_comp
     assert summary["status"] == "completed" and summary["learners_at_end"] == 3, summary
     assert [e["learner"] for e in summary["membership"]] == [2]
     assert_every_sample_once(summary)
-    for rank in (0, 1, 3):
-        assert "rank(s) 2 on this host ended without a word" in \
-            (run_dir / "logs" / f"rank{rank}.log").read_text()
+    # A survivor that declares it tells the others through the shrink: one says so at least.
+    assert any("rank(s) 2 on this host ended without a word" in
+               (run_dir / "logs" / f"rank{rank}.log").read_text() for rank in (0, 1, 3))
 
 
 @pytest.mark.mpi
