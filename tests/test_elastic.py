@@ -578,8 +578,8 @@ def test_only_peers_here_that_ended_without_their_exit_record_are_taken_for_fail
         write_pid_file(tmp_path, rank)  # the blank record
         rank_file(tmp_path, rank, "pid").write_text(f"{pid} {host}\n")
     write_exit_record(tmp_path, 2, 0)  # finished
-    assert ended_without_a_word(tmp_path, 6, declared={5}) == [1]
-    assert ended_without_a_word(tmp_path, 0, declared=set()) == [1, 5, 6]
+    assert ended_without_a_word(tmp_path, 7, 6, declared={5}) == [1]
+    assert ended_without_a_word(tmp_path, 7, 0, declared=set()) == [1, 5, 6]
 
 
 @pytest.mark.mpi

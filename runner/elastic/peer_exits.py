@@ -24,41 +24,28 @@ comm.timeout_s (the bounded shrink)."""
 from __future__ import annotations
 
 import logging
-import re
-import socket
 import threading
 import time
 from pathlib import Path
 
 from ..comm.ulfm import declare_failed
 from ..comm.world import mpi
-from ..runlog.liveness import LOGS, exit_record_written, process_alive
+from ..runlog.liveness import exit_record_written, process_alive, rank_pid
 
 log = logging.getLogger("adpsgd")
 
 WATCH_S = 0.5  # how often the pid files are read: what a survivor may wait at most, beyond
 # the time the shrink itself takes
-PID_FILE = re.compile(r"rank(\d+)\.pid$")
 PROGRESS_TAG = 32766  # a tag no message carries: probing it only drives MPI's progress
 
 
-def ended_without_a_word(run_dir: Path, me: int, declared: set[int]) -> list[int]:
-    """The ranks (job-wide numbers, replacements' included) on this host, other than ``me``
-    and those in ``declared``, whose process is gone with their exit record still blank."""
-    here = socket.gethostname()
-    ended = []
-    for path in (run_dir / LOGS).glob("rank*.pid"):
-        match = PID_FILE.search(path.name)
-        if match is None or (rank := int(match.group(1))) == me or rank in declared:
-            continue
-        try:
-            pid, host = path.read_text().split()[:2]
-        except (OSError, ValueError):  # being replaced (its heartbeat), or unreadable
-            continue
-        if host == here and not process_alive(int(pid)) and \
-                not exit_record_written(run_dir, rank):
-            ended.append(rank)
-    return sorted(ended)
+def ended_without_a_word(run_dir: Path, world_size: int, me: int,
+                         declared: set[int]) -> list[int]:
+    """The ranks of MPI_COMM_WORLD on this host, other than ``me`` and those in ``declared``,
+    whose process is gone with their exit record still blank."""
+    return [rank for rank in range(world_size) if rank != me and rank not in declared
+            and (pid := rank_pid(run_dir, rank)) is not None and not process_alive(pid)
+            and not exit_record_written(run_dir, rank)]
 
 
 def known_failed() -> set[int] | None:
@@ -66,8 +53,11 @@ def known_failed() -> set[int] | None:
     a failure in its progress); None when MPI cannot say now."""
     MPI = mpi()
     world = MPI.COMM_WORLD
+    try:  # on MPI_COMM_WORLD revoked by a recovery (the learners' own) the probe fails,
+        world.Iprobe(source=world.Get_rank(), tag=PROGRESS_TAG)  # and the reading must not
+    except MPI.Exception:
+        pass
     try:
-        world.Iprobe(source=world.Get_rank(), tag=PROGRESS_TAG)
         failed = world.Get_failed()
         size = failed.Get_size()
         known = MPI.Group.Translate_ranks(failed, list(range(size)), world.Get_group())
@@ -88,11 +78,7 @@ def watch_peer_exits(run_dir: Path, me: int) -> None:
         suspects: set[int] = set()  # gone, unknown to MPI at the last look
         while True:
             time.sleep(WATCH_S)
-            try:
-                ended = ended_without_a_word(run_dir, me, declared)
-            except OSError:  # the run dir is unreadable for now: look again
-                continue
-            ended = [rank for rank in ended if rank < world_size]  # not replacements
+            ended = ended_without_a_word(run_dir, world_size, me, declared)
             if ended:
                 known = known_failed()
                 ended = [] if known is None else [rank for rank in ended if rank not in known]

@@ -51,6 +51,7 @@ from ..runlog.liveness import (
     TRAINING,
     process_alive,
     rank_file,
+    rank_pid,
     stop_request_path,
 )
 from .loss_detector import LossDetector, Sensitivity
@@ -290,15 +291,6 @@ def failure_times(run_dir: str | Path, nprocs: int) -> dict[int, float]:
         if status not in (None, 0, EXIT_PREEMPTED, EXIT_STOPPED, EXIT_PEER_LOST):
             failed[rank] = rank_file(run_dir, rank, "exit").stat().st_mtime
     return failed
-
-
-def rank_pid(run_dir: str | Path, rank: int) -> int | None:
-    """The rank's pid if it runs on this host (the only pids we can check or signal)."""
-    try:
-        pid, host = rank_file(run_dir, rank, "pid").read_text().split()[:2]
-    except (OSError, ValueError):
-        return None
-    return int(pid) if host == socket.gethostname() else None
 
 
 def rank_progress(run_dir: str | Path, rank: int) -> int | None:

@@ -72,6 +72,15 @@ def write_exit_record(run_dir: str | Path, rank: int, status: int,
             pass
 
 
+def rank_pid(run_dir: str | Path, rank: int) -> int | None:
+    """The rank's pid if it runs on this host (the only pids we can check or signal)."""
+    try:
+        pid, host = rank_file(run_dir, rank, "pid").read_text().split()[:2]
+    except (OSError, ValueError):
+        return None
+    return int(pid) if host == socket.gethostname() else None
+
+
 def exit_record_written(run_dir: str | Path, rank: int) -> bool:
     """Whether the rank has written its exit record (False while it is blank or missing)."""
     try:
