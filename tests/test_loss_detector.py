@@ -85,6 +85,24 @@ def test_after_a_loss_everyone_is_waited_for_the_ceiling_while_the_survivors_rec
     assert detector.threshold(1, last + 20) == 1.0
 
 
+def test_a_recorded_join_waits_everyone_for_the_ceiling_again_from_its_time():
+    """Spares joined 5.4 s after a loss (1.3 s to recover, 4.1 to join, at a load of 2 per
+    core): the calm the loss began is over by then, and the first steps with the new peers
+    hold heartbeats up as the recovery did. The join's record begins a calm of its own from
+    when it was recorded; one recorded long ago calms nothing."""
+    detector = LossDetector(Sensitivity(loss_after_s=1.0, loss_spread=8, link_timeout_s=5))
+    last = beats(detector, 1, [0.2] * 30)
+    detector.recovering(last)  # learners behind a cut are lost
+    joined = last + 5.4
+    beats(detector, 1, [0.2] * 26, start=last + 0.2)  # heard until the join ends
+    assert 1 in detector.suspected(joined + 1.2)  # the loss's calm alone is over
+    detector.calm_after(joined)
+    assert detector.threshold(1, joined + 1.2) == 5 and detector.suspected(joined + 1.2) == {}
+    assert detector.threshold(1, joined + 5.1) == 1.0  # over link_timeout_s after the join
+    detector.calm_after(joined - 60)  # an old record seen late: shortens nothing, adds nothing
+    assert detector.threshold(1, joined + 5.1) == 1.0 and detector.threshold(1, joined + 1) == 5
+
+
 def test_learners_behind_the_same_cut_are_decided_as_promptly_as_the_first():
     """Two learners behind one cut link sent their last heartbeats 0.15 s apart: when the
     first is decided, the other has been silent for most of its threshold and shares the

@@ -254,6 +254,40 @@ def test_only_training_ranks_on_other_hosts_silent_past_their_threshold_are_newl
         listener.close()
 
 
+def test_a_join_the_learners_recorded_calms_the_detector_from_when_it_was_recorded(tmp_path):
+    """Learner 1 on lab1 falls silent past its threshold just after spares joined (recorded
+    in logs/events.jsonl): it is waited for the ceiling, link_timeout_s from the join's
+    record, not taken for lost; silent as long after a join recorded long ago, it is."""
+    (tmp_path / "logs").mkdir()
+    for rank in range(2):
+        (tmp_path / "logs" / f"rank{rank}.pid").write_text(f"{100 + rank} lab1\n")
+        (tmp_path / "logs" / f"rank{rank}.exit").write_bytes(b" " * 16)
+    listener = HeartbeatListener(answer=True, sensitivity=Sensitivity(
+        loss_after_s=0.2, loss_spread=8, link_timeout_s=2))
+    watchdog = RankWatchdog(tmp_path, 2, listener)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    host, port = listener.target.rsplit(":", 1)
+    try:
+        for _ in range(4):
+            for rank in range(2):
+                sock.sendto(f"{rank} {100 + rank} lab1 training".encode(), (host, int(port)))
+            time.sleep(0.05)
+        seen(lambda: listener.training() == {0, 1}, "the heartbeats")
+        record_event(tmp_path, {"time": time.time() - 60, "event": "joined", "learner": 4})
+        record_event(tmp_path, {"time": time.time(), "event": "joined", "learner": 5})
+        time.sleep(0.4)  # past the 0.2 s floor
+        assert watchdog.newly_silent(2) == {}  # the joins are read: the calm begins
+        assert watchdog.newly_silent(2) == {}  # waited for the ceiling, 2 s from the join
+        time.sleep(2.0)
+        assert sorted(watchdog.newly_silent(2)) == [0, 1]
+        record_event(tmp_path, {"time": time.time() - 60, "event": "joined", "learner": 6})
+        assert watchdog.newly_silent(2) == {}  # read first
+        assert sorted(watchdog.newly_silent(2)) == [0, 1]  # long ago: no calm
+    finally:
+        watchdog.stop()
+        listener.close()
+
+
 def test_heartbeats_the_launcher_has_not_read_yet_are_not_taken_for_silence():
     """The launcher held up (its heartbeat thread kept from running) while a learner's
     heartbeats arrive: they wait in the socket, and the launcher reads them before it judges
@@ -312,6 +346,43 @@ def test_mpiexec_is_not_waited_for_on_lost_learners_behind_a_cut_once_the_others
         assert watchdog.lost_behind(0.2) == [2, 3]
         assert watchdog.lost_behind(60) == []  # not silent for that long
         write_exit_record(tmp_path, 3, 3)  # their exit records, where the file system is shared
+        assert watchdog.lost_behind(0.2) == [2, 3]
+    finally:
+        watchdog.stop()
+        listener.close()
+
+
+def test_a_learner_lost_while_its_host_answered_and_that_ended_is_not_left_behind(tmp_path):
+    """Learner 1 on lab1, taken for lost while alive (a loaded host), stopped on hearing so
+    (its exit record) while learner 0 on lab1 went on being heard: mpiexec saw it end, and
+    only 2 and 3, behind the cut of lab2, are what it still waits for. Had 1 not ended, it
+    would be."""
+    (tmp_path / "logs").mkdir()
+    for rank in range(4):
+        (tmp_path / "logs" / f"rank{rank}.pid").write_text(f"{100 + rank} lab{1 + rank // 2}\n")
+        (tmp_path / "logs" / f"rank{rank}.exit").write_bytes(b" " * 16)
+    listener = HeartbeatListener()
+    watchdog = RankWatchdog(tmp_path, 4, listener)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    host, port = listener.target.rsplit(":", 1)
+
+    def beat(rank: int) -> None:
+        sock.sendto(f"{rank} {100 + rank} lab{1 + rank // 2}".encode(), (host, int(port)))
+
+    try:
+        for rank in range(4):
+            beat(rank)
+        seen(lambda: all(listener.last(rank) for rank in range(4)), "the heartbeats")
+        time.sleep(0.3)
+        beat(0)  # lab1 heard on, 0.3 s after learner 1 fell silent
+        seen(lambda: listener.last(0)[0] - listener.last(1)[0] >= 0.3, "learner 0 again")
+        time.sleep(0.3)
+        for rank in (1, 2, 3):
+            record_event(tmp_path, {"event": "lost", "learner": rank})
+        write_exit_record(tmp_path, 0, 0)
+        assert watchdog.lost_behind(0.2) == [1, 2, 3]  # 1 may still run: mpiexec waits
+        write_exit_record(tmp_path, 1, 3)
+        write_exit_record(tmp_path, 3, 3)  # behind the cut, where the run dir is shared
         assert watchdog.lost_behind(0.2) == [2, 3]
     finally:
         watchdog.stop()

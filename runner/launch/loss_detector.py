@@ -21,7 +21,11 @@ a further loss is not survived anyway (spares joining end the job). For ``link_t
 after a loss (:meth:`recovering`), every learner is therefore waited for the ceiling, except
 those already silent for half their threshold when the loss was decided: the other learners
 behind the same cut link or on the same hung host, whose last heartbeats went a beat or two
-apart from the lost one's, are decided as promptly.
+apart from the lost one's, are decided as promptly. A change the learners record (a loss, spares
+that joined) waits everyone for the ceiling for ``link_timeout_s`` again from the moment it
+was recorded (:meth:`calm_after`): a join ends seconds after the loss, and the first steps
+after it, with new peers, hold heartbeats up as the recovery did (a CI run at a load of 2 per
+core took a learner for lost a second after spares joined, 5.4 s after the loss it followed).
 """
 
 from __future__ import annotations
@@ -124,7 +128,14 @@ class LossDetector:
             self._sharing_the_fault = {
                 rank for rank, last in self._last.items()
                 if now - last > self._usual_threshold(list(self._gaps.get(rank, ()))) / 2}
-            self._calm_until = now + self.sensitivity.link_timeout_s
+            self._calm_until = max(self._calm_until, now + self.sensitivity.link_timeout_s)
+
+    def calm_after(self, at: float) -> None:
+        """The learners recorded a change of membership at ``at`` (a loss, or spares that
+        joined): everyone is waited for the ceiling until ``link_timeout_s`` after it, except
+        those found sharing the fault of the loss that began the recovery."""
+        with self._lock:
+            self._calm_until = max(self._calm_until, at + self.sensitivity.link_timeout_s)
 
     def threshold(self, rank: int, now: float) -> float:
         """The silence after which ``rank`` is taken for lost at ``now``."""

@@ -189,6 +189,16 @@ class HeartbeatListener:
         with self._lock:
             return set(self._training)
 
+    def host_heard_after(self, rank: int, by_s: float) -> bool:
+        """Whether another rank on ``rank``'s host was heard ``by_s`` or more after ``rank``'s
+        last heartbeat: the host and its link outlived it (those behind one cut link fall
+        silent within a beat of each other)."""
+        with self._lock:
+            if (last := self.heard.get(rank)) is None:
+                return False
+            return any(heard >= last[0] + by_s and host == last[1]
+                       for other, (heard, host, _) in self.heard.items() if other != rank)
+
     def close(self) -> None:
         self.sock.close()
 
@@ -403,6 +413,7 @@ class RankWatchdog:
         self.run_dir, self.nprocs = Path(run_dir), nprocs
         self.listener = listener  # the network heartbeats of ranks on other hosts
         self._lost_seen: set[int] = set()  # the recorded losses newly_silent() has seen
+        self._changes_seen = 0  # the recorded changes of membership newly_silent() has seen
         self.pids: dict[int, int] = {}  # rank -> pid, once its pid file appeared (this host)
         self.deaths: list[tuple[float, int, int]] = []  # (time.time(), rank, wake-up), in order
         self.mpiexec_wakeup: int | None = None  # the wake-up that saw mpiexec end
@@ -533,7 +544,11 @@ class RankWatchdog:
         if not silent:
             return []
         lost = self.lost()
-        behind = [rank for rank in silent if rank in lost]
+        # One that ended (its exit record) on a host heard after it (taken for lost while
+        # alive, it stopped on hearing so) was seen to end by mpiexec, which waits no more.
+        behind = [rank for rank in silent if rank in lost and not (
+            exit_status(self.run_dir, rank) is not None
+            and self.listener.host_heard_after(rank, silent_s))]
         running = [rank for rank in range(self.nprocs)
                    if rank not in behind and exit_status(self.run_dir, rank) is None]
         return [] if running else behind
@@ -561,14 +576,35 @@ class RankWatchdog:
         training = self.listener.training()
         if not suspected or not training >= set(range(learners)):
             return {}
-        # A loss the survivors recorded (a kill; those declared here began recovering then).
-        if (recorded := lost_learners(self.run_dir) - self.listener.declared()) - self._lost_seen:
-            self._lost_seen = recorded
-            self.listener.detector.recovering(time.monotonic())
-            return {}
+        if self._membership_changed():
+            return {}  # judged again at the next look, with the calm it began
         candidates = (training - self.listener.declared()) & set(self.remote_ranks())
         return {rank: silent_s for rank, silent_s in suspected.items() if rank in candidates
                 and exit_status(self.run_dir, rank) not in (0, EXIT_PREEMPTED, EXIT_STOPPED)}
+
+    def _membership_changed(self) -> bool:
+        """Whether the learners recorded a change of membership (logs/events.jsonl) since the
+        last look: the detector then waits everyone for the ceiling for link_timeout_s from
+        the time each was recorded, and a loss that was not declared here (a kill) begins a
+        recovery now, as a declared one began it when it was declared."""
+        from ..runlog.failure_events import read_events
+
+        changes = [event for event in read_events(self.run_dir)
+                   if event.get("event") in ("lost", "joined")]
+        if len(changes) <= self._changes_seen:
+            return False
+        detector, now, wall_now = self.listener.detector, time.monotonic(), time.time()
+        for event in changes[self._changes_seen:]:
+            recorded_at = event.get("time")
+            ago = wall_now - recorded_at if isinstance(recorded_at, (int, float)) else 0.0
+            detector.calm_after(now - max(0.0, ago))  # a host's clock ahead: from now
+        self._changes_seen = len(changes)
+        recorded = {event.get("learner") for event in changes
+                    if event["event"] == "lost"} - self.listener.declared() - {None}
+        if recorded - self._lost_seen:  # a kill (those declared here began recovering then)
+            self._lost_seen = recorded
+            detector.recovering(now)
+        return True
 
     def silent_remote(self, silent_s: float) -> list[int]:
         """The ranks on other hosts whose last network heartbeat is older than ``silent_s``
