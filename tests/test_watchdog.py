@@ -249,6 +249,12 @@ def test_only_training_ranks_on_other_hosts_silent_past_their_threshold_are_newl
         listener.declare_lost([2, 3])
         assert watchdog.newly_silent(4) == {}  # declared once
         assert watchdog.lost() == {2, 3}
+        # 1 killed: the survivors saw it (MPI) and recorded it, long enough ago that the calm
+        # it began is over; silent since, it is never named to them again
+        record_event(tmp_path, {"time": time.time() - 120, "event": "lost", "learner": 1})
+        assert watchdog.newly_silent(4) == {}  # read first
+        time.sleep(0.3)
+        assert 1 in listener.suspected() and watchdog.newly_silent(4) == {}
     finally:
         watchdog.stop()
         listener.close()

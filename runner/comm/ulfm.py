@@ -175,6 +175,9 @@ def learn_process_names(names: dict[int, int | None]) -> None:
     PROCESS.names.update({n: name for n, name in names.items() if name is not None})
 
 
+PROGRESS_TAG = 32766  # a tag no message carries: probing it only drives MPI's progress
+
+
 def declare_failed(ranks: list[int]) -> bool:
     """Take the processes ``ranks`` (their numbers in the job: the rank in MPI_COMM_WORLD of
     a process launched with it) for failed on this rank, as if MPI had
@@ -208,6 +211,25 @@ def declare_failed(ranks: list[int]) -> bool:
             # not forwarded: every survivor hears it from the launcher
             failed(proc, PROC_TERMINATED, False)
     return True
+
+
+def known_failed() -> set[int] | None:
+    """The ranks of MPI_COMM_WORLD that MPI knows failed (it is driven first: it hears of
+    a failure in its progress); None when MPI cannot say now."""
+    MPI = mpi()
+    world = MPI.COMM_WORLD
+    try:  # on MPI_COMM_WORLD revoked by a recovery (the learners' own) the probe fails,
+        world.Iprobe(source=world.Get_rank(), tag=PROGRESS_TAG)  # and the reading must not
+    except MPI.Exception:
+        pass
+    try:
+        failed = world.Get_failed()
+        size = failed.Get_size()
+        known = MPI.Group.Translate_ranks(failed, list(range(size)), world.Get_group())
+        failed.Free()
+    except (MPI.Exception, NotImplementedError):  # no ULFM in this MPI
+        return None
+    return set(known)
 
 
 def keep_abandoned(requests: list) -> None:

@@ -12,7 +12,7 @@ import threading
 from pathlib import Path
 from typing import NoReturn
 
-from ..comm.ulfm import declare_failed
+from ..comm.ulfm import declare_failed, known_failed
 from ..errors import EXIT_PEER_LOST
 from ..runlog.liveness import write_exit_record
 
@@ -28,7 +28,10 @@ def learners_lost_elsewhere(run_dir: Path, rank: int, ranks: list[int]) -> None:
                 "stopped reaching it)")
     log.warning("the launcher took learner(s) %s for lost: no heartbeat from them",
                 ", ".join(map(str, ranks)))
-    if not declare_failed(ranks):
+    # One MPI saw fail already (a kill) is not declared again: after the survivors'
+    # recovery from it, that failed their next agreement with every learner alive.
+    known = known_failed() or set()
+    if not declare_failed([rank for rank in ranks if rank not in known]):
         log.error("this MPI cannot be told that peers are lost: the job ends at "
                   "launcher.stall_timeout_s")
 

@@ -28,7 +28,7 @@ import threading
 import time
 from pathlib import Path
 
-from ..comm.ulfm import declare_failed
+from ..comm.ulfm import declare_failed, known_failed
 from ..comm.world import mpi
 from ..runlog.liveness import exit_record_written, process_alive, rank_pid
 
@@ -36,7 +36,6 @@ log = logging.getLogger("adpsgd")
 
 WATCH_S = 0.5  # how often the pid files are read: what a survivor may wait at most, beyond
 # the time the shrink itself takes
-PROGRESS_TAG = 32766  # a tag no message carries: probing it only drives MPI's progress
 
 
 def ended_without_a_word(run_dir: Path, world_size: int, me: int,
@@ -46,25 +45,6 @@ def ended_without_a_word(run_dir: Path, world_size: int, me: int,
     return [rank for rank in range(world_size) if rank != me and rank not in declared
             and (pid := rank_pid(run_dir, rank)) is not None and not process_alive(pid)
             and not exit_record_written(run_dir, rank)]
-
-
-def known_failed() -> set[int] | None:
-    """The ranks of MPI_COMM_WORLD that MPI knows failed (it is driven first: it hears of
-    a failure in its progress); None when MPI cannot say now."""
-    MPI = mpi()
-    world = MPI.COMM_WORLD
-    try:  # on MPI_COMM_WORLD revoked by a recovery (the learners' own) the probe fails,
-        world.Iprobe(source=world.Get_rank(), tag=PROGRESS_TAG)  # and the reading must not
-    except MPI.Exception:
-        pass
-    try:
-        failed = world.Get_failed()
-        size = failed.Get_size()
-        known = MPI.Group.Translate_ranks(failed, list(range(size)), world.Get_group())
-        failed.Free()
-    except MPI.Exception:
-        return None
-    return set(known)
 
 
 def watch_peer_exits(run_dir: Path, me: int) -> None:

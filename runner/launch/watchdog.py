@@ -412,7 +412,7 @@ class RankWatchdog:
                  listener: HeartbeatListener | None = None):
         self.run_dir, self.nprocs = Path(run_dir), nprocs
         self.listener = listener  # the network heartbeats of ranks on other hosts
-        self._lost_seen: set[int] = set()  # the recorded losses newly_silent() has seen
+        self._lost_seen: set[int] = set()  # recorded losses not declared here (kills) seen
         self._changes_seen = 0  # the recorded changes of membership newly_silent() has seen
         self.pids: dict[int, int] = {}  # rank -> pid, once its pid file appeared (this host)
         self.deaths: list[tuple[float, int, int]] = []  # (time.time(), rank, wake-up), in order
@@ -578,7 +578,10 @@ class RankWatchdog:
             return {}
         if self._membership_changed():
             return {}  # judged again at the next look, with the calm it began
-        candidates = (training - self.listener.declared()) & set(self.remote_ranks())
+        # Not one the survivors recorded lost (a kill MPI saw): named to them again after
+        # their recovery, it would fail their next agreement with every learner alive.
+        candidates = ((training - self.listener.declared() - self._lost_seen)
+                      & set(self.remote_ranks()))
         return {rank: silent_s for rank, silent_s in suspected.items() if rank in candidates
                 and exit_status(self.run_dir, rank) not in (0, EXIT_PREEMPTED, EXIT_STOPPED)}
 
@@ -586,7 +589,7 @@ class RankWatchdog:
         """Whether the learners recorded a change of membership (logs/events.jsonl) since the
         last look: the detector then waits everyone for the ceiling for link_timeout_s from
         the time each was recorded, and a loss that was not declared here (a kill) begins a
-        recovery now, as a declared one began it when it was declared."""
+        recovery then, as a declared one began it when it was declared."""
         from ..runlog.failure_events import read_events
 
         changes = [event for event in read_events(self.run_dir)
@@ -594,16 +597,18 @@ class RankWatchdog:
         if len(changes) <= self._changes_seen:
             return False
         detector, now, wall_now = self.listener.detector, time.monotonic(), time.time()
+        declared = self.listener.declared()
         for event in changes[self._changes_seen:]:
             recorded_at = event.get("time")
             ago = wall_now - recorded_at if isinstance(recorded_at, (int, float)) else 0.0
-            detector.calm_after(now - max(0.0, ago))  # a host's clock ahead: from now
+            at = now - max(0.0, ago)  # a host's clock ahead: from now
+            if event["event"] == "lost" and event.get("learner") not in declared:
+                self._lost_seen.add(event.get("learner"))  # a kill, which MPI saw
+                if at + detector.sensitivity.link_timeout_s > now:  # (a declared loss began
+                    detector.recovering(at)                         # recovering then)
+            else:
+                detector.calm_after(at)
         self._changes_seen = len(changes)
-        recorded = {event.get("learner") for event in changes
-                    if event["event"] == "lost"} - self.listener.declared() - {None}
-        if recorded - self._lost_seen:  # a kill (those declared here began recovering then)
-            self._lost_seen = recorded
-            detector.recovering(now)
         return True
 
     def silent_remote(self, silent_s: float) -> list[int]:
