@@ -7,6 +7,7 @@ import threading
 import time
 
 from mpi4py import MPI
+from survivors import leave_together
 
 from runner.comm.ulfm import declare_failed, shrink
 
@@ -36,4 +37,4 @@ shrunk = shrink(world)
 total = shrunk.comm.allreduce(1)
 print(f"rank {rank}: declared {declared}, survivors {shrunk.survivors}, lost {shrunk.lost}, "
       f"allreduce {total}", flush=True)
-os._exit(0)  # without MPI_Finalize, which would wait for rank 2
+leave_together(shrunk.comm)

@@ -13,6 +13,7 @@ import time
 
 import torch
 from mpi4py import MPI
+from survivors import leave_together
 
 from runner.comm.communicator import Communicator
 from runner.comm.ulfm import revoke_all, shrink
@@ -43,6 +44,5 @@ for round_ in range(ROUNDS):
     comm = shrunk.comm
     print(f"rank {me}: round {round_}: {steps} exchanges, then went on with "
           f"{comm.Get_size()}", flush=True)
-comm.Barrier()
 print(f"rank {me}: survived {ROUNDS} losses", flush=True)
-os._exit(0)  # without MPI_Finalize, which would wait for the dead
+leave_together(comm)
