@@ -215,24 +215,38 @@ def test_a_rank_says_it_trains_once_its_start_up_is_over_and_beats_as_often_as_a
         listener.close()
 
 
+def started_ranks(run_dir, hosts: list[str]) -> None:
+    """Rank i's pid file (pid 100 + i on ``hosts[i]``) and blank exit record, as a rank
+    writes them when it starts."""
+    (run_dir / "logs").mkdir()
+    for rank, host in enumerate(hosts):
+        (run_dir / "logs" / f"rank{rank}.pid").write_text(f"{100 + rank} {host}\n")
+        (run_dir / "logs" / f"rank{rank}.exit").write_bytes(b" " * 16)
+
+
+def heartbeat_sender(listener: HeartbeatListener, hosts: list[str]):
+    """A function that sends ``listener`` rank i's heartbeat from ``hosts[i]``, with what
+    ``state`` says (" training" once past its start-up)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    host, port = listener.target.rsplit(":", 1)
+
+    def beat(rank: int, state: str = "") -> None:
+        sock.sendto(f"{rank} {100 + rank} {hosts[rank]}{state}".encode(), (host, int(port)))
+
+    return beat
+
+
 def test_only_training_ranks_on_other_hosts_silent_past_their_threshold_are_newly_silent(
         tmp_path):
     """Learners 0-3 and a spare, 4. Nobody is taken for lost before every learner has taken
     a step (the job's start-up); then those silent past their threshold are, but not one that
     ended as asked, nor the spare still starting up."""
-    (tmp_path / "logs").mkdir()
-    for rank in range(5):  # 0-2 on lab1, 3-4 on lab2
-        (tmp_path / "logs" / f"rank{rank}.pid").write_text(f"{100 + rank} lab{1 + rank // 3}\n")
-        (tmp_path / "logs" / f"rank{rank}.exit").write_bytes(b" " * 16)
+    hosts = ["lab1", "lab1", "lab1", "lab2", "lab2"]
+    started_ranks(tmp_path, hosts)
     listener = HeartbeatListener(answer=True, sensitivity=Sensitivity(
         loss_after_s=0.2, loss_spread=8, link_timeout_s=60))
     watchdog = RankWatchdog(tmp_path, 5, listener)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    host, port = listener.target.rsplit(":", 1)
-
-    def beat(rank: int, state: str) -> None:
-        sock.sendto(f"{rank} {100 + rank} lab{1 + rank // 3}{state}".encode(), (host, int(port)))
-
+    beat = heartbeat_sender(listener, hosts)
     try:
         # learner 1 not heard yet (still starting); the spare, 4, still starts up
         for rank, state in ((0, " training"), (2, " training"), (3, " training"), (4, "")):
@@ -264,19 +278,15 @@ def test_a_join_the_learners_recorded_calms_the_detector_from_when_it_was_record
     """Learner 1 on lab1 falls silent past its threshold just after spares joined (recorded
     in logs/events.jsonl): it is waited for the ceiling, link_timeout_s from the join's
     record, not taken for lost; silent as long after a join recorded long ago, it is."""
-    (tmp_path / "logs").mkdir()
-    for rank in range(2):
-        (tmp_path / "logs" / f"rank{rank}.pid").write_text(f"{100 + rank} lab1\n")
-        (tmp_path / "logs" / f"rank{rank}.exit").write_bytes(b" " * 16)
+    started_ranks(tmp_path, ["lab1", "lab1"])
     listener = HeartbeatListener(answer=True, sensitivity=Sensitivity(
         loss_after_s=0.2, loss_spread=8, link_timeout_s=2))
     watchdog = RankWatchdog(tmp_path, 2, listener)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    host, port = listener.target.rsplit(":", 1)
+    beat = heartbeat_sender(listener, ["lab1", "lab1"])
     try:
         for _ in range(4):
             for rank in range(2):
-                sock.sendto(f"{rank} {100 + rank} lab1 training".encode(), (host, int(port)))
+                beat(rank, " training")
             time.sleep(0.05)
         seen(lambda: listener.training() == {0, 1}, "the heartbeats")
         record_event(tmp_path, {"time": time.time() - 60, "event": "joined", "learner": 4})
@@ -327,72 +337,61 @@ def test_heartbeats_the_launcher_has_not_read_yet_are_not_taken_for_silence():
         listener.close()
 
 
-def test_mpiexec_is_not_waited_for_on_lost_learners_behind_a_cut_once_the_others_end(tmp_path):
-    """Ranks 0-3 on two other hosts; 2 and 3 fell silent behind a cut link and the job went
-    on without them: once 0 and 1 have ended, they are what mpiexec still waits for."""
-    (tmp_path / "logs").mkdir()
-    for rank in range(4):
-        (tmp_path / "logs" / f"rank{rank}.pid").write_text(f"{100 + rank} lab{1 + rank // 2}\n")
-        (tmp_path / "logs" / f"rank{rank}.exit").write_bytes(b" " * 16)
+@pytest.fixture
+def learners_on_two_hosts(tmp_path):
+    """Learners 0-1 on lab1 and 2-3 on lab2 (other hosts than the launcher's), each heard
+    once: (the watchdog, its listener, a heartbeat sender)."""
+    hosts = ["lab1", "lab1", "lab2", "lab2"]
+    started_ranks(tmp_path, hosts)
     listener = HeartbeatListener()
     watchdog = RankWatchdog(tmp_path, 4, listener)
-    try:
-        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        host, port = listener.target.rsplit(":", 1)
-        for rank in range(4):
-            sock.sendto(f"{rank} {100 + rank} lab{1 + rank // 2}".encode(), (host, int(port)))
-        seen(lambda: all(listener.last(rank) for rank in range(4)), "the heartbeats")
-        time.sleep(0.3)  # all silent from here on
-        assert watchdog.lost_behind(0.2) == []  # 0 and 1 still train
-        record_event(tmp_path, {"event": "lost", "learner": 2, "host": "lab2"})
-        write_exit_record(tmp_path, 0, 0)
-        write_exit_record(tmp_path, 1, 0)
-        assert watchdog.lost_behind(0.2) == []  # rank 3, never lost, may still end
-        record_event(tmp_path, {"event": "lost", "learner": 3, "host": "lab2"})
-        assert watchdog.lost_behind(0.2) == [2, 3]
-        assert watchdog.lost_behind(60) == []  # not silent for that long
-        write_exit_record(tmp_path, 3, 3)  # their exit records, where the file system is shared
-        assert watchdog.lost_behind(0.2) == [2, 3]
-    finally:
-        watchdog.stop()
-        listener.close()
-
-
-def test_a_learner_lost_while_its_host_answered_and_that_ended_is_not_left_behind(tmp_path):
-    """Learner 1 on lab1, taken for lost while alive (a loaded host), stopped on hearing so
-    (its exit record) while learner 0 on lab1 went on being heard: mpiexec saw it end, and
-    only 2 and 3, behind the cut of lab2, are what it still waits for. Had 1 not ended, it
-    would be."""
-    (tmp_path / "logs").mkdir()
-    for rank in range(4):
-        (tmp_path / "logs" / f"rank{rank}.pid").write_text(f"{100 + rank} lab{1 + rank // 2}\n")
-        (tmp_path / "logs" / f"rank{rank}.exit").write_bytes(b" " * 16)
-    listener = HeartbeatListener()
-    watchdog = RankWatchdog(tmp_path, 4, listener)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    host, port = listener.target.rsplit(":", 1)
-
-    def beat(rank: int) -> None:
-        sock.sendto(f"{rank} {100 + rank} lab{1 + rank // 2}".encode(), (host, int(port)))
-
+    beat = heartbeat_sender(listener, hosts)
     try:
         for rank in range(4):
             beat(rank)
         seen(lambda: all(listener.last(rank) for rank in range(4)), "the heartbeats")
-        time.sleep(0.3)
-        beat(0)  # lab1 heard on, 0.3 s after learner 1 fell silent
-        seen(lambda: listener.last(0)[0] - listener.last(1)[0] >= 0.3, "learner 0 again")
-        time.sleep(0.3)
-        for rank in (1, 2, 3):
-            record_event(tmp_path, {"event": "lost", "learner": rank})
-        write_exit_record(tmp_path, 0, 0)
-        assert watchdog.lost_behind(0.2) == [1, 2, 3]  # 1 may still run: mpiexec waits
-        write_exit_record(tmp_path, 1, 3)
-        write_exit_record(tmp_path, 3, 3)  # behind the cut, where the run dir is shared
-        assert watchdog.lost_behind(0.2) == [2, 3]
+        yield watchdog, listener, beat
     finally:
         watchdog.stop()
         listener.close()
+
+
+def test_mpiexec_is_not_waited_for_on_lost_learners_behind_a_cut_once_the_others_end(
+        learners_on_two_hosts, tmp_path):
+    """Ranks 0-3 on two other hosts; 2 and 3 fell silent behind a cut link and the job went
+    on without them: once 0 and 1 have ended, they are what mpiexec still waits for."""
+    watchdog, _, _ = learners_on_two_hosts
+    time.sleep(0.3)  # all silent from here on
+    assert watchdog.lost_behind(0.2) == []  # 0 and 1 still train
+    record_event(tmp_path, {"event": "lost", "learner": 2, "host": "lab2"})
+    write_exit_record(tmp_path, 0, 0)
+    write_exit_record(tmp_path, 1, 0)
+    assert watchdog.lost_behind(0.2) == []  # rank 3, never lost, may still end
+    record_event(tmp_path, {"event": "lost", "learner": 3, "host": "lab2"})
+    assert watchdog.lost_behind(0.2) == [2, 3]
+    assert watchdog.lost_behind(60) == []  # not silent for that long
+    write_exit_record(tmp_path, 3, 3)  # their exit records, where the file system is shared
+    assert watchdog.lost_behind(0.2) == [2, 3]
+
+
+def test_a_learner_lost_while_its_host_answered_and_that_ended_is_not_left_behind(
+        learners_on_two_hosts, tmp_path):
+    """Learner 1 on lab1, taken for lost while alive (a loaded host), stopped on hearing so
+    (its exit record) while learner 0 on lab1 went on being heard: mpiexec saw it end, and
+    only 2 and 3, behind the cut of lab2, are what it still waits for. Had 1 not ended, it
+    would be."""
+    watchdog, listener, beat = learners_on_two_hosts
+    time.sleep(0.3)
+    beat(0)  # lab1 heard on, 0.3 s after learner 1 fell silent
+    seen(lambda: listener.last(0)[0] - listener.last(1)[0] >= 0.3, "learner 0 again")
+    time.sleep(0.3)
+    for rank in (1, 2, 3):
+        record_event(tmp_path, {"event": "lost", "learner": rank})
+    write_exit_record(tmp_path, 0, 0)
+    assert watchdog.lost_behind(0.2) == [1, 2, 3]  # 1 may still run: mpiexec waits
+    write_exit_record(tmp_path, 1, 3)
+    write_exit_record(tmp_path, 3, 3)  # behind the cut, where the run dir is shared
+    assert watchdog.lost_behind(0.2) == [2, 3]
 
 
 def test_the_ranks_it_kills_have_exited_when_the_launcher_returns(tmp_path, capsys):
