@@ -35,6 +35,7 @@ from runner.runlog.liveness import (
     LauncherLink,
     datagram_sender,
     process_alive,
+    rank_file,
     start_heartbeat,
     stop_requests,
     write_exit_record,
@@ -216,12 +217,11 @@ def test_a_rank_says_it_trains_once_its_start_up_is_over_and_beats_as_often_as_a
 
 
 def started_ranks(run_dir, hosts: list[str]) -> None:
-    """Rank i's pid file (pid 100 + i on ``hosts[i]``) and blank exit record, as a rank
-    writes them when it starts."""
-    (run_dir / "logs").mkdir()
+    """Rank i's pid file and blank exit record as a rank writes them when it starts
+    (write_pid_file), its pid file then saying pid 100 + i on ``hosts[i]``."""
     for rank, host in enumerate(hosts):
-        (run_dir / "logs" / f"rank{rank}.pid").write_text(f"{100 + rank} {host}\n")
-        (run_dir / "logs" / f"rank{rank}.exit").write_bytes(b" " * 16)
+        write_pid_file(run_dir, rank)
+        rank_file(run_dir, rank, "pid").write_text(f"{100 + rank} {host}\n")
 
 
 def heartbeat_sender(listener: HeartbeatListener, hosts: list[str]):
