@@ -291,3 +291,32 @@ def test_suite_profile_sums_each_tests_cpu_with_the_processes_it_started(tmp_pat
     assert busy and min(busy) >= 0
     assert sum(busy) * 0.05 == pytest.approx(sum(r["cpu_s"] for r in rows), rel=1e-6, abs=1e-6)
     assert list(profile.workers_end(rows)) == ["main"] and "Cores in use" in out
+
+
+def test_suite_processes_names_the_ranks_by_their_launchers_daemon(tmp_path, capsys):
+    """Records laid out as the kernel writes them (struct acct_v3): a launcher, mpiexec, its
+    proxy and two ranks; a rank's CPU in comp_t with an exponent (8**1 x 150 ticks)."""
+    processes = load_script("suite_processes")
+
+    def record(pid, ppid, command, cpu_ticks):
+        return processes.RECORD.pack(0, processes.ACCT_VERSION, 0, 0, 0, 0, pid, ppid, 0,
+                                     500.0, cpu_ticks, 10, 0, 0, 0, 0, 0, 0, command)
+
+    pacct = tmp_path / "suite.pacct"
+    pacct.write_bytes(b"".join([
+        record(11, 10, b"adpsgd-run", 150), record(12, 11, b"mpiexec", 1),
+        record(13, 12, b"hydra_pmi_proxy", 1),
+        record(14, 13, b"python", (1 << 13) | 150), record(15, 13, b"python", 290),
+        record(16, 10, b"python", 40)]))  # a script the test ran itself: not a rank
+    summary = processes.summarize(processes.read_records(pacct))
+    assert summary["ranks"]["count"] == 2
+    assert summary["ranks"]["cpu_s"] == pytest.approx(12.1 + 3.0)
+    assert summary["ranks"]["start_up_floor_s"] == pytest.approx(3.0)
+    assert summary["programs"]["python"] == {"processes": 1, "cpu_s": 0.5}
+    assert summary["cpu_s"] == pytest.approx(15.1 + 1.6 + 0.11 + 0.11 + 0.5, abs=0.1)
+    processes.main([str(pacct), "--json", str(tmp_path / "out.json")])
+    assert "2 ranks used 15.1 CPU s" in capsys.readouterr().out
+    assert json.loads((tmp_path / "out.json").read_text()) == summary
+    pacct.write_bytes(pacct.read_bytes()[:64] + b"\x00" * 64)  # a version-0 record
+    with pytest.raises(SystemExit, match="not a Linux process-accounting file"):
+        processes.read_records(pacct)
