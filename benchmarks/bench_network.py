@@ -19,6 +19,14 @@ on flat float32 buffers:
   each with a fixed passive peer, one exchange per tick: both snapshots cross the link at once,
   one each way, so ``bytes / seconds`` of one exchange is the bandwidth each direction got.
 
+* **CPU per MB** (``--cpu-seconds``, at the first rate): what moving bytes between two hosts
+  costs the machine's processors, ``cluster.cpu_s_per_mb`` of the simulator: one busy loop
+  per core counts its iterations alone, then again while a TCP stream runs from the first host
+  to the second; the cores' share the loops lost, over the MB the stream moved, counted once
+  where they left and once where they arrived. About 0 where the network interface does the
+  work; the lab's hosts are one machine's namespaces, whose network stack takes the cores
+  the ranks compute on.
+
 Each figure is the median of the repeats, divided by the shaped rate. The goal is 0.8 of the
 link from 4 MB up. Prints one JSON object and markdown rows; never asserts a speed.
 """
@@ -27,7 +35,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
+import shlex
 import statistics
 import subprocess
 import sys
@@ -51,12 +61,13 @@ MD_HEADER = ("| date | hosts | link | operation | 64 kB | 1 MB | 4 MB | 16 MB | 
 KB = 1024
 FULL = {"hosts": [2, 4], "rates": ["1gbit", "100mbit"],
         "sizes_kb": [64, 256, KB, 4 * KB, 16 * KB, 64 * KB], "repeats": 5,
-        "allreduce": ["ring", "auto"]}
+        "allreduce": ["ring", "auto"], "cpu_seconds": 10.0}
 # Quick: sizes far apart, so the shaper's floor for 4 MB (34 ms at 1 Gbit/s) stays above a
 # 64 kB exchange that a busy machine's scheduler delayed, and an odd number of repeats, so
 # the median is a measured time that one delayed repeat cannot move (a mean of 2 can).
 QUICK = {"hosts": [2], "rates": ["1gbit"], "sizes_kb": [64, 4 * KB], "repeats": 5,
-         "allreduce": ["ring"]}
+         "allreduce": ["ring"], "cpu_seconds": 1.0}
+STREAM_PORT = 47311  # the CPU measurement's TCP stream, on the second host
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -67,6 +78,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, help=f"default {FULL['repeats']}")
     p.add_argument("--allreduce", nargs="+", choices=("ring", "auto"),
                    help=f"comm.allreduce settings to time, default {FULL['allreduce']}")
+    p.add_argument("--cpu-seconds", type=float,
+                   help=f"length of each half of the CPU-per-MB measurement (0: skip it), "
+                        f"default {FULL['cpu_seconds']}")
     p.add_argument("--timeout", type=float, default=1800, help="per job, seconds")
     p.add_argument("--child", help=argparse.SUPPRESS)  # a rank of the job: its JSON spec
     bench.add_common_arguments(p, NAME, trains=False)
@@ -74,8 +88,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.child:
         return args
     bench.fill_defaults(args, argv, QUICK, FULL)
-    if min(args.hosts) < 2 or args.repeats < 1 or min(args.sizes_kb) < 1:
-        p.error("--hosts must be >= 2, --repeats and --sizes-kb >= 1")
+    if min(args.hosts) < 2 or args.repeats < 1 or min(args.sizes_kb) < 1 or \
+            args.cpu_seconds < 0:
+        p.error("--hosts must be >= 2, --repeats and --sizes-kb >= 1, --cpu-seconds >= 0")
     return args
 
 
@@ -166,8 +181,12 @@ def child(spec: dict[str, Any]) -> None:
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     record = bench.Record(NAME, "benchmarks/bench_network.py", args.argv, args.quick)
     names, shell, before = lab_with(max(args.hosts), args.rates[0])
-    runs = []
+    runs, cpu = [], None
     try:
+        if args.cpu_seconds:
+            for host in names:
+                lab("rate", host, args.rates[0])
+            cpu = network_cpu(names[:2], args.rates[0], args.cpu_seconds)
         for rate in args.rates:
             for host in names:
                 lab("rate", host, rate)
@@ -179,7 +198,63 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         for host, rate in before.items():  # the links as they were
             lab("rate", host, rate)
     return record.finish({"sizes_kb": args.sizes_kb, "repeats": args.repeats, "runs": runs,
-                          "goal": ">= 0.8 of the link rate from 4 MB up"})
+                          "goal": ">= 0.8 of the link rate from 4 MB up", "cpu": cpu,
+                          "cpu_s_per_mb": cpu["cpu_s_per_mb"] if cpu else None})
+
+
+SPIN = ("import sys, time\nend = time.perf_counter() + float(sys.argv[1]); n = 0\n"
+        "while time.perf_counter() < end:\n    n += 1\nprint(n)")
+STREAM_SERVER = ("import socket, sys\ns = socket.create_server(('', int(sys.argv[1])))\n"
+                 "print('listening', flush=True)\nc, _ = s.accept(); total = 0\n"
+                 "while (chunk := c.recv(1 << 20)):\n    total += len(chunk)\nprint(total)")
+STREAM_CLIENT = ("import socket, sys, time\nc = socket.create_connection((sys.argv[1], "
+                 "int(sys.argv[2])))\nend = time.perf_counter() + float(sys.argv[3]); "
+                 "block = bytes(1 << 20)\nwhile time.perf_counter() < end:\n"
+                 "    c.sendall(block)\nc.close()")
+
+
+def spin_loops(seconds: float) -> list[subprocess.Popen]:
+    """One busy loop per core of this machine, each printing its iterations at the end."""
+    return [subprocess.Popen([sys.executable, "-c", SPIN, str(seconds)], stdout=subprocess.PIPE,
+                             text=True) for _ in range(os.cpu_count() or 1)]
+
+
+def iterations(loops: list[subprocess.Popen]) -> int:
+    return sum(int(loop.communicate()[0]) for loop in loops)
+
+
+def network_cpu(hosts: list[str], rate: str, seconds: float) -> dict[str, Any]:
+    """CPU seconds per MB sent or received between ``hosts[0]`` and ``hosts[1]`` (see the
+    module's docstring)."""
+    alone = iterations(spin_loops(seconds))
+    address = lab("ssh", hosts[1], "hostname -I").split()[0]
+    remote = ["bash", str(LAB), "ssh"]
+    server = subprocess.Popen([*remote, hosts[1], sys.executable, "-c",
+                               shlex.quote(STREAM_SERVER), str(STREAM_PORT)],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        if server.stdout.readline().strip() != "listening":
+            raise UserError(f"the stream's receiver on {hosts[1]} did not start",
+                            "check the lab: scripts/lab_cluster.sh status")
+        loops = spin_loops(seconds)
+        subprocess.run([*remote, hosts[0], sys.executable, "-c", shlex.quote(STREAM_CLIENT),
+                        address, str(STREAM_PORT), str(seconds)], check=True)
+        beside = iterations(loops)
+        moved = int(server.communicate(timeout=60)[0].split()[-1])
+    finally:
+        if server.poll() is None:
+            server.kill()
+    cores = os.cpu_count() or 1
+    taken_s = cores * seconds * max(0.0, 1.0 - beside / alone)
+    mb = moved / 1e6
+    result = {"hosts": hosts[:2], "rate": rate, "seconds": seconds, "cores": cores,
+              "loop_iterations_alone": alone, "loop_iterations_beside": beside,
+              "mb_moved": round(mb, 1), "cpu_s_taken": round(taken_s, 3),
+              "cpu_s_per_mb": taken_s / (2 * mb) if mb else None}
+    print(f"  CPU: a stream of {mb:.0f} MB in {seconds:g} s took {taken_s:.2f} CPU s from "
+          f"{cores} busy loops: {result['cpu_s_per_mb'] * 1e3:.2f} ms per MB sent or received",
+          file=sys.stderr, flush=True)
+    return result
 
 
 def run_job(args: argparse.Namespace, hosts: list[str], rate: str, allreduce: str,

@@ -162,3 +162,38 @@ def test_no_tensor_work(tmp_path):
     assert sim.x.shape == (4, 1) and sim.nbytes == 1e8
     assert sim.gradients(sim.x, range(4), [None] * 4, [32] * 4).shape == (4, 1)
     assert torch.count_nonzero(sim.x) == 0
+
+
+def test_bytes_between_nodes_cost_the_next_steps_cpu_at_cluster_cpu_s_per_mb(tmp_path):
+    """SSGD on 8 learners in 2 nodes: each learner's ring allreduce sends 2 (n-1)/n M to the
+    next; across the two node boundaries learners 3 and 7 send it to the other node, 0 and 4
+    receive it from there, and their next step takes cpu_s_per_mb for each MB of it; the
+    others pay nothing. Every learner waits at the next allreduce for those four, so the run
+    is slower by one charge a step but the first (nothing was owed yet)."""
+    spe = 8 * 32 * 10
+    free = timing(["algo=ssgd"], tmp_path / "free", samples_per_epoch=spe)
+    charged = timing(["algo=ssgd", "cluster.cpu_s_per_mb=0.002"], tmp_path / "charged",
+                     samples_per_epoch=spe)
+    charge = 2 * 7 / 8 * M / 1e6 * 0.002  # 175 MB sent (or received) between nodes a step
+    assert charged["virtual_s"] == pytest.approx(free["virtual_s"] + 9 * charge)
+    assert charged["bytes_sent"] == free["bytes_sent"]
+    contended = timing(["algo=ssgd", "cluster.cpu_s_per_mb=0.002",
+                        "cluster.compute.contention=0.5"], tmp_path / "contended",
+                       samples_per_epoch=spe)
+    assert contended["virtual_s"] - charged["virtual_s"] == pytest.approx(
+        10 * 0.5 * 32 * PER_SAMPLE + 9 * 0.5 * charge)  # shared cores: compute and network
+
+
+def test_asynchronous_exchanges_between_nodes_cost_cpu_and_slow_adpsgd(tmp_path):
+    """AD-PSGD's averagings between nodes cost both ends' CPU: with cpu_s_per_mb, the same
+    steps take longer; within one node (8 learners on 8 GPUs) nothing is charged."""
+    spe = 8 * 32 * 20
+    rates = {}
+    for nodes, per_node in (("two", 4), ("one", 8)):
+        for mb_s in (0.0, 0.002):
+            s = timing(["algo=adpsgd", "algo.pattern=fixed", f"launcher.procs_per_node={per_node}",
+                        f"cluster.gpus_per_node={per_node}", f"cluster.cpu_s_per_mb={mb_s}"],
+                       tmp_path / f"{nodes}-{mb_s}", samples_per_epoch=spe)
+            rates[nodes, mb_s] = s["samples_per_s"]
+    assert rates["two", 0.002] < 0.9 * rates["two", 0.0]
+    assert rates["one", 0.002] == pytest.approx(rates["one", 0.0])

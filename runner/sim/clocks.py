@@ -6,6 +6,11 @@ for a slower peer (idle) or for bytes on the wire (comm). The split is the one r
 report (runner/runlog/timers.py), in seconds of the modelled cluster. The bytes sent are
 counted under the keys real ranks use (runner/comm/traffic.py), where the drivers model a
 send, with the sizes that the time model charges.
+
+Bytes that cross between nodes also cost the CPU of both ends (``cluster.cpu_s_per_mb`` for
+every MB sent or received): each learner owes that CPU time, and its next step takes that
+much longer (:meth:`Clocks.network_cpu_s`), on shared processors (``compute.contention``) in
+the same proportion as its compute.
 """
 
 from __future__ import annotations
@@ -24,6 +29,34 @@ class Clocks:
         self.t = np.zeros(n)
         self.seconds = {kind: np.zeros(n) for kind in KINDS}
         self.sent: dict[str, np.ndarray] = {}  # "<communicator>/<kind>" -> bytes per learner
+        # CPU seconds of network work each learner owes its next step (see network_cpu_s).
+        self.cpu_owed = np.zeros(n)
+        self._cpu_s_per_byte = float(cluster.cfg.cpu_s_per_mb or 0.0) / 1e6 \
+            if cluster is not None else 0.0
+        self._cpu_factor = 1.0 + (float(cluster.cfg.compute.contention)
+                                  if cluster is not None else 0.0)
+
+    def crossed(self, sender: int, receiver: int, nbytes: float) -> None:
+        """``nbytes`` went from ``sender`` to ``receiver``: between nodes, both ends owe the
+        network stack's CPU for them."""
+        node_of = self.cluster.node_of if self._cpu_s_per_byte else None
+        if node_of and node_of(sender) != node_of(receiver):
+            owed = nbytes * self._cpu_s_per_byte
+            self.cpu_owed[sender] += owed
+            self.cpu_owed[receiver] += owed
+
+    def crossed_ring(self, ranks: Sequence[int], nbytes_each: float) -> None:
+        """A ring over ``ranks`` (each sends ``nbytes_each`` to the next and receives as much
+        from the previous): :meth:`crossed` for every hop of the ring."""
+        for i, rank in enumerate(ranks):
+            if len(ranks) > 1:
+                self.crossed(rank, ranks[(i + 1) % len(ranks)], nbytes_each)
+
+    def network_cpu_s(self, learner: int) -> float:
+        """The CPU seconds ``learner``'s next step spends on network work it owes (wall
+        seconds, on processors it shares with other learners), and nothing owed after."""
+        owed, self.cpu_owed[learner] = self.cpu_owed[learner], 0.0
+        return float(owed) * self._cpu_factor
 
     def count_sent(self, key: str, nbytes: np.ndarray | float,
                    learners: Sequence[int] | None = None) -> None:
@@ -59,6 +92,9 @@ class Clocks:
             for j in listed:
                 out_degree[j] += 1
         self.count_sent("world/exchange", nbytes * out_degree)
+        for i, listed in enumerate(peers):
+            for j in listed:
+                self.crossed(j, i, nbytes)
         latest_send = np.zeros(self.n)
         arrival = np.zeros(self.n)
         for i, listed in enumerate(peers):
@@ -78,10 +114,13 @@ class Clocks:
         """Tensors (checkpoints load with weights_only, which takes no numpy arrays)."""
         return {"t": torch.from_numpy(self.t.copy()),
                 **{k: torch.from_numpy(v.copy()) for k, v in self.seconds.items()},
-                "sent": {k: torch.from_numpy(v.copy()) for k, v in self.sent.items()}}
+                "sent": {k: torch.from_numpy(v.copy()) for k, v in self.sent.items()},
+                "cpu_owed": torch.from_numpy(self.cpu_owed.copy())}
 
     def load_state_dict(self, state: dict) -> None:
         self.t = state["t"].numpy().copy()
         for kind in KINDS:
             self.seconds[kind] = state[kind].numpy().copy()
         self.sent = {k: v.numpy().copy() for k, v in state.get("sent", {}).items()}
+        if "cpu_owed" in state:  # checkpoints from before cluster.cpu_s_per_mb owe nothing
+            self.cpu_owed = state["cpu_owed"].numpy().copy()

@@ -263,7 +263,7 @@ class Simulation:
                         learners: list[int] | None = None) -> np.ndarray:
         learners = range(self.n) if learners is None else learners
         return np.array([self.compute_model.step_s(i, step, counts[j], float(self.clocks.t[i]))
-                         for j, i in enumerate(learners)])
+                         + self.clocks.network_cpu_s(i) for j, i in enumerate(learners)])
 
     def batches(self, epoch: int, k: int, learners: list[int] | None = None
                 ) -> tuple[list, list[int]]:

@@ -142,3 +142,4 @@ class LockstepDriver:
         """Every learner's share of an allreduce of one model (runner/comm/traffic.py)."""
         if self.n > 1:
             self.sim.clocks.count_sent("world/allreduce", ring_bytes(self.sim.nbytes, self.n))
+            self.sim.clocks.crossed_ring(range(self.n), ring_bytes(self.sim.nbytes, self.n))

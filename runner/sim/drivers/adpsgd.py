@@ -176,7 +176,7 @@ class GossipDriver:
         steps = sim.steps_per_epoch
         counts = [len(sim.data.indices(r, k // steps, k % steps)) for r in members]
         seconds = np.array([sim.compute_model.step_s(r, k + 1, c, now)
-                            for r, c in zip(members, counts)])
+                            + sim.clocks.network_cpu_s(r) for r, c in zip(members, counts)])
         slowest = float(seconds.max())
         node_reduce = self._node_comm_s(members, changed)
         clocks = sim.clocks
@@ -244,6 +244,8 @@ class GossipDriver:
         started = self.queue.now
         ranks = (self.members[a][0], self.members[p][0])
         sim.clocks.count_sent("world/gossip", self._gossip_message_bytes(), ranks)
+        for sender, receiver in (ranks, ranks[::-1]):  # both snapshots cross
+            sim.clocks.crossed(sender, receiver, self._gossip_message_bytes())
         nodes = [int(sim.cluster.node_of(r)) for r in ranks]
         done = lambda: self._exchanged(a, p, key, started)  # noqa: E731
         if nodes[0] == nodes[1] or self.nic[nodes[0]] is None:
