@@ -20,10 +20,11 @@ on flat float32 buffers:
   one each way, so ``bytes / seconds`` of one exchange is the bandwidth each direction got.
 
 * **CPU per MB** (``--cpu-seconds``, at the first rate): what moving bytes between two hosts
-  costs the machine's processors, ``cluster.cpu_s_per_mb`` of the simulator: one busy loop
-  per core counts its iterations alone, then again while a TCP stream runs from the first host
-  to the second; the cores' share the loops lost, over the MB the stream moved, counted once
-  where they left and once where they arrived. About 0 where the network interface does the
+  costs the machine's processors, ``cluster.cpu_s_per_mb`` of the simulator: the seconds
+  the processors were busy (/proc/stat: every process and the kernel) while a TCP stream ran
+  from the first host to the second, less those of a stream of no length (its two ends'
+  start-up), medians of 3, over the MB it moved, counted once where they left and once where
+  they arrived. Nothing else may run meanwhile. About 0 where the network interface does the
   work; the lab's hosts are one machine's namespaces, whose network stack takes the cores
   the ranks compute on.
 
@@ -202,8 +203,6 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                           "cpu_s_per_mb": cpu["cpu_s_per_mb"] if cpu else None})
 
 
-SPIN = ("import sys, time\nend = time.perf_counter() + float(sys.argv[1]); n = 0\n"
-        "while time.perf_counter() < end:\n    n += 1\nprint(n)")
 STREAM_SERVER = ("import socket, sys\ns = socket.create_server(('', int(sys.argv[1])))\n"
                  "print('listening', flush=True)\nc, _ = s.accept(); total = 0\n"
                  "while (chunk := c.recv(1 << 20)):\n    total += len(chunk)\nprint(total)")
@@ -213,21 +212,17 @@ STREAM_CLIENT = ("import socket, sys, time\nc = socket.create_connection((sys.ar
                  "    c.sendall(block)\nc.close()")
 
 
-def spin_loops(seconds: float) -> list[subprocess.Popen]:
-    """One busy loop per core of this machine, each printing its iterations at the end."""
-    return [subprocess.Popen([sys.executable, "-c", SPIN, str(seconds)], stdout=subprocess.PIPE,
-                             text=True) for _ in range(os.cpu_count() or 1)]
+def busy_seconds() -> float:
+    """CPU seconds this machine's processors have been busy (every process, the kernel's
+    work included), from /proc/stat."""
+    with open("/proc/stat") as f:
+        ticks = [int(v) for v in f.readline().split()[1:]]
+    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")  # less idle, iowait
 
 
-def iterations(loops: list[subprocess.Popen]) -> int:
-    return sum(int(loop.communicate()[0]) for loop in loops)
-
-
-def network_cpu(hosts: list[str], rate: str, seconds: float) -> dict[str, Any]:
-    """CPU seconds per MB sent or received between ``hosts[0]`` and ``hosts[1]`` (see the
-    module's docstring)."""
-    alone = iterations(spin_loops(seconds))
-    address = lab("ssh", hosts[1], "hostname -I").split()[0]
+def stream(hosts: list[str], address: str, seconds: float) -> tuple[float, int]:
+    """A TCP stream of ``seconds`` from ``hosts[0]`` to ``hosts[1]``: the machine's busy CPU
+    seconds while it ran (its two ends' start-up included), and the bytes it moved."""
     remote = ["bash", str(LAB), "ssh"]
     server = subprocess.Popen([*remote, hosts[1], sys.executable, "-c",
                                shlex.quote(STREAM_SERVER), str(STREAM_PORT)],
@@ -236,23 +231,33 @@ def network_cpu(hosts: list[str], rate: str, seconds: float) -> dict[str, Any]:
         if server.stdout.readline().strip() != "listening":
             raise UserError(f"the stream's receiver on {hosts[1]} did not start",
                             "check the lab: scripts/lab_cluster.sh status")
-        loops = spin_loops(seconds)
+        before = busy_seconds()
         subprocess.run([*remote, hosts[0], sys.executable, "-c", shlex.quote(STREAM_CLIENT),
                         address, str(STREAM_PORT), str(seconds)], check=True)
-        beside = iterations(loops)
         moved = int(server.communicate(timeout=60)[0].split()[-1])
+        return busy_seconds() - before, moved
     finally:
         if server.poll() is None:
             server.kill()
-    cores = os.cpu_count() or 1
-    taken_s = cores * seconds * max(0.0, 1.0 - beside / alone)
-    mb = moved / 1e6
-    result = {"hosts": hosts[:2], "rate": rate, "seconds": seconds, "cores": cores,
-              "loop_iterations_alone": alone, "loop_iterations_beside": beside,
-              "mb_moved": round(mb, 1), "cpu_s_taken": round(taken_s, 3),
+
+
+def network_cpu(hosts: list[str], rate: str, seconds: float, rounds: int = 3
+                ) -> dict[str, Any]:
+    """CPU seconds per MB sent or received between ``hosts[0]`` and ``hosts[1]`` (see the
+    module's docstring): medians over ``rounds`` of a stream of ``seconds`` less one of none
+    (its ends' start-up), on a machine doing nothing else."""
+    address = lab("ssh", hosts[1], "hostname -I").split()[0]
+    empty = statistics.median(stream(hosts, address, 0.0)[0] for _ in range(rounds))
+    runs = [stream(hosts, address, seconds) for _ in range(rounds)]
+    taken_s = max(0.0, statistics.median(cpu for cpu, _ in runs) - empty)
+    mb = statistics.median(moved for _, moved in runs) / 1e6
+    result = {"hosts": hosts[:2], "rate": rate, "seconds": seconds, "rounds": rounds,
+              "busy_cpu_s": [round(cpu, 3) for cpu, _ in runs],
+              "busy_cpu_s_empty_stream": round(empty, 3), "mb_moved": round(mb, 1),
+              "cpu_s_taken": round(taken_s, 3),
               "cpu_s_per_mb": taken_s / (2 * mb) if mb else None}
-    print(f"  CPU: a stream of {mb:.0f} MB in {seconds:g} s took {taken_s:.2f} CPU s from "
-          f"{cores} busy loops: {result['cpu_s_per_mb'] * 1e3:.2f} ms per MB sent or received",
+    print(f"  CPU: a stream of {mb:.0f} MB in {seconds:g} s kept the processors busy "
+          f"{taken_s:.2f} s: {result['cpu_s_per_mb'] * 1e3:.2f} ms per MB sent or received",
           file=sys.stderr, flush=True)
     return result
 
