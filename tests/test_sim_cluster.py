@@ -408,17 +408,3 @@ def test_measured_takes_the_network_benchmarks_link(tmp_path):
         measured_cluster(write_run(tmp_path / "other"),
                          dataclasses.replace(base, network_rate="100mbit"))
 
-
-def test_measured_takes_the_network_benchmarks_cpu_per_mb_unless_given(tmp_path):
-    network = tmp_path / "busbw.json"
-    exchange = {"64": 1e-3 + 64 * 1024 / 1e8, "1024": 1e-3 + 1024 * 1024 / 1e8}
-    network.write_text(json.dumps({"cpu_s_per_mb": 1.2e-3, "runs": [
-        {"hosts": 2, "rate": "1gbit", "seconds": {"exchange": exchange}}]}))
-    base = ClusterConfig(from_network=str(network), network_rate="1gbit")
-    assert measured_cluster(write_run(tmp_path / "a"), base).cpu_s_per_mb == 1.2e-3
-    given = dataclasses.replace(base, cpu_s_per_mb=0.0)
-    assert measured_cluster(write_run(tmp_path / "b"), given).cpu_s_per_mb == 0.0
-    network.write_text(json.dumps({"cpu_s_per_mb": "fast", "runs": [
-        {"hosts": 2, "rate": "1gbit", "seconds": {"exchange": exchange}}]}))
-    with pytest.raises(UserError, match="cpu_s_per_mb is 'fast'"):
-        measured_cluster(write_run(tmp_path / "c"), base)

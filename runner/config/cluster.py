@@ -106,12 +106,10 @@ class ClusterConfig(Section):
     # scheduled (cluster=measured sets it there). 0: the closed forms alone.
     rendezvous_s: float = 0.0
     # CPU seconds a host's processors spend for every MB (1e6 bytes) its network interface
-    # sends or receives to another node: the network stack's work, which takes a core from
-    # the learners' compute. About 0 where the interface does it (RDMA); the lab's user-space
-    # stack pays it in full (benchmarks/bench_network.py --cpu measures it, and
-    # cluster.from_network reads it from there). null: that measurement with from_network,
-    # else 0.
-    cpu_s_per_mb: Optional[float] = None
+    # sends or receives to another node while the learners compute: the network stack's work,
+    # which takes a core from them. About 0 where the interface does it (RDMA); the lab's
+    # user-space stack pays it in full (benchmarks/bench_network.py measures it: 1.26 ms).
+    cpu_s_per_mb: float = 0.0
     from_summary: Optional[str] = None  # cluster=measured: a real run's summary.json
     # cluster=measured: the links of a network benchmark (benchmarks/bench_network.py's JSON)
     # at this rate (tc's syntax, e.g. 1gbit) instead of a link fitted to the run's allreduce.
@@ -132,8 +130,8 @@ class ClusterConfig(Section):
                 self.hint(prefix, "allreduce"))
         require(self.rendezvous_s >= 0, f"{prefix}.rendezvous_s",
                 f"must be >= 0, got {self.rendezvous_s}", self.hint(prefix, "rendezvous_s"))
-        require(self.cpu_s_per_mb is None or self.cpu_s_per_mb >= 0, f"{prefix}.cpu_s_per_mb",
-                f"must be >= 0 (or null), got {self.cpu_s_per_mb}", f"{prefix}.cpu_s_per_mb=0")
+        require(self.cpu_s_per_mb >= 0, f"{prefix}.cpu_s_per_mb",
+                f"must be >= 0, got {self.cpu_s_per_mb}", self.hint(prefix, "cpu_s_per_mb"))
         for node, factor in dict(self.node_bandwidth_factor).items():
             require(str(node).isdigit() and 0 < float(factor) <= 1,
                     f"{prefix}.node_bandwidth_factor.{node}", "needs a node index and a "

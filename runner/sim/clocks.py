@@ -7,10 +7,12 @@ report (runner/runlog/timers.py), in seconds of the modelled cluster. The bytes 
 counted under the keys real ranks use (runner/comm/traffic.py), where the drivers model a
 send, with the sizes that the time model charges.
 
-Bytes that cross between nodes also cost the CPU of both ends (``cluster.cpu_s_per_mb`` for
-every MB sent or received): each learner owes that CPU time, and its next step takes that
-much longer (:meth:`Clocks.network_cpu_s`), on shared processors (``compute.contention``) in
-the same proportion as its compute.
+Bytes that cross between nodes while the learners compute (exchanges, gossip, a background
+reduction) also cost the CPU of both ends (``cluster.cpu_s_per_mb`` for every MB sent or
+received): each learner owes that CPU time, and its next step takes that much longer
+(:meth:`Clocks.network_cpu_s`), on shared processors (``compute.contention``) in the same
+proportion as its compute. A blocking collective's CPU is not charged: the learners wait for
+it anyway, and a link's measured time includes it.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ class Clocks:
         self.sent: dict[str, np.ndarray] = {}  # "<communicator>/<kind>" -> bytes per learner
         # CPU seconds of network work each learner owes its next step (see network_cpu_s).
         self.cpu_owed = np.zeros(n)
-        self._cpu_s_per_byte = float(cluster.cfg.cpu_s_per_mb or 0.0) / 1e6 \
+        self._cpu_s_per_byte = float(cluster.cfg.cpu_s_per_mb) / 1e6 \
             if cluster is not None else 0.0
         self._cpu_factor = 1.0 + (float(cluster.cfg.compute.contention)
                                   if cluster is not None else 0.0)

@@ -314,9 +314,6 @@ def measured_cluster(summary_path: str | Path, base: ClusterConfig | None = None
         # (the lab's hosts are one machine's namespaces: their ranks share memory).
         link, intra = network_link(base.from_network, str(base.network_rate)), base.intra_node
         shared_collectives = False  # the collectives' time is the network's, not scheduling
-        if base.cpu_s_per_mb is None:
-            base = dataclasses.replace(base, cpu_s_per_mb=network_cpu_s_per_mb(
-                base.from_network))
     else:
         shared_collectives = shared
     compute = dataclasses.replace(
@@ -399,16 +396,6 @@ def network_link(path: str | Path, rate: str) -> LinkConfig:
                         fix)
     return LinkConfig(latency_us=max(float(intercept), 0.0) * 1e6,
                       bandwidth_gbps=8 / float(slope) / 1e9)
-
-
-def network_cpu_s_per_mb(path: str | Path) -> float:
-    """The CPU seconds per MB sent or received that a network benchmark measured
-    (benchmarks/bench_network.py's ``cpu_s_per_mb``); 0 for one that did not measure it."""
-    value = _read_json(Path(path)).get("cpu_s_per_mb")
-    if value is not None and not (isinstance(value, (int, float)) and value >= 0):
-        raise UserError(f"{path}: cpu_s_per_mb is {value!r}, not a number >= 0",
-                        "measure it again: python benchmarks/bench_network.py --json FILE")
-    return float(value or 0.0)
 
 
 def _as_cluster(base: Any) -> ClusterConfig:

@@ -138,8 +138,12 @@ class LockstepDriver:
                        "comm")
         self.count_allreduce()
 
-    def count_allreduce(self) -> None:
-        """Every learner's share of an allreduce of one model (runner/comm/traffic.py)."""
+    def count_allreduce(self, overlapped: bool = False) -> None:
+        """Every learner's share of an allreduce of one model (runner/comm/traffic.py);
+        ``overlapped``: it runs while the learners compute, so the CPU it takes between nodes
+        slows their steps (cluster.cpu_s_per_mb). A blocking one's CPU falls in the time the
+        learners wait for it, which the link's measured time includes already."""
         if self.n > 1:
             self.sim.clocks.count_sent("world/allreduce", ring_bytes(self.sim.nbytes, self.n))
-            self.sim.clocks.crossed_ring(range(self.n), ring_bytes(self.sim.nbytes, self.n))
+            if overlapped:
+                self.sim.clocks.crossed_ring(range(self.n), ring_bytes(self.sim.nbytes, self.n))

@@ -56,7 +56,7 @@ class DaSGDDriver(LockstepDriver):
             self.reduce_started = float(self.sim.clocks.t.max())  # the last learner launches
             self.reduced_at = self.reduce_started + self.sim.cluster.allreduce_s(
                 list(range(self.n)), self.sim.nbytes)
-            self.count_allreduce()
+            self.count_allreduce(overlapped=self.delay > 0)
             if self.delay == 0:
                 self._merge()
                 self.synced = True
