@@ -50,8 +50,8 @@ class Clocks:
     def crossed_ring(self, ranks: Sequence[int], nbytes_each: float) -> None:
         """A ring over ``ranks`` (each sends ``nbytes_each`` to the next and receives as much
         from the previous): :meth:`crossed` for every hop of the ring."""
-        for i, rank in enumerate(ranks):
-            if len(ranks) > 1:
+        if len(ranks) > 1:
+            for i, rank in enumerate(ranks):
                 self.crossed(rank, ranks[(i + 1) % len(ranks)], nbytes_each)
 
     def network_cpu_s(self, learner: int) -> float:
