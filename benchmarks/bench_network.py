@@ -80,7 +80,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--allreduce", nargs="+", choices=("ring", "auto"),
                    help=f"comm.allreduce settings to time, default {FULL['allreduce']}")
     p.add_argument("--cpu-seconds", type=float,
-                   help=f"length of each half of the CPU-per-MB measurement (0: skip it), "
+                   help=f"seconds of each TCP stream of the CPU-per-MB measurement (0: skip it), "
                         f"default {FULL['cpu_seconds']}")
     p.add_argument("--timeout", type=float, default=1800, help="per job, seconds")
     p.add_argument("--child", help=argparse.SUPPRESS)  # a rank of the job: its JSON spec

@@ -607,7 +607,7 @@ def test_the_lab_benchmarks_quick_modes(lab_overrides, tmp_path):
     assert all(positive(f) for f in [*run["allreduce_busbw_fraction"].values(),
                                      *run["exchange_fraction"].values()])
     assert run["veth_bytes"] > 2 * 1024 * 1024  # 1 MB each way at least, over the links
-    # The CPU a stream between two hosts took from busy loops: the lab's stack costs some.
+    # The processors' busy time during a stream between two hosts: the lab's stack costs some.
     assert network["cpu"]["mb_moved"] > 20 and network["cpu_s_per_mb"] >= 0
     claims, rows = run_quick(tmp_path, "bench_lab_claims", "--runs", str(tmp_path / "runs"))
     results = claims["networks"]["1gbit"]

@@ -33,16 +33,14 @@ class Clocks:
         self.sent: dict[str, np.ndarray] = {}  # "<communicator>/<kind>" -> bytes per learner
         # CPU seconds of network work each learner owes its next step (see network_cpu_s).
         self.cpu_owed = np.zeros(n)
-        self._cpu_s_per_byte = float(cluster.cfg.cpu_s_per_mb) / 1e6 \
-            if cluster is not None else 0.0
-        self._cpu_factor = 1.0 + (float(cluster.cfg.compute.contention)
-                                  if cluster is not None else 0.0)
+        self._cpu_s_per_byte = float(cluster.cfg.cpu_s_per_mb) / 1e6
+        self._cpu_factor = 1.0 + float(cluster.cfg.compute.contention)
 
     def crossed(self, sender: int, receiver: int, nbytes: float) -> None:
         """``nbytes`` went from ``sender`` to ``receiver``: between nodes, both ends owe the
         network stack's CPU for them."""
-        node_of = self.cluster.node_of if self._cpu_s_per_byte else None
-        if node_of and node_of(sender) != node_of(receiver):
+        if self._cpu_s_per_byte and \
+                self.cluster.node_of(sender) != self.cluster.node_of(receiver):
             owed = nbytes * self._cpu_s_per_byte
             self.cpu_owed[sender] += owed
             self.cpu_owed[receiver] += owed
@@ -90,13 +88,11 @@ class Clocks:
         takes ``alpha + d_j M / B`` for ``d_j`` messages. Waiting for a sender that has not
         sent yet is idle; waiting for the bytes is comm."""
         out_degree = np.zeros(self.n, dtype=int)
-        for listed in peers:
-            for j in listed:
-                out_degree[j] += 1
-        self.count_sent("world/exchange", nbytes * out_degree)
         for i, listed in enumerate(peers):
             for j in listed:
+                out_degree[j] += 1
                 self.crossed(j, i, nbytes)
+        self.count_sent("world/exchange", nbytes * out_degree)
         latest_send = np.zeros(self.n)
         arrival = np.zeros(self.n)
         for i, listed in enumerate(peers):
