@@ -124,6 +124,13 @@ def run_network(args: argparse.Namespace, network: str, shell: str) -> dict[str,
             "run_dir": run["run_dir"], "samples_per_s": summary["samples_per_s"],
             "epoch_s": summary["train_s"] / summary["epochs"],
             "comm_share": comm_share(summary),
+            # Seconds at the evaluations and checkpoints (mean over ranks): waiting there
+            # for the others, scoring, writing; and the share of the run's wall time.
+            "milestone_s": sum(summary[k] for k in ("milestone_wait_s", "eval_s",
+                                                    "checkpoint_s")),
+            "milestone_share": sum(summary[k] for k in ("milestone_wait_s", "eval_s",
+                                                        "checkpoint_s")) / summary["wall_s"],
+            "eval_beside_s": summary.get("eval_beside_s", 0.0),
             "bytes_per_step": summary["bytes_sent"]["mean_per_step"],
             "bytes_by_kind": summary["bytes_sent"]["by_kind"],
             "time_to_target_s": time_to(run["metrics"], args.target, "train_s"),

@@ -24,7 +24,7 @@ from runner.checkpoint.files import complete_checkpoints, load_rank_state
 from runner.errors import EXIT_PREEMPTED
 from runner.launch.watchdog import rank_operation
 
-from conftest import BIN, REPO, read_run, run_cli, run_mpi
+from conftest import BIN, REPO, SMALL_DIGITS_MODEL, read_run, run_cli, run_mpi
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow]
 
@@ -326,6 +326,35 @@ def test_kill_during_a_checkpoint_write_keeps_the_previous_one_and_ssgd_resumes_
     # The bytes sent before the checkpoint are kept: the resumed run reports the whole run's.
     _, reference_summary = read_run(reference)
     assert summary["bytes_sent"] == reference_summary["bytes_sent"]
+
+
+def test_kill_during_a_checkpoint_written_beside_training_keeps_the_previous_one(tmp_path):
+    """AD-PSGD writes its checkpoints beside training (runner/checkpoint/background.py): a
+    rank killed inside the write of a later one leaves the earlier the newest complete one,
+    which every rank loads, and resume=auto finishes the run from it. (Its cut is consistent:
+    tests/test_resume_mpi.py.)"""
+    slow_writes = ["faults.checkpoint_write_delay_s=1.5", "trainer.checkpoint_in_background=true",
+                   *SMALL_DIGITS_MODEL]
+    result = bench.kill_one_rank(tmp_path, "adpsgd", 2, 1, slow_writes,
+                                 ready=writing_a_later_checkpoint, name="killed", epochs=3)
+    run_dir = Path(result["run_dir"])
+    assert result["status"] != 0 and result["leftover_pids"] == [], result["stderr"]
+    complete = complete_checkpoints(run_dir)
+    half_written = [p for p in (run_dir / "checkpoints").glob("samples-*")
+                    if p not in {c.path for c in complete}]
+    assert complete and half_written, sorted((run_dir / "checkpoints").rglob("*"))
+    for rank in range(2):
+        state = load_rank_state(complete[-1], rank)
+        assert all(torch.isfinite(x).all() for x in state["algo"]["x"])
+    log = (run_dir / "logs" / "rank0.log").read_text()
+    assert "checkpoint beside training at step" in log, log[-2000:]
+    proc = run_cli(["recipe=digit_images", "algo=adpsgd", "launcher.nprocs=2",
+                    "trainer.epochs=3", "trainer.checkpoint_every=4", *slow_writes[1:],
+                    "resume=auto", f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+    assert f"resuming from {complete[-1].path}" in proc.stdout + proc.stderr
+    metrics, summary = read_run(run_dir)
+    assert summary["status"] == "completed" and summary["resumed_from"] == str(complete[-1].path)
+    assert metrics[-1]["epoch"] >= 3
 
 
 # Held-out top-1 (%) of uninterrupted runs of the jobs below (docs/RESULTS.md, "Resuming an

@@ -78,11 +78,15 @@ def test_dasgd_merge_keeps_the_mean_and_the_local_progress(invariant_lines, case
     assert report.count("kept the mean and the local progress") == 4, report
 
 
-def test_no_exchange_starts_after_quiesce_or_stop():
+def test_no_exchange_starts_after_quiesce_or_stop_and_captures_alone_keep_the_sum():
     """The active's gossip thread is held between its permission check and the start of its
-    exchange while quiesce() (then stop()) runs: nothing may be exchanged afterwards."""
+    exchange while quiesce() (then stop()) runs: nothing may be exchanged afterwards. Between
+    the two, checkpoint captures taken alone (an averaging in flight; a partner that captured
+    first) keep the pair's sum in the copies."""
     proc = run_mpi(2, "quiesce_race.py", timeout=120)
     assert proc.stdout.count("no exchange after quiesce or stop") == 2, proc.stdout
+    assert proc.stdout.count("a capture in flight kept the sum") == 2, proc.stdout
+    assert proc.stdout.count("a capture before serving kept the sum") == 2, proc.stdout
 
 
 @pytest.mark.parametrize("case", sorted(CONSERVATION_CASES))

@@ -45,8 +45,12 @@ def test_checkpoint_resume_and_nonfinite_steps(job, case):
         assert "with communication in flight" in report, report
 
 
+# "-beside": checkpoints beside training, each learner's part of the cut taken alone
+# (runner/comm/pairwise.py); otherwise the learners meet for each checkpoint.
 ASYNC_CASES = {
     "adpsgd-fixed": ["algo=adpsgd", "algo.pattern=fixed"],
+    "adpsgd-fixed-beside": ["algo=adpsgd", "algo.pattern=fixed",
+                            "trainer.checkpoint_in_background=true"],
     "adpsgd-random": ["algo=adpsgd", "algo.pattern=random", "topology=complete"],
     "hadpsgd": ["algo=hadpsgd", "launcher.procs_per_node=2"],
 }

@@ -54,10 +54,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..comm.buffers import flatten_gradients
+from ..comm.buffers import detached_copy, flatten_gradients
 from ..comm.communicator import Communicator
 from ..comm.milestone_signal import MilestoneSignal
-from ..comm.pairwise import PairwiseAverager
+from ..comm.pairwise import Capture, PairwiseAverager
 from ..comm.world import mpi
 from ..config.section import require
 from ..errors import ConfigError
@@ -92,6 +92,7 @@ class ADPSGD(Algorithm):
     asynchronous = True
     uses_topology = True  # its graph of active-passive pairs
     elastic = True
+    background_checkpoints = True  # a cut after Chandy and Lamport (runner/comm/pairwise.py)
 
     @classmethod
     def build(cls, cfg, ctx):
@@ -288,6 +289,8 @@ class ADPSGD(Algorithm):
         if table:
             with self.lock:
                 table.set_exact(counts)
+        if self.signal:
+            self.signal.met(exact)
 
     def pause(self):
         if self.averager:
@@ -399,6 +402,21 @@ class ADPSGD(Algorithm):
                 offset += t.numel()
         self._refresh_replica(force=True)
 
+    def heard_counts(self, samples, stamps):
+        if not self.averager:
+            return
+        participants = max(self.participant_of) + 1
+        counts, when = [0] * participants, [0.0] * participants
+        for rank, participant in enumerate(self.participant_of):  # a node's ranks add up
+            counts[participant] += samples[rank]
+            when[participant] = max(when[participant], stamps[rank])
+        with self.lock:
+            self.averager.progress.heard(counts, when)
+
+    def copy_parameters(self):
+        with self.lock:  # x itself, not the replica the last gradient was computed on
+            return [t.clone() for t in self.x]
+
     def shared_update_group(self):
         return self.group if self.group.size > 1 else None  # a super learner's members
 
@@ -412,6 +430,27 @@ class ADPSGD(Algorithm):
                 state["gossip"] = {"counts": torch.from_numpy(a.progress.counts.copy()),
                                    "exchanges": a.exchanges, "version": a.version,
                                    "partners": dict(a.partners)}
+        return state
+
+    def capture_state(self):
+        def rest():  # under the model lock, which the gossip thread merges under too
+            return {"optimizer": detached_copy(self.optimizer_x.state_dict()),
+                    "staleness": torch.tensor(self.staleness, dtype=torch.int64)}
+
+        if self.averager:
+            return self.averager.capture(rest)
+        with self.lock:
+            return Capture(0, [t.clone() for t in self.x], {}, rest())
+
+    def captured_state_dict(self, capture):
+        if self.averager:
+            self.averager.settle(capture)
+        state = {"x": capture.x, **capture.more}
+        if capture.gossip:
+            gossip = capture.gossip
+            state["gossip"] = {"counts": torch.from_numpy(gossip["counts"]),
+                               "exchanges": gossip["exchanges"], "version": gossip["version"],
+                               "partners": gossip["partners"]}
         return state
 
     def load_state_dict(self, state):

@@ -134,6 +134,9 @@ class Algorithm:
     # Capabilities.
     identical_replicas: ClassVar[bool] = False  # every rank holds the same model after a step
     asynchronous: ClassVar[bool] = False  # ranks progress at their own pace
+    # Takes its part of a checkpoint's consistent cut without meeting the others
+    # (capture_state, captured_state_dict): the checkpoint is written beside training.
+    background_checkpoints: ClassVar[bool] = False
     uses_topology: ClassVar[bool] = False
     # Survives a lost learner under launcher.elastic (runner/elastic/membership.py): lockstep
     # steps that can be undone, or asynchronous ones whose exchange in flight is dropped
@@ -285,6 +288,17 @@ class Algorithm:
         """Extra per-rank numbers for TensorBoard and summary.json (staleness, exchanges...)."""
         return {}
 
+    def heard_counts(self, samples: list[int], stamps: list[float]) -> None:
+        """Every rank's exact sample count as of its stamp (``time.time()``), told by a
+        collective beside training (any thread): asynchronous algorithms correct their
+        estimates of the global count with it."""
+
+    def copy_parameters(self) -> list[torch.Tensor]:
+        """Copies of the flat parameters an evaluation scores, as they are now, between two
+        steps (an evaluation beside training scores them while training goes on:
+        trainer.eval_in_background)."""
+        return [flat.detach().clone() for flat in self.ctx.param_buffers]
+
     def shared_update_group(self) -> Communicator | None:
         """Ranks that apply the same update (an averaged gradient) and must therefore skip a
         step together when one of them sees a non-finite loss (``trainer.on_nonfinite=
@@ -297,6 +311,17 @@ class Algorithm:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         pass
+
+    def capture_state(self) -> Any:
+        """This rank's part of a checkpoint's consistent cut, taken now between two steps
+        without waiting for anyone (``background_checkpoints`` algorithms only); it becomes
+        the checkpoint's algorithm state through :meth:`captured_state_dict`."""
+        raise NotImplementedError(f"{type(self).__name__} meets for its checkpoints")
+
+    def captured_state_dict(self, capture: Any) -> dict[str, Any]:
+        """What :meth:`state_dict` would have returned at the capture, once nothing in flight
+        can change it any more (any thread; it may wait for that)."""
+        raise NotImplementedError(f"{type(self).__name__} meets for its checkpoints")
 
     def close(self) -> None:
         """Remove what :meth:`setup` installed on the model (gradient hooks): the object is

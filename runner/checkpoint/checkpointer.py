@@ -10,6 +10,7 @@ and deals the unread rest of the epoch over the new ranks (runner/checkpoint/res
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable
 from functools import partial
@@ -19,7 +20,7 @@ from typing import Any, TextIO
 import torch
 from omegaconf import OmegaConf
 
-from ..comm import Seat, Seated
+from ..comm import Communicator, Seat, Seated
 from ..errors import UserError, warn_user
 from ..runlog.timers import Timers
 from .files import MARKER as CHECKPOINT_MARKER
@@ -130,20 +131,24 @@ class Checkpointer(Seated):
 
     # ---- save --------------------------------------------------------------------------
     def save(self, samples: int, step: int, epoch: float, reason: str,
-             rank_state: Callable[[], dict[str, Any]]) -> Path:
+             rank_state: Callable[[], dict[str, Any]],
+             beside: Communicator | None = None) -> Path:
         """Write every rank's ``rank_state()``, then (rank 0, once every rank's checksum
         arrived) the marker, and prune old checkpoints. A complete checkpoint at this sample
         count already holds this very state (a stop right at a scheduled checkpoint): it is
-        kept, not rewritten."""
+        kept, not rewritten. ``beside``: written by a thread beside training
+        (runner/checkpoint/background.py), whose collectives go over this communicator and
+        whose time is not the training thread's."""
+        comm = beside or self.comm
         directory = checkpoint_path(self.run_dir, samples)
-        exists = self.comm.bcast_object(
+        exists = comm.bcast_object(
             read_checkpoint(directory) is not None if self.world.is_main else None)
         if not exists:
-            with self.timers.time("checkpoint"):
+            with contextlib.nullcontext() if beside else self.timers.time("checkpoint"):
                 written = save_rank_state(directory, self.world.rank, rank_state(),
                                           self.cfg.faults.checkpoint_write_delay_s)
                 # Once rank 0 has every rank's checksum, every rank's file is durable.
-                files = self.comm.gather_objects(written)
+                files = comm.gather_objects(written)
                 if self.world.is_main:
                     mark_complete(directory, step, samples, epoch, self.world.size, reason,
                                   OmegaConf.to_container(self.cfg), files)

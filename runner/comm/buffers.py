@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 from ..lazy import torch
 
@@ -187,3 +188,15 @@ def parameter_digest(buffers: list[torch.Tensor]) -> str:
     for flat in buffers:
         digest.update(flat.detach().cpu().contiguous().numpy().tobytes())
     return digest.hexdigest()
+
+
+def detached_copy(value: Any) -> Any:
+    """``value`` with every tensor in it (in dicts, lists and tuples) copied: a state that
+    training may go on changing once it is taken (a checkpoint written in the background)."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if isinstance(value, dict):
+        return {k: detached_copy(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(detached_copy(v) for v in value)
+    return value

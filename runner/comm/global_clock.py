@@ -84,6 +84,14 @@ class ProgressTable:
         ahead = np.clip(now - self.stamps, 0.0, HORIZON_S) * self.rates * heard
         return int(self.counts.sum() + ahead.sum())
 
+    def heard(self, counts: list[int], stamps: list[float]) -> None:
+        """Everyone's exact count as of their own stamps (told by a collective beside
+        training): the rows it knows more recently than we do, as a merge would take them."""
+        newer = np.asarray(stamps) > self.stamps
+        newer[self.rank] = False
+        self.counts[newer] = np.maximum(self.counts[newer], np.asarray(counts)[newer])
+        self.stamps[newer] = np.asarray(stamps)[newer]
+
     def set_exact(self, counts: list[int], now: float | None = None) -> None:
         """Everyone's exact count, agreed at a milestone: true as of now."""
         now = time.time() if now is None else now

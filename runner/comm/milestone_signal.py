@@ -9,6 +9,14 @@ participant (one small non-blocking message each), and each participant takes th
 announced milestone as a floor for its estimate: a count someone else's estimate reached is a
 count the job really reached.
 
+An estimate can run ahead of the job, though, and so can what it announces. Where the
+participants meet (an evaluation, a checkpoint, the end) they agree on the exact count, and
+each makes it its floor (:meth:`MilestoneSignal.met`): announcements made before that meeting,
+still on their way, are then dropped (each carries the number of meetings its sender had
+passed). Without that, an estimate that had run past the run's budget kept the floor there, and
+after a meeting that found the exact count short of it every learner met again at its next
+step, and the next, until the count got there.
+
 Every participant passes the same milestones, so each one ends up receiving exactly
 ``(n - 1) * announced`` messages; :meth:`MilestoneSignal.close` waits for those (bounded by a
 timeout) so that no message is left in flight when the communicator is freed.
@@ -34,11 +42,12 @@ class MilestoneSignal:
         self.comm = track(mpi_comm.Dup())  # revoked with the others when a peer is lost
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
         self.timeout_s = timeout_s
-        self.floor = 0  # the largest milestone anyone announced
+        self.floor = 0  # the largest milestone anyone announced since the last meeting
+        self.meetings = 0  # passed (the same on every participant)
         self.announced = 0
         self.received = 0
         self._sends: list = []  # (request, payload): the payload must outlive the send
-        self._inbox = np.zeros(1, dtype=np.int64)
+        self._inbox = np.zeros(2, dtype=np.int64)  # (samples, meetings of the sender)
         self._status = self.MPI.Status()
         self.closed = False
 
@@ -46,7 +55,7 @@ class MilestoneSignal:
         """This participant reached the milestone at ``samples`` global samples."""
         if self.closed:
             return
-        payload = np.array([samples], dtype=np.int64)
+        payload = np.array([samples, self.meetings], dtype=np.int64)
         for peer in range(self.size):
             if peer != self.rank:
                 self._sends.append((start_send(self.comm, payload, dest=peer, tag=TAG),
@@ -63,8 +72,16 @@ class MilestoneSignal:
                                                    status=self._status):
             self.comm.Recv(self._inbox, source=self._status.Get_source(), tag=TAG)
             self.received += 1
-            self.floor = max(self.floor, int(self._inbox[0]))
+            if int(self._inbox[1]) == self.meetings:  # not from before the last meeting
+                self.floor = max(self.floor, int(self._inbox[0]))
         return self.floor
+
+    def met(self, exact: int) -> None:
+        """At a meeting, where everyone learned the exact count (every participant calls
+        it): that is the floor from now on."""
+        self.latest()
+        self.meetings += 1
+        self.floor = min(self.floor, exact)
 
     def abandon(self) -> None:
         """After a peer was lost (elastic jobs): free without waiting for anyone."""

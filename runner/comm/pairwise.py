@@ -20,6 +20,17 @@ never wait for anyone, so no cycle of waits (deadlock) can form.
 Progress rides along: each message carries the sender's table of samples seen per participant
 (with when and how fast, runner/comm/global_clock.py), merged row by row, which gives every rank an
 estimate of global progress.
+
+**Checkpoints without stopping the gossip** (:meth:`PairwiseAverager.capture`): a consistent cut
+taken by each learner at its own moment, after Chandy and Lamport's snapshots. Every header
+carries the sender's *generation*, the number of captures it has taken. An averaging belongs to
+the generation of the later of its two headers: a learner that receives a header of a later
+generation than its own captures first (its gossip thread waits for its training thread, which
+reaches the same checkpoint within a step: the milestone was announced to it), so both ends
+count the averaging after that capture. A learner that captures while an averaging of an earlier
+generation is in flight adds that averaging's half to its copy when it merges, as its partner,
+which captures later or did the same, counts it too. Every pair's sum is then the same in the
+copies as in a world where the averaging happened wholly before or wholly after the cut.
 """
 
 from __future__ import annotations
@@ -29,6 +40,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from functools import partial
 
 import numpy as np
@@ -86,6 +98,17 @@ class ExchangeTimeout(RuntimeError):
     pass
 
 
+@dataclass
+class Capture:
+    """A learner's part of a checkpoint's cut (:meth:`PairwiseAverager.capture`): the
+    ``generation``-th capture, a copy of x, the gossip's counters and the rest of its state."""
+
+    generation: int
+    x: list[torch.Tensor]
+    gossip: dict
+    more: dict = field(default_factory=dict)
+
+
 class PairwiseAverager:
     def __init__(self, mpi_comm, buffers: list[torch.Tensor], lock: threading.Lock,
                  is_active: bool, next_peer: Callable[[int], int], timeout_s: float = 300.0,
@@ -137,6 +160,12 @@ class PairwiseAverager:
         self.before_exchange: Callable[[], None] | None = None
         self._ticks = threading.Semaphore(0)
         self._running = True
+        # Captures (see the module's docstring): how many taken, those whose copy an averaging
+        # in flight may still change (generation -> copy), and the generation of this rank's
+        # header in the averaging in flight (None: none sent).
+        self.generation = 0
+        self._open: dict[int, Capture] = {}
+        self._header_generation: int | None = None
         # The gossip thread runs a few Python statements between MPI calls; with CPython's
         # default 5 ms switch interval each of them can wait that long for the GIL while the
         # training thread runs, which made exchanges ~10x rarer than steps.
@@ -157,6 +186,49 @@ class PairwiseAverager:
     def global_samples(self) -> int:
         with self.lock:
             return self.progress.estimate()
+
+    def capture(self, more: Callable[[], dict] = dict) -> Capture:
+        """Take this learner's part of a checkpoint's cut now, without waiting for anyone
+        (training thread, between two steps): a copy of x and of the gossip's counters, and
+        ``more()`` (the rest of the learner's state) read under the same lock. The copy may
+        still take the half of the averaging in flight: :meth:`settle` waits for that."""
+        with self.lock:
+            self.generation += 1
+            capture = Capture(self.generation, [b.detach().clone() for b in self.buffers],
+                              {"counts": self.progress.counts.copy(),
+                               "exchanges": self.exchanges, "version": self.version,
+                               "partners": dict(self.partners)}, more())
+            if self._busy and self._header_generation is not None:
+                self._open[capture.generation] = capture  # an averaging of before is in flight
+        with self._state:
+            self._state.notify_all()  # a gossip thread may wait for this capture
+        return capture
+
+    def settle(self, capture: Capture) -> Capture:
+        """Wait until no averaging in flight can change ``capture`` any more (its copy is
+        final); any thread."""
+        deadline = time.monotonic() + self.timeout_s
+        with self._state:
+            while capture.generation in self._open:
+                self.raise_if_failed()
+                if time.monotonic() > deadline:
+                    raise ExchangeTimeout(f"participant {self.rank}: the averaging in flight "
+                                          f"at a checkpoint did not end in {self.timeout_s:.0f} s")
+                self._state.wait(timeout=0.5)
+        return capture
+
+    def _catch_up(self, generation: int, peer: int) -> None:
+        """Gossip thread: a header of ``generation`` arrived; take part in it only after this
+        learner's own capture of it (its training thread is at most a step away)."""
+        deadline = time.monotonic() + self.timeout_s
+        with self._state:
+            while self.generation < generation and self._running:
+                if time.monotonic() > deadline:
+                    raise ExchangeTimeout(
+                        f"participant {self.rank}: participant {peer} took checkpoint "
+                        f"{generation} and this learner did not reach it in "
+                        f"{self.timeout_s:.0f} s")
+                self._state.wait(timeout=0.1)
 
     def quiesce(self, barrier: Callable[[], None]) -> None:
         """Stop initiating, let every in-flight exchange end everywhere (collective).
@@ -212,7 +284,11 @@ class PairwiseAverager:
 
     def _set_busy(self, busy: bool) -> None:
         with self._state:
-            self._busy = busy
+            with self.lock:
+                self._busy = busy
+                if not busy:  # no averaging in flight: every capture's copy is final
+                    self._header_generation = None
+                    self._open.clear()
             self._state.notify_all()
 
     # ---- gossip thread -------------------------------------------------------------------
@@ -251,6 +327,7 @@ class PairwiseAverager:
                  *(partial(start_recv, self.comm, _np(r), source=peer, tag=MODEL_REPLY)
                    for r in self.received)])
             self._wait(requests, peer, "model exchange")
+            self._catch_up(int(reply[-1]), peer)
             self._merge(reply, peer, started, key)
         finally:
             self._set_busy(False)
@@ -267,8 +344,9 @@ class PairwiseAverager:
         try:
             peer = status.Get_source()
             started = time.perf_counter()
-            header = np.empty(3 * self.size)
+            header = np.empty(3 * self.size + 1)
             self.comm.Recv(header, source=peer, tag=REQUEST)
+            self._catch_up(int(header[-1]), peer)
             key = [peer, self.rank, self.partners.get(peer, 0)]
             snapshot = self._snapshot(key)
             requests = post_each(
@@ -295,7 +373,8 @@ class PairwiseAverager:
             started = time.perf_counter()
             copy_snapshots(self.snapshots, self.buffers)
             self._count_staging(started, exchange=True)
-            return self.progress.pack()
+            self._header_generation = self.generation
+            return np.append(self.progress.pack(), float(self.generation))
 
     def _merge(self, their_progress: np.ndarray, peer: int, started: float,
                key: list[int]) -> None:
@@ -303,10 +382,20 @@ class PairwiseAverager:
             if self.trace is not None:
                 self.trace.append(["merge", *key])
             merge_started = time.perf_counter()
+            # Captured since this averaging's headers: their copies count it too.
+            belongs = max(self._header_generation or 0, int(their_progress[-1]))
+            copies = [c for g, c in self._open.items() if g > belongs]
+            for capture in copies:
+                for copy, mine, theirs in zip(capture.x, self.snapshots, self.received):
+                    copy.add_(theirs.to(copy.dtype).sub(mine.to(copy.dtype)).to(copy.device),
+                              alpha=0.5)
+                capture.gossip["exchanges"] += 1
+                capture.gossip["version"] += 1
+                capture.gossip["partners"][peer] = capture.gossip["partners"].get(peer, 0) + 1
             merge_all(self.buffers, self.snapshots, self.received)
             self._count_staging(merge_started, exchange=False)
             self.version += 1
-            self.progress.merge(their_progress)
+            self.progress.merge(their_progress[:-1])
             self.exchanges += 1
             self.partners[peer] = self.partners.get(peer, 0) + 1
         if self.record_intervals:

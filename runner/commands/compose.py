@@ -382,6 +382,12 @@ def validate(cfg: DictConfig) -> DictConfig:
         raise ConfigError("launcher.elastic", f"{result.algo.name} cannot go on without a "
                           "learner yet", f"launcher.elastic=false, or algo= one of "
                           f"{', '.join(elastic)}")
+    if result.trainer.checkpoint_in_background and not algorithm.background_checkpoints:
+        able = [n for n in ALGORITHMS.names() if ALGORITHMS.get(n).background_checkpoints]
+        raise ConfigError("trainer.checkpoint_in_background", f"{result.algo.name}'s learners "
+                          "meet for a checkpoint (their communication in flight is completed "
+                          f"there); only {', '.join(able)} take theirs alone",
+                          "trainer.checkpoint_in_background=false")
     OmegaConf.set_struct(result, True)
     return result
 

@@ -48,6 +48,10 @@ class TrainerConfig(Section):
     # point falls a step later (checkpoint_every=20 at step 21). None: epoch ends only.
     eval_every: Optional[int] = None
     eval_batch_size: int = 256
+    # Score each evaluation's copy of the models in a thread while training goes on, instead
+    # of meeting for it (runner/train/evaluation_beside.py); null: for asynchronous
+    # algorithms (adpsgd, hadpsgd), not in elastic runs. The final evaluation always meets.
+    eval_in_background: Optional[bool] = None
     num_workers: int = 0
     log_every: int = 10  # steps between TensorBoard training scalars
     device: str = "auto"  # auto | cpu | cuda
@@ -72,6 +76,11 @@ class TrainerConfig(Section):
     # As eval_every, for checkpoints; auto: spaced by Young's rule sqrt(2 x cost x MTBF), the
     # cost measured as the run goes, the MTBF from launcher.mtbf_h (runner/checkpoint/period.py).
     checkpoint_every: Any = None
+    # Take each scheduled checkpoint's state at once, without meeting, and write it in a
+    # thread while training goes on (runner/checkpoint/background.py; adpsgd and hadpsgd).
+    # Off by default: with no meeting the learners' estimates of the global count can run far
+    # ahead on a slow network (docs/failures.md).
+    checkpoint_in_background: bool = False
     keep_checkpoints: int = 2  # complete checkpoints kept in RUN_DIR/checkpoints
     on_nonfinite: str = "stop"  # NaN/Inf loss: stop (keep the last good checkpoint) | skip_batch
 
@@ -84,6 +93,10 @@ class TrainerConfig(Section):
                 f"must be >= 1, got {self.eval_batch_size}", self.hint(prefix, "eval_batch_size"))
         require(self.eval_every is None or self.eval_every >= 1, f"{prefix}.eval_every",
                 f"must be >= 1 or null, got {self.eval_every}", self.hint(prefix, "eval_every"))
+        require(not (self.eval_in_background and cfg is not None
+                     and cfg.launcher.get("elastic")), f"{prefix}.eval_in_background",
+                "an elastic job's learners change under the evaluation thread's communicator",
+                f"{prefix}.eval_in_background=null (or launcher.elastic=false)")
         require(self.num_workers >= 0, f"{prefix}.num_workers", "must be >= 0",
                 self.hint(prefix, "num_workers"))
         require(self.log_every >= 1, f"{prefix}.log_every", "must be >= 1",
@@ -100,6 +113,11 @@ class TrainerConfig(Section):
                 f"bf16 autocast needs {prefix}.dtype=float32, got {self.dtype}",
                 self.hint(prefix, "amp"))
         self._check_checkpoint_every(prefix, cfg)
+        require(not (self.checkpoint_in_background and cfg is not None and (
+            cfg.launcher.get("elastic") or self.checkpoint_every == CHECKPOINT_AUTO)),
+            f"{prefix}.checkpoint_in_background", "an elastic job's learners change under the "
+            "writing thread, and checkpoint_every=auto plans each checkpoint with every rank "
+            "at the previous one", f"{prefix}.checkpoint_in_background=false")
         require(self.keep_checkpoints >= 1, f"{prefix}.keep_checkpoints",
                 f"must be >= 1, got {self.keep_checkpoints}", self.hint(prefix, "keep_checkpoints"))
         require(self.on_nonfinite in ("stop", "skip_batch"), f"{prefix}.on_nonfinite",

@@ -16,7 +16,10 @@ from typing import Any
 from .learner_times import learners_of, slowest_learner_line
 from .records import read_metrics
 
-TIMES = ("compute", "comm", "idle", "data", "eval", "checkpoint", "comm_busy", "milestone_wait")
+# eval_beside: seconds the evaluation thread scored copies while training went on
+# (trainer.eval_in_background), not part of the others.
+TIMES = ("compute", "comm", "idle", "data", "eval", "checkpoint", "comm_busy", "milestone_wait",
+         "eval_beside")
 
 
 def host_record() -> dict[str, Any]:

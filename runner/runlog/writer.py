@@ -128,12 +128,8 @@ class RunLog:
         TensorBoard scalars, each rank's times and algorithm numbers, and
         the decoded examples; returns the rows (the run's history)."""
         step = where["step"]
-        rows = []
-        for split, metrics in results.items():
-            row = {"epoch": where["epoch"], "step": step, "samples": where["samples"],
-                   "wall_s": where["wall_s"], "train_s": where.get("train_s"), "split": split,
-                   **metrics, "consensus_distance": consensus, "lr": where["lr"]}
-            rows.append(row)
+        rows = evaluation_rows(results, consensus, where)
+        for row, (split, metrics) in zip(rows, results.items()):
             self.evaluation(row)
             self.scalars({f"{split}/{k}": v for k, v in metrics.items()}, step)
             # The same against global samples: runs of different nprocs or batch line up.
@@ -193,6 +189,15 @@ class RunLog:
 
 # The time split TensorBoard shows (per rank and as the mean over ranks).
 TIME_SPLIT = ("compute", "comm", "idle", "data", "eval")
+
+
+def evaluation_rows(results: dict[str, dict[str, float]], consensus: float,
+                    where: dict[str, Any]) -> list[dict[str, Any]]:
+    """An evaluation's metrics.jsonl rows (and the run's history), one per split."""
+    return [{"epoch": where["epoch"], "step": where["step"], "samples": where["samples"],
+             "wall_s": where["wall_s"], "train_s": where.get("train_s"), "split": split,
+             **metrics, "consensus_distance": consensus, "lr": where["lr"]}
+            for split, metrics in results.items()]
 
 
 # hparams metrics are numbers: the run's status (also a string hparam) as a code.

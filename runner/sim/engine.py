@@ -44,7 +44,7 @@ from ..train.compute_path import ComputePath
 from ..train.data import BatchFetcher, ShardedBatches
 from ..train.evaluation import Evaluator
 from ..train.lr_schedule import LRSchedule
-from ..train.milestones import CHECKPOINT, EVALUATE, Milestones
+from ..train.milestones import CHECKPOINT, EVALUATE, Milestone, Milestones
 from ..train.nonfinite import nonfinite_error
 from ..train.rng import seed_everything
 from .clocks import Clocks
@@ -281,13 +281,17 @@ class Simulation:
         final_scored = False
         self.setup_failures()
         while not self.milestones.done:
-            target = self.milestones.points[self.milestones.passed].samples
-            self.driver.advance_to(target)
+            point = self.milestones.points[self.milestones.passed]
+            met = self.meets_at(point)
+            self.driver.advance_to(point.samples, met)
             if self.handled_failure():
                 continue
             self.progress.update(self.samples)
             self.log_training()
             while (milestone := self.milestones.due(self.samples)) is not None:
+                if not met and self.meets_at(milestone, passed=True):
+                    self.milestones.rearm()  # due too, and met: the next round meets for it
+                    break
                 if milestone.kind == EVALUATE:
                     if milestone.final:
                         self.driver.finish()
@@ -302,6 +306,21 @@ class Simulation:
             self.driver.finish()
         self.progress.close()
         return self.finalize()
+
+    def meets_at(self, point: Milestone, passed: bool = False) -> bool:
+        """Whether the learners meet at this milestone, as real ranks do: at every one, but an
+        evaluation beside training (trainer.eval_in_background) that no checkpoint follows at
+        the same count (``passed``: ``point`` is the milestone just passed)."""
+        beside = self.cfg.trainer.eval_in_background  # resolved as the trainer does
+        if beside is None:
+            beside = (ALGORITHMS.get(self.cfg.algo.name).asynchronous
+                      and not self.cfg.launcher.get("elastic"))
+        if not beside or point.kind != EVALUATE or point.final:
+            return True
+        following = self.milestones.passed + (0 if passed else 1)
+        points = self.milestones.points
+        return (following < len(points) and points[following].kind == CHECKPOINT
+                and points[following].samples == point.samples)
 
     # ---- node failures and restarts (cluster.failures, cluster.storage_gbps) ----------------
     def setup_failures(self) -> None:

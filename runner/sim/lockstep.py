@@ -49,9 +49,10 @@ class LockstepDriver:
     def setup(self) -> None:
         """Called once the stacked models exist."""
 
-    def advance_to(self, target: int) -> None:
+    def advance_to(self, target: int, meet: bool = True) -> None:
         """Take lockstep steps until the global sample count reaches ``target`` (the next
-        milestone), as the trainer's loop does."""
+        milestone), as the trainer's loop does (lockstep learners are together at every step:
+        ``meet`` changes nothing)."""
         sim = self.sim
         steps = sim.steps_per_epoch
         while sim.samples < target:

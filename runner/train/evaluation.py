@@ -6,26 +6,41 @@ its BatchNorm statistics averaged over the ranks (they stay local in training); 
 averaged model (``eval``, what the theory analyses) and rank 0's own (``eval_rank0``), in a
 scratch copy so that training state is never touched. The final evaluation of a speech recipe
 also writes every hypothesis to ``decode/`` (Kaldi text files for adpsgd-score or sclite).
+
+What is scored is the live model, or a :class:`ModelCopy` taken earlier (an evaluation beside
+training, runner/train/evaluation_beside.py); the two give the same numbers for the same weights.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from ..comm import Seat, Seated
+from ..comm import Communicator, Seat, Seated
 from ..comm.buffers import flatten, flatten_parameters, unflatten
 from .compute_path import ComputePath
 from .data import BatchFetcher, ShardedBatches
 
 
+@dataclass
+class ModelCopy:
+    """A learner's model at one moment: its flat parameter buffers and every buffer of the
+    module (BatchNorm's running statistics), in ``model.buffers()`` order."""
+
+    params: list[torch.Tensor]
+    buffers: list[torch.Tensor]
+
+
 class Evaluator(Seated):
     def __init__(self, recipe: Any, model: torch.nn.Module, param_buffers: list[torch.Tensor],
                  compute: ComputePath, seat: Seat, fetch: BatchFetcher,
-                 shards: ShardedBatches, run_dir: Path):
+                 shards: ShardedBatches, run_dir: Path, comm: Communicator | None = None):
+        """``comm``: the communicator its collectives use (default: the seat's, all
+        learners); an evaluation beside training has a duplicate of its own."""
         self.recipe, self.model, self.param_buffers = recipe, model, param_buffers
         self.compute, self.seat = compute, seat
         self.fetch, self._shards = fetch, shards
@@ -34,6 +49,26 @@ class Evaluator(Seated):
         self.running_stats = any(b.is_floating_point() for b in model.buffers())
         self._scratch: torch.nn.Module | None = None
         self.examples: list[tuple[str, str, str]] = []  # rank 0's decoded samples, last scored
+        self._comm = comm
+        # This rank's part of the consensus distance, left by the last score() that averaged
+        # the weights (the mean is already there: no second reduction of the whole model).
+        self._consensus_part: float | None = None
+
+    @property
+    def comm(self) -> Communicator:
+        return self._comm or self.seat.comm
+
+    def beside(self, comm: Communicator) -> Evaluator:
+        """A second evaluator of the same held-out set and model structure whose collectives
+        go over ``comm``, with a scratch model of its own (it scores copies while this one's
+        owner trains)."""
+        return Evaluator(self.recipe, self.model, self.param_buffers, self.compute, self.seat,
+                         self.fetch, self._shards, self.run_dir, comm=comm)
+
+    def copy_model(self, params: list[torch.Tensor]) -> ModelCopy:
+        """The model as it is now: ``params``, copies of the flat parameters the algorithm
+        scores (Algorithm.copy_parameters), and copies of the module's buffers."""
+        return ModelCopy(params, [b.detach().clone() for b in self.model.buffers()])
 
     @property
     def is_main(self) -> bool:
@@ -48,29 +83,42 @@ class Evaluator(Seated):
             self._shards = self._shards.dealt_to(world.rank, world.size)
         return self._shards
 
-    def score(self, identical_replicas: bool, final: bool) -> dict[str, dict[str, float]]:
-        """``{split: metrics}`` for every split this algorithm reports (collective)."""
+    def score(self, identical_replicas: bool, final: bool,
+              copy: ModelCopy | None = None) -> dict[str, dict[str, float]]:
+        """``{split: metrics}`` for every split this algorithm reports (collective), of the
+        live model or of ``copy``."""
         mean = lambda t: self.comm.allreduce_(t, op="mean")  # noqa: E731
+        source, self._consensus_part = copy or self._live(), None
         if identical_replicas and not self.running_stats:
-            averaged = self.model
+            averaged = self.model if copy is None else self._fill_scratch(source, None)
         elif identical_replicas:  # the same weights, each rank's own BatchNorm statistics
-            averaged = self._fill_scratch(mean, weights=False)
+            averaged = self._fill_scratch(source, mean, weights=False)
         else:
-            averaged = self._fill_scratch(mean)
+            averaged = self._fill_scratch(source, mean)
+            self._consensus_part = sum(float((mine.detach() - avg).double().pow(2).sum())
+                                       for mine, avg in zip(source.params,
+                                                            self._scratch_params))
         results = {"eval": self._score(averaged, examples=True,
                                        decode_split="eval" if final else None)}
         if not identical_replicas:
             results["eval_rank0"] = self._score(
-                self._fill_scratch(lambda t: self.comm.broadcast_(t, root=0)))
+                self._fill_scratch(source, lambda t: self.comm.broadcast_(t, root=0)))
         return results
 
-    def consensus_distance(self) -> float:
-        """Xi = (1/n) sum_i ||x_i - xbar||^2 over all parameters (docs/algorithms.md)."""
-        local = 0.0
-        for flat in self.param_buffers:
-            mean = self.comm.allreduce_(flat.detach().clone(), op="mean")
-            local += float((flat.detach() - mean).double().pow(2).sum())
+    def consensus_distance(self, copy: ModelCopy | None = None) -> float:
+        """Xi = (1/n) sum_i ||x_i - xbar||^2 over all parameters (docs/algorithms.md), of
+        the models the last :meth:`score` averaged, or else of the live ones (``copy``)."""
+        local, self._consensus_part = self._consensus_part, None
+        if local is None:
+            local = 0.0
+            for flat in (copy or self._live()).params:
+                mean = self.comm.allreduce_(flat.detach().clone(), op="mean")
+                local += float((flat.detach() - mean).double().pow(2).sum())
         return float(self.comm.allreduce_numbers([local])[0]) / self.comm.size
+
+    def _live(self) -> ModelCopy:
+        """The model itself (not copied)."""
+        return ModelCopy(self.param_buffers, list(self.model.buffers()))
 
     def _scratch_model(self) -> torch.nn.Module:
         """A second model for averaged or broadcast weights (flat, like ours)."""
@@ -79,19 +127,20 @@ class Evaluator(Seated):
             self._scratch_params = flatten_parameters(self._scratch.parameters())
         return self._scratch
 
-    def _fill_scratch(self, reduce: Callable[[torch.Tensor], Any],
+    def _fill_scratch(self, source: ModelCopy, reduce: Callable[[torch.Tensor], Any] | None,
                       weights: bool = True) -> torch.nn.Module:
-        """Copy our weights and buffers into the scratch model, then ``reduce`` each flat
-        parameter buffer (unless ``weights`` is false) and the floating buffers in place."""
+        """Copy ``source``'s weights and buffers into the scratch model, then ``reduce``
+        each flat parameter buffer (unless ``weights`` is false) and the floating buffers in
+        place (no reduction: ``reduce`` None)."""
         target = self._scratch_model()
-        for src, dst in zip(self.param_buffers, self._scratch_params):
+        for src, dst in zip(source.params, self._scratch_params):
             dst.copy_(src)
-            if weights:
+            if weights and reduce:
                 reduce(dst)
         floats = [b for b in target.buffers() if b.is_floating_point()]
-        for mine, theirs in zip(self.model.buffers(), target.buffers()):
+        for mine, theirs in zip(source.buffers, target.buffers()):
             theirs.copy_(mine)
-        if floats:  # running statistics (BatchNorm) travel as one message too
+        if floats and reduce:  # running statistics (BatchNorm) travel as one message too
             flat = flatten(floats)
             reduce(flat)
             for buf, value in zip(floats, unflatten(flat, floats)):

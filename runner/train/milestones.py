@@ -135,6 +135,12 @@ class Milestones:
         return (milestone is not None and milestone.kind != STOP_CHECK
                 and milestone.samples <= samples)
 
+    def checkpoint_next_at(self, samples: int) -> bool:
+        """Whether the next listed milestone is a checkpoint at exactly ``samples`` (the
+        same answer on every rank: it reads the list, not a count)."""
+        listed = self.points[self.passed] if self.passed < len(self.points) else None
+        return listed is not None and listed.kind == CHECKPOINT and listed.samples == samples
+
     @property
     def done(self) -> bool:
         return self.passed == len(self.points)  # the final evaluation comes after every check

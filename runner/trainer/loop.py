@@ -107,6 +107,7 @@ class Trainer(Meetings, Seated):
             warn_user(short, progress_stream)
         self.build_algorithm()
         self._build_loaders(eval_set, device)
+        self.set_up_beside()
         self.schedule = self.schedule_for_the_world()
         self.milestones = self.milestones_for_the_world()
         self.faults = FaultInjector(cfg.faults, world.rank, cfg.seed)
@@ -219,6 +220,7 @@ class Trainer(Meetings, Seated):
         self.membership = Membership.of(self)  # None unless launcher.elastic; spares wait
         if self.membership is not None and self.membership.waiting:  # a spare not needed
             return {}
+        self.evaluate_owed(self.owed_at_resume)
         epoch, first = state.position
         while not (self.milestones.done or self.stop_status):
             batches = self.shards.epoch_batches(epoch)
@@ -237,6 +239,7 @@ class Trainer(Meetings, Seated):
             epoch, first = state.position
         if self.stop_status and state.step > first_step:
             self.save_checkpoint(self.stop_status)
+        self.close_beside()
         self.stop.close()
         self._finish_algorithm()
         self.progress.close()

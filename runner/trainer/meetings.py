@@ -9,9 +9,13 @@ import logging
 import time
 from typing import Any
 
+from ..checkpoint.background import CapturedCheckpoint, CheckpointWriter
 from ..checkpoint.preemption import STOPPED
+from ..comm import Communicator
 from ..elastic.membership import lost_samples
+from ..lazy import torch
 from ..runlog.console import evaluation_postfix
+from ..train.evaluation_beside import Evaluation, EvaluationsBeside
 from ..train.milestones import CHECKPOINT, EVALUATE, STOP_CHECK
 from ..train.nonfinite import refuse_poisoned_state
 from .rank_state import capture_rank_state
@@ -27,10 +31,13 @@ class Meetings:
     def _pass_milestones(self) -> None:
         """Act on every milestone the sample count has reached, in order (an evaluation makes
         an asynchronous count exact, which may reach further ones)."""
+        if self.writer is not None:
+            self.writer.poll()  # a checkpoint written beside training failed: say it now
         while (milestone := self.milestones.due(self.state.samples)) is not None:
             if milestone.kind != STOP_CHECK:  # the collective ones: every rank waits there
                 self.algo.milestone_reached(milestone.samples)
             if milestone.kind == EVALUATE and milestone.final:
+                self.collect_evaluations(leave=0)  # in order, before the final one
                 self._meet()
                 if self.state.samples < milestone.samples:  # an estimate ran ahead: train on
                     self.milestones.rearm()
@@ -39,14 +46,17 @@ class Meetings:
                 self._finish_algorithm()  # nothing may change the model after it is scored
                 self.evaluate(final=True, met=True)
             else:
-                if milestone.kind == EVALUATE:
+                met = milestone.kind != STOP_CHECK
+                if milestone.kind == EVALUATE and self.beside is not None:
+                    met = self._evaluate_beside(milestone.samples)
+                elif milestone.kind == EVALUATE:
                     self.evaluate()
                 elif milestone.kind == CHECKPOINT:
                     self.save_checkpoint("scheduled")
                 # Met anyway at an evaluation or a checkpoint: a stop is agreed there at once
                 # (none after the final evaluation: the run has completed), else at the checks.
                 reason = (self.stop.check(self.state.step) if milestone.kind == STOP_CHECK else
-                          None if self.algo_finished else self.stop.now())
+                          None if self.algo_finished or not met else self.stop.now())
                 if reason:
                     log.info("stop requested (%s): checkpointing at step %d", "Ctrl-C" if
                              reason == STOPPED else "SIGUSR1/SIGTERM", self.state.step)
@@ -102,31 +112,174 @@ class Meetings:
             consensus = self.evaluator.consensus_distance()
             per_rank = self.comm.gather_objects(rank_report(self))
         self._leave()
-        epoch = state.samples / len(self.train_set)
-        log.info("eval at epoch %.2f step %d: %s", epoch, state.step,
+        self._record_evaluation(results, consensus, per_rank, self._where(),
+                                self.evaluator.examples)
+
+    def _where(self) -> dict[str, Any]:
+        """Where the run is, as an evaluation's rows say: epoch, step, samples (as this rank
+        knows the count), wall and training seconds (wall less evaluations and checkpoints),
+        learning rate."""
+        state, spent = self.state, self.timers.seconds
+        wall = time.perf_counter() - self.start_time
+        return {"epoch": round(state.samples / len(self.train_set), 4), "step": state.step,
+                "samples": state.samples, "wall_s": round(wall, 3), "lr": self.lr,
+                "train_s": round(wall - spent["eval"] - spent["checkpoint"], 3)}
+
+    def _record_evaluation(self, results: dict[str, dict[str, float]], consensus: float,
+                           per_rank: list | None, where: dict[str, Any],
+                           examples: list[tuple[str, str, str]]) -> None:
+        """Log an evaluation; rank 0 adds its rows to metrics.jsonl, TensorBoard and the
+        history."""
+        log.info("eval at epoch %.2f step %d: %s", where["epoch"], where["step"],
                  {s: {k: round(v, 4) for k, v in m.items()} for s, m in results.items()})
         if self.runlog:
-            wall, spent = time.perf_counter() - self.start_time, self.timers.seconds
-            where = {"epoch": round(epoch, 4), "step": state.step, "samples": state.samples,
-                     "wall_s": round(wall, 3), "lr": self.lr,
-                     "train_s": round(wall - spent["eval"] - spent["checkpoint"], 3)}
-            state.history += self.runlog.record_evaluation(results, consensus, per_rank, where,
-                                                           self.evaluator.examples)
-        self.progress.update(state.samples, force=True, **evaluation_postfix(results))
+            self.state.history += self.runlog.record_evaluation(results, consensus, per_rank,
+                                                                where, examples)
+        self.progress.update(self.state.samples, force=True, **evaluation_postfix(results))
+
+    # ---- evaluations beside training (trainer.eval_in_background) ------------------------
+    def set_up_beside(self) -> None:
+        """trainer.eval_in_background: an evaluation thread with a communicator of its own
+        (collective); null: for asynchronous algorithms, whose gossip a met evaluation stops,
+        except in elastic runs (their learners change under the thread's communicator).
+        trainer.checkpoint_in_background=true: a checkpoint-writing thread, likewise (opt-in:
+        docs/failures.md says why)."""
+        wanted = self.cfg.trainer.eval_in_background
+        if wanted is None:
+            wanted = self.algo.asynchronous and not self.cfg.launcher.get("elastic")
+        self.beside = None
+        if wanted:
+            comm = Communicator(self.comm.mpi_comm.Dup(), "mpi", name="evaluation",
+                                timeout_s=self.comm.timeout_s)
+            self.beside = EvaluationsBeside(self.evaluator, comm, len(self.train_set),
+                                            self.algo.heard_counts,
+                                            lambda: self.faults.slow_evaluation())
+        self.writer = None
+        if self.cfg.trainer.checkpoint_in_background:
+            comm = Communicator(self.comm.mpi_comm.Dup(), "mpi", name="checkpoint",
+                                timeout_s=self.comm.timeout_s)
+            self.writer = CheckpointWriter(self.checkpointer, comm)
+        self.copied_at_meeting: tuple[int, int] | None = None  # (step, samples), when met
+        self.evaluations_owed: list[dict[str, Any]] = []  # by the checkpoint being written
+        self.owed_at_resume: list[dict[str, Any]] = []  # by the checkpoint resumed from
+
+    def _evaluate_beside(self, samples: int) -> bool:
+        """Copy the model here and score the copy in the evaluation thread
+        (runner/train/evaluation_beside.py) while training goes on. Where a checkpoint follows
+        at this same count, the learners meet for it first: the copy is then the checkpointed
+        state, which a run resumed from that checkpoint scores again if the thread had not
+        finished (``evaluations_owed``). Every choice here follows what all learners share
+        (the milestone list; at a meeting, the exact count), never a learner's estimate: each
+        copies at the same evaluations, or the threads' collectives would pair different
+        copies. Returns whether the learners are together here (met)."""
+        state = self.state
+        if self.paused and self.copied_at_meeting == (state.step, state.samples):
+            self._leave()  # met and copied here already (an exact count past two evaluations)
+            return True
+        if self.milestones.checkpoint_next_at(samples) and self.writer is None:
+            self._meet()  # the checkpoint meets there anyway
+        met = self.paused
+        log.info("evaluating beside training at step %d (%d samples)", state.step,
+                 state.samples)
+        where = {**self._where(), "stamp": time.time()}  # the thread sets the exact count
+        self.beside.submit(Evaluation(
+            self.evaluator.copy_model(self.algo.copy_parameters()),
+            self.algo.identical_replicas, where, rank_report(self), state.local_samples))
+        self.copied_at_meeting = (state.step, state.samples) if met else None
+        if met:
+            self._leave()
+        self.collect_evaluations()
+        return met
+
+    def close_beside(self) -> None:
+        """At the end: record every evaluation, wait for the last write, end the threads."""
+        self.collect_evaluations(leave=0)
+        if self.beside is not None:
+            self.beside.close()
+        if self.writer is not None:
+            self.writer.close()
+
+    def collect_evaluations(self, leave: int | None = None) -> None:
+        """Record the evaluations the thread has scored (``leave``: wait until no more than
+        that many are pending)."""
+        if self.beside is None:
+            return
+        for evaluation in self.beside.collect(leave):
+            self.timers.add("eval_beside", evaluation.seconds)
+            if self.state.history and \
+                    self.state.history[-1]["samples"] == evaluation.where["samples"]:
+                continue  # copies at the same count (the same steps): one row is enough
+            self._record_evaluation(evaluation.results, evaluation.consensus,
+                                    evaluation.per_rank, evaluation.where,
+                                    evaluation.examples)
+
+    def _evaluations_owed(self) -> list[dict[str, Any]]:
+        """At a checkpoint (met): wait for the evaluations copied before this meeting, so that
+        the checkpoint's history has them; one copied at this meeting is the state being
+        checkpointed, and is owed by it instead (where it was), whether or not scored yet."""
+        if self.beside is None:
+            return []
+        here = self.copied_at_meeting == (self.state.step, self.state.samples)
+        self.collect_evaluations(leave=1 if here else 0)
+        return [self.beside.last_submitted.where] if here else []
+
+    def evaluate_owed(self, owed: list[dict[str, Any]]) -> None:
+        """A resumed run's first act: score the restored models for the evaluations its
+        checkpoint owed (copied before it was written and not recorded by then), once, at
+        the checkpoint's count (a copy taken at a meeting is the checkpointed state; one taken
+        beside training came at most a few steps before it)."""
+        for where in owed[-1:]:
+            where = {**where, "samples": self.state.samples,
+                     "epoch": round(self.state.samples / len(self.train_set), 4)}
+            log.info("evaluating at step %d (%d samples), owed by the checkpoint resumed from",
+                     where["step"], where["samples"])
+            with self.timers.time("eval"), self.comm.traffic.aside():
+                results = self.evaluator.score(self.algo.identical_replicas, False)
+                consensus = self.evaluator.consensus_distance()
+                per_rank = self.comm.gather_objects(rank_report(self))
+            self._record_evaluation(results, consensus, per_rank, where,
+                                    self.evaluator.examples)
 
     def save_checkpoint(self, reason: str) -> None:
         """Collective: quiesce the algorithm, refuse a poisoned state, write every rank's
-        state (runner/checkpoint/checkpointer.py)."""
+        state (runner/checkpoint/checkpointer.py); a scheduled one, with a writer, beside
+        training (:meth:`_checkpoint_beside`). A checkpoint waits for the previous write."""
+        if self.writer is not None:
+            with self.timers.time("checkpoint"):
+                self.writer.wait()
+            if reason == "scheduled" and not self.algo_finished:
+                self._checkpoint_beside()
+                return
         self._meet()
         state = self.state
+        self.evaluations_owed = self._evaluations_owed()
         refuse_poisoned_state(self.param_buffers, state.loss_is_finite(), self.comm,
                               self.world.rank, state.step, self.checkpointer.last)
         written_before = self.timers.seconds["checkpoint"]
         self.checkpointer.save(state.samples, state.step, state.samples / len(self.train_set),
                                reason, self._rank_state)
+        self.evaluations_owed = []
         if self.auto_checkpoints and reason == "scheduled":
             self._plan_next_checkpoint(self.timers.seconds["checkpoint"] - written_before)
         self._leave()
+
+    def _checkpoint_beside(self) -> None:
+        """Take this rank's part of the checkpoint now, without meeting, and hand it to the
+        writing thread (runner/checkpoint/background.py): training goes on."""
+        state = self.state
+        with self.timers.time("checkpoint"):
+            capture = self.algo.capture_state()
+            finite = state.loss_is_finite() and all(
+                bool(torch.isfinite(flat).all()) for flat in self.param_buffers)
+            # Evaluations still being scored are not waited for: a run resumed from this
+            # checkpoint scores its models for them (evaluate_owed).
+            self.evaluations_owed = [e.where for e in (self.beside.uncollected
+                                                       if self.beside is not None else [])]
+            self.writer.submit(CapturedCheckpoint(
+                capture_rank_state(self, capture), capture, self.algo, state.step,
+                "scheduled", len(self.train_set), finite))
+            self.evaluations_owed = []
+        log.info("checkpoint beside training at step %d", state.step)
 
     def _plan_next_checkpoint(self, cost_s: float) -> None:
         """trainer.checkpoint_every=auto: the next checkpoint, Young's period after this one

@@ -27,6 +27,7 @@ import torch
 
 from ..checkpoint.files import Checkpoint
 from ..checkpoint.resize import RESIZED, start_here
+from ..comm.buffers import detached_copy
 from ..errors import UserError, one_line
 from ..train.rng import capture_rng, restore_rng
 
@@ -36,23 +37,30 @@ if TYPE_CHECKING:
 log = logging.getLogger("adpsgd")
 
 
-def capture_rank_state(trainer: Trainer) -> dict[str, Any]:
-    """Everything that decides this rank's future (what Checkpointer.save writes)."""
+def capture_rank_state(trainer: Trainer, capture: Any = None) -> dict[str, Any]:
+    """Everything that decides this rank's future (what Checkpointer.save writes).
+    ``capture``: a checkpoint written beside training (Algorithm.capture_state): a copy that
+    training may go on from, its algorithm entry left for the writer to make from the capture
+    (runner/checkpoint/background.py)."""
     t = trainer
     saved = {"model": t.model.state_dict(), "optimizer": t.optimizer.state_dict(),
-             "algo": t.algo.state_dict(), "rng": capture_rng(t.faults.rng),
+             "algo": t.algo.state_dict() if capture is None else None,
+             "rng": capture_rng(t.faults.rng),
              "data": t.shards.state_dict(),
              "trainer": {**t.state.state_dict(),
                          "last_milestone": t.milestones.last_passed(),
                          "lr": t.lr, "lr_ramp": t.schedule.ramp,
                          "elapsed_s": time.perf_counter() - t.start_time,
                          "timers": t.timers.snapshot(),
+                         # Evaluations copied at this checkpoint's meeting and not recorded
+                         # yet: a resumed run scores them first (trainer.eval_in_background).
+                         "evaluations_owed": t.evaluations_owed,
                          "bytes_sent": t.comm.traffic.state_dict()}}
     if t.ledger is not None:  # collective: the samples used so far in the epoch, every rank's
         saved["ledger"] = t.ledger.state_dict(t.comm, t.state.position[1])
     if t.world.is_main:
         saved["history"] = t.state.history
-    return saved
+    return saved if capture is None else detached_copy(saved)
 
 
 def restore_rank_state(trainer: Trainer, saved: dict[str, Any]) -> None:
@@ -88,6 +96,7 @@ def restore_rank_state(trainer: Trainer, saved: dict[str, Any]) -> None:
         # The bytes sent before the checkpoint (absent from checkpoints before it counted).
         t.comm.traffic.load_state_dict(saved["trainer"].get("bytes_sent"), state.step)
         state.history = saved.get("history", [])
+        t.owed_at_resume = saved["trainer"].get("evaluations_owed", [])
     if saved.get("ledger") is not None and t.ledger is not None:
         t.ledger.load_state_dict(saved["ledger"], resized=RESIZED in saved)
     log.info("resumed from %s: step %d, %d samples (epoch %.2f)%s", checkpoint.path,

@@ -96,21 +96,30 @@ class GossipDriver:
         self.meeting = False
         self.started = False
         self.target = 0
+        self.meet_at_target = True
         self.busy_s = np.zeros(count)
 
     # ---- the engine's interface ----------------------------------------------------------
-    def advance_to(self, target: int) -> None:
+    def advance_to(self, target: int, meet: bool = True) -> None:
+        """Run the schedule until the global count reaches ``target``; ``meet``: there every
+        participant finishes its step and stops, and the averagings in flight complete (a
+        milestone the learners meet at), else they train on (an evaluation beside training:
+        its models are those of the moment the count reached it)."""
         sim = self.sim
         if self.replay:
             self._replay()
             return
-        self.target = target
+        self.target, self.meet_at_target = target, meet
         self.meeting = False
         self.stopped[:] = False
         for s in range(self.model_count):
             if not self.computing[s]:
                 self._start_step(s)
         # (An elastic job stops at a node's failure: runner/sim/timing.py goes on without it.)
+        if not meet:
+            self.queue.run_while(lambda: sim.samples < target and self.queue.now < sim.stop_at)
+            self.executor.run(self.ops)
+            return
         self.queue.run_while(lambda: not self._met() and self.queue.now < sim.stop_at)
         # At the milestone everyone waits for the last to finish its step (idle), as real
         # ranks do, and restarts together.
@@ -213,7 +222,7 @@ class GossipDriver:
         if s == 0:
             sim.step = int(self.steps[0])
         sim.samples += samples
-        if sim.samples >= self.target:
+        if sim.samples >= self.target and self.meet_at_target:
             self.meeting = True
         if s in self.next_peer:
             self.ticks[s] += 1
