@@ -295,14 +295,13 @@ def writing_a_later_checkpoint(run_dir: Path) -> bool:
                                   (run_dir / "checkpoints").glob("samples-*/.rank1.pt.tmp"))
 
 
-def test_kill_during_a_checkpoint_write_keeps_the_previous_one_and_ssgd_resumes_exactly(
-        tmp_path, uninterrupted):
-    reference, _ = uninterrupted
-
-    # Every write pauses inside the temporary file: rank 1 is killed in that window.
-    slow_writes = [*EXACT[3:], "faults.checkpoint_write_delay_s=1.5"]
-    result = bench.kill_one_rank(tmp_path, "ssgd", 2, 1, slow_writes,
-                                 ready=writing_a_later_checkpoint, name="killed", epochs=2)
+def killed_inside_a_write(tmp_path: Path, algo: str, overrides: list[str],
+                          epochs: int) -> tuple[Path, list]:
+    """Kill rank 1 (of 2) inside the write of a checkpoint after a complete one; the job
+    ends, leaves no process, and the half-written checkpoint has no marker. Returns the run
+    dir and its complete checkpoints."""
+    result = bench.kill_one_rank(tmp_path, algo, 2, 1, overrides,
+                                 ready=writing_a_later_checkpoint, name="killed", epochs=epochs)
     run_dir = Path(result["run_dir"])
     assert result["status"] != 0 and result["leftover_pids"] == [], result["stderr"]
     complete = complete_checkpoints(run_dir)
@@ -310,6 +309,16 @@ def test_kill_during_a_checkpoint_write_keeps_the_previous_one_and_ssgd_resumes_
                     if p not in {c.path for c in complete}]
     assert complete and half_written, sorted((run_dir / "checkpoints").rglob("*"))
     assert all(not (p / "COMPLETE").exists() for p in half_written)
+    return run_dir, complete
+
+
+def test_kill_during_a_checkpoint_write_keeps_the_previous_one_and_ssgd_resumes_exactly(
+        tmp_path, uninterrupted):
+    reference, _ = uninterrupted
+
+    # Every write pauses inside the temporary file: rank 1 is killed in that window.
+    slow_writes = [*EXACT[3:], "faults.checkpoint_write_delay_s=1.5"]
+    run_dir, complete = killed_inside_a_write(tmp_path, "ssgd", slow_writes, epochs=2)
     for rank in range(2):  # the previous checkpoint loads on every rank
         state = load_rank_state(complete[-1], rank)
         assert all(torch.isfinite(v).all() for v in state["model"].values())
@@ -335,14 +344,7 @@ def test_kill_during_a_checkpoint_written_beside_training_keeps_the_previous_one
     tests/test_resume_mpi.py.)"""
     slow_writes = ["faults.checkpoint_write_delay_s=1.5", "trainer.checkpoint_in_background=true",
                    *SMALL_DIGITS_MODEL]
-    result = bench.kill_one_rank(tmp_path, "adpsgd", 2, 1, slow_writes,
-                                 ready=writing_a_later_checkpoint, name="killed", epochs=3)
-    run_dir = Path(result["run_dir"])
-    assert result["status"] != 0 and result["leftover_pids"] == [], result["stderr"]
-    complete = complete_checkpoints(run_dir)
-    half_written = [p for p in (run_dir / "checkpoints").glob("samples-*")
-                    if p not in {c.path for c in complete}]
-    assert complete and half_written, sorted((run_dir / "checkpoints").rglob("*"))
+    run_dir, complete = killed_inside_a_write(tmp_path, "adpsgd", slow_writes, epochs=3)
     for rank in range(2):
         state = load_rank_state(complete[-1], rank)
         assert all(torch.isfinite(x).all() for x in state["algo"]["x"])

@@ -14,7 +14,7 @@ collective or point-to-point exchange sends whole buffers.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from ..lazy import torch
@@ -190,13 +190,19 @@ def parameter_digest(buffers: list[torch.Tensor]) -> str:
     return digest.hexdigest()
 
 
-def detached_copy(value: Any) -> Any:
-    """``value`` with every tensor in it (in dicts, lists and tuples) copied: a state that
-    training may go on changing once it is taken (a checkpoint written in the background)."""
+def map_tensors(value: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    """``value`` with ``fn`` applied to every tensor in it (in dicts, lists and tuples, which
+    are rebuilt; anything else is kept as it is)."""
     if isinstance(value, torch.Tensor):
-        return value.detach().clone()
+        return fn(value)
     if isinstance(value, dict):
-        return {k: detached_copy(v) for k, v in value.items()}
+        return {k: map_tensors(v, fn) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return type(value)(detached_copy(v) for v in value)
+        return type(value)(map_tensors(v, fn) for v in value)
     return value
+
+
+def detached_copy(value: Any) -> Any:
+    """``value`` with every tensor in it copied: a state that training may go on changing
+    once it is taken (a checkpoint written in the background)."""
+    return map_tensors(value, lambda t: t.detach().clone())

@@ -42,9 +42,9 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from ..comm import World
+from ..comm.buffers import map_tensors
 from ..comm.ulfm import revoke_all
 from ..comm.world import mpi
 from ..errors import UserError
@@ -240,13 +240,7 @@ def grow(m: Membership) -> bool:
 def on_cpu(state: Any) -> Any:
     """``state`` with its tensors copied to host memory: what a joiner receives is loaded
     into its own device's tensors."""
-    if isinstance(state, torch.Tensor):
-        return state.detach().cpu()
-    if isinstance(state, dict):
-        return {key: on_cpu(value) for key, value in state.items()}
-    if isinstance(state, (list, tuple)):
-        return type(state)(on_cpu(value) for value in state)
-    return state
+    return map_tensors(state, lambda tensor: tensor.detach().cpu())
 
 
 def job_state(m: Membership) -> dict[str, Any]:

@@ -64,7 +64,6 @@ class EvaluationsBeside:
         self._todo: queue.Queue[Evaluation | None] = queue.Queue()
         self._done: queue.Queue[Evaluation | BaseException] = queue.Queue()
         self.pending = 0  # submitted and not collected yet
-        self.seconds = 0.0  # spent scoring, in all
         self.last_submitted: Evaluation | None = None
         self.uncollected: list[Evaluation] = []  # submitted, not recorded yet, in order
         self._thread: threading.Thread | None = None
@@ -101,7 +100,6 @@ class EvaluationsBeside:
             if isinstance(item, BaseException):
                 self.pending = 0
                 raise item
-            self.seconds += item.seconds
             self.uncollected.remove(item)
             finished.append(item)
         return finished
@@ -124,7 +122,7 @@ class EvaluationsBeside:
                     with torch.cuda.stream(stream):
                         stream.wait_event(evaluation.ready)
                         for tensor in evaluation.copy.params + evaluation.copy.buffers:
-                            tensor.record_stream(stream)  # freed by the main thread later
+                            tensor.record_stream(stream)  # not reused before it is done
                         self._score(evaluation)
                     stream.synchronize()
             except BaseException as error:  # noqa: BLE001 - raised by the training thread

@@ -37,7 +37,8 @@ class Meetings:
             if milestone.kind != STOP_CHECK:  # the collective ones: every rank waits there
                 self.algo.milestone_reached(milestone.samples)
             if milestone.kind == EVALUATE and milestone.final:
-                self.collect_evaluations(leave=0)  # in order, before the final one
+                with self.timers.time("eval"):
+                    self.collect_evaluations(leave=0)  # in order, before the final one
                 self._meet()
                 if self.state.samples < milestone.samples:  # an estimate ran ahead: train on
                     self.milestones.rearm()
@@ -52,7 +53,7 @@ class Meetings:
                 elif milestone.kind == EVALUATE:
                     self.evaluate()
                 elif milestone.kind == CHECKPOINT:
-                    self.save_checkpoint("scheduled")
+                    met = self.save_checkpoint("scheduled")
                 # Met anyway at an evaluation or a checkpoint: a stop is agreed there at once
                 # (none after the final evaluation: the run has completed), else at the checks.
                 reason = (self.stop.check(self.state.step) if milestone.kind == STOP_CHECK else
@@ -240,16 +241,17 @@ class Meetings:
             self._record_evaluation(results, consensus, per_rank, where,
                                     self.evaluator.examples)
 
-    def save_checkpoint(self, reason: str) -> None:
+    def save_checkpoint(self, reason: str) -> bool:
         """Collective: quiesce the algorithm, refuse a poisoned state, write every rank's
         state (runner/checkpoint/checkpointer.py); a scheduled one, with a writer, beside
-        training (:meth:`_checkpoint_beside`). A checkpoint waits for the previous write."""
+        training (:meth:`_checkpoint_beside`). A checkpoint waits for the previous write.
+        Returns whether the learners met for it."""
         if self.writer is not None:
             with self.timers.time("checkpoint"):
                 self.writer.wait()
             if reason == "scheduled" and not self.algo_finished:
                 self._checkpoint_beside()
-                return
+                return False
         self._meet()
         state = self.state
         self.evaluations_owed = self._evaluations_owed()
@@ -262,6 +264,7 @@ class Meetings:
         if self.auto_checkpoints and reason == "scheduled":
             self._plan_next_checkpoint(self.timers.seconds["checkpoint"] - written_before)
         self._leave()
+        return True
 
     def _checkpoint_beside(self) -> None:
         """Take this rank's part of the checkpoint now, without meeting, and hand it to the
