@@ -76,3 +76,22 @@ def test_a_copy_scored_beside_training_equals_the_same_models_scored_by_a_meetin
     assert [r["step"] for r in rows(resumed)][:len(rows(beside)) // 2] == \
         [r["step"] for r in rows(beside)][:len(rows(beside)) // 2]
     assert summary["status"] == "completed"
+
+
+@pytest.mark.parametrize("overrides,said", [
+    (["trainer.eval_in_backgrond=true"], "did you mean trainer.eval_in_background?"),
+    (["trainer.checkpoint_in_backgroud=true"], "did you mean trainer.checkpoint_in_background?"),
+    (["algo=ssgd", "trainer.checkpoint_in_background=true"], "only adpsgd, hadpsgd take"),
+    (["trainer.checkpoint_in_background=true", "launcher.elastic=true"],
+     "an elastic job's learners change under the writing thread"),
+    (["trainer.eval_in_background=true", "launcher.elastic=true"],
+     "an elastic job's learners change under the evaluation thread's communicator"),
+], ids=["eval-typo", "checkpoint-typo", "ssgd", "checkpoint-elastic", "eval-elastic"])
+def test_settings_that_cannot_work_end_with_one_line_before_ranks_start(tmp_path, overrides,
+                                                                        said):
+    proc = run_cli(["recipe=digit_images", "algo=adpsgd", *overrides,
+                    f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path, check=False)
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("adpsgd-run:")]
+    assert proc.returncode != 0 and len(errors) == 1 and said in errors[0], proc.stderr
+    assert not (tmp_path / "run" / "logs").exists() or not list(
+        (tmp_path / "run" / "logs").glob("rank*.log"))

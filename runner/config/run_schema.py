@@ -113,11 +113,14 @@ class TrainerConfig(Section):
                 f"bf16 autocast needs {prefix}.dtype=float32, got {self.dtype}",
                 self.hint(prefix, "amp"))
         self._check_checkpoint_every(prefix, cfg)
-        require(not (self.checkpoint_in_background and cfg is not None and (
-            cfg.launcher.get("elastic") or self.checkpoint_every == CHECKPOINT_AUTO)),
-            f"{prefix}.checkpoint_in_background", "an elastic job's learners change under the "
-            "writing thread, and checkpoint_every=auto plans each checkpoint with every rank "
-            "at the previous one", f"{prefix}.checkpoint_in_background=false")
+        if self.checkpoint_in_background and cfg is not None:
+            key = f"{prefix}.checkpoint_in_background"
+            off = f"{key}=false"
+            require(not cfg.launcher.get("elastic"), key, "an elastic job's learners change "
+                    "under the writing thread", f"{off} (or launcher.elastic=false)")
+            require(self.checkpoint_every != CHECKPOINT_AUTO, key, "checkpoint_every=auto "
+                    "plans each checkpoint with every rank at the previous one",
+                    f"{off} (or {prefix}.checkpoint_every=N steps)")
         require(self.keep_checkpoints >= 1, f"{prefix}.keep_checkpoints",
                 f"must be >= 1, got {self.keep_checkpoints}", self.hint(prefix, "keep_checkpoints"))
         require(self.on_nonfinite in ("stop", "skip_batch"), f"{prefix}.on_nonfinite",
