@@ -221,7 +221,8 @@ class Meetings:
         if self.beside is None:
             return []
         here = self.copied_at_meeting == (self.state.step, self.state.samples)
-        self.collect_evaluations(leave=1 if here else 0)
+        with self.timers.time("eval"):
+            self.collect_evaluations(leave=1 if here else 0)
         return [self.beside.last_submitted.where] if here else []
 
     def evaluate_owed(self, owed: list[dict[str, Any]]) -> None:
