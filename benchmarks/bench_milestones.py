@@ -66,9 +66,7 @@ def measure(args: argparse.Namespace) -> dict:
                 f"launcher.nprocs={nprocs}", "launcher.procs_per_node=2",
                 f"trainer.epochs={args.epochs}", f"trainer.batch_size={args.batch_size}",
                 f"trainer.eval_every={args.eval_every}", f"faults.delay_s={args.delay}",
-                # every evaluation met, as the waits measured here are (not scored beside
-                # training: trainer.eval_in_background)
-                "trainer.eval_in_background=false", "trainer.progress=false"]
+                "trainer.progress=false"]
         cases = {f"n{nprocs}-{r}": base for r in range(args.repeats)}
         runs = bench.run_cases(args.runs, cases, nprocs=nprocs, timeout_s=args.timeout)
         summaries = [run["summary"] for run in runs.values()]

@@ -156,9 +156,10 @@ def run_n(spec: dict, n: int) -> dict:
         timed = [0.0]
         advance = sim.driver.advance_to
 
-        def timed_advance(target: int, advance=advance, timed=timed) -> None:
+        def timed_advance(target: int, meet: bool = True, advance=advance,
+                          timed=timed) -> None:
             began = time.perf_counter()
-            advance(target)
+            advance(target, meet)
             timed[0] += time.perf_counter() - began
 
         sim.driver.advance_to = timed_advance

@@ -238,10 +238,12 @@ ALGORITHM_VARIANTS: dict[str, list[str]] = {
     "dpsgd": ["algo=dpsgd", "topology=ring"],
     "adpsgd": ["algo=adpsgd", "algo.pattern=fixed"],
     "adpsgd_random": ["algo=adpsgd", "algo.pattern=random"],
-    # AD-PSGD meeting at every evaluation, as before trainer.eval_in_background existed
-    "adpsgd_met": ["algo=adpsgd", "algo.pattern=fixed", "trainer.eval_in_background=false"],
-    # ...and with its checkpoints taken alone and written beside training too
+    # AD-PSGD with its evaluations scored beside training (trainer.eval_in_background), and
+    # with its checkpoints taken alone and written beside training too
+    "adpsgd_eval_beside": ["algo=adpsgd", "algo.pattern=fixed",
+                           "trainer.eval_in_background=true"],
     "adpsgd_all_beside": ["algo=adpsgd", "algo.pattern=fixed",
+                          "trainer.eval_in_background=true",
                           "trainer.checkpoint_in_background=true"],
     "adpsgd_delay_by_one": ["algo=adpsgd", "algo.delay_by_one=true"],
     "hadpsgd": ["algo=hadpsgd"],

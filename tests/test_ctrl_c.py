@@ -149,10 +149,7 @@ def evaluating(run_dir: Path, _out: str = "") -> bool:
 def test_ctrl_c_during_an_evaluation_stops_right_after_it(tmp_path):
     """A slow evaluation (3 s) interrupted: the ranks stop once it is scored, at its step,
     with one row of metrics; they do not train on to the next check or the next epoch."""
-    # A met evaluation: every rank is in it when the Ctrl-C comes (adpsgd otherwise scores
-    # copies beside training, which a stop waits for: tests/test_evaluation_beside.py).
-    result = interrupt(tmp_path, evaluating, ["faults.eval_delay_s=3", "trainer.eval_every=5",
-                                              "trainer.eval_in_background=false"])
+    result = interrupt(tmp_path, evaluating, ["faults.eval_delay_s=3", "trainer.eval_every=5"])
     summary = assert_user_stop(result, "after checkpointing")
     rows = [json.loads(line) for line in
             (result["run_dir"] / "metrics.jsonl").read_text().splitlines()]

@@ -20,8 +20,9 @@ RUN = ["recipe=digit_images", "algo=adpsgd", "launcher.nprocs=2", "trainer.epoch
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("beside")
-    runs = {"beside": ["trainer.checkpoint_in_background=true"],  # evaluations: null, beside
-            "met": ["trainer.eval_in_background=false"],
+    runs = {"beside": ["trainer.eval_in_background=true",
+                       "trainer.checkpoint_in_background=true"],
+            "met": [],
             # Lockstep learners, whose count is exact: the epoch's evaluation and checkpoint
             # always meet at one count.
             "eval_beside": ["algo=ssgd", "trainer.eval_in_background=true"]}
@@ -45,10 +46,11 @@ def test_evaluations_and_checkpoints_beside_training_meet_only_at_the_end(runs):
     assert len(rows(beside)) >= 5 and len(rows(met)) >= 5, (rows(beside), rows(met))
     for key in ("step", "samples"):
         assert [row[key] for row in rows(beside)] == sorted(row[key] for row in rows(beside))
-    # Beside training the learners meet only for the final evaluation and checkpoint (once
-    # more where an estimate ran ahead of the exact count); met, at every milestone.
-    assert 2 <= beside_summary["milestones"] <= 3, beside_summary["milestones"]
-    assert met_summary["milestones"] >= 8 + 2, met_summary["milestones"]
+    # Beside training the learners meet only for the final evaluation and checkpoint (and
+    # again where an estimate ran ahead of the exact count); met, at every milestone.
+    assert 2 <= beside_summary["milestones"] <= 6, beside_summary["milestones"]
+    assert met_summary["milestones"] >= beside_summary["milestones"] + 5, \
+        (met_summary["milestones"], beside_summary["milestones"])
     assert beside_summary["eval_beside_s"] > 0 and met_summary["eval_beside_s"] == 0
     assert beside_summary["status"] == "completed" and beside_summary["top1"] > 80
     # Both epoch-end checkpoints were written beside training, complete, each at the exact

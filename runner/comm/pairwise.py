@@ -94,6 +94,12 @@ def merge_all(buffers: list[torch.Tensor], snapshots: list[torch.Tensor],
         merge_average_(x, mine, theirs)
 
 
+def header_nbytes(size: int) -> int:
+    """Bytes of an averaging's header among ``size`` participants: the sender's progress
+    table and its capture generation (one float64)."""
+    return ProgressTable.packed_nbytes(size) + np.dtype(np.float64).itemsize
+
+
 class ExchangeTimeout(RuntimeError):
     pass
 

@@ -49,9 +49,10 @@ class TrainerConfig(Section):
     eval_every: Optional[int] = None
     eval_batch_size: int = 256
     # Score each evaluation's copy of the models in a thread while training goes on, instead
-    # of meeting for it (runner/train/evaluation_beside.py); null: for asynchronous
-    # algorithms (adpsgd, hadpsgd), not in elastic runs. The final evaluation always meets.
-    eval_in_background: Optional[bool] = None
+    # of meeting for it (runner/train/evaluation_beside.py; not in elastic runs). The final
+    # evaluation always meets. Off by default: on a loaded machine the thread slows AD-PSGD's
+    # gossip enough for its replicas to drift apart (docs/RESULTS.md).
+    eval_in_background: bool = False
     num_workers: int = 0
     log_every: int = 10  # steps between TensorBoard training scalars
     device: str = "auto"  # auto | cpu | cuda
@@ -96,7 +97,7 @@ class TrainerConfig(Section):
         require(not (self.eval_in_background and cfg is not None
                      and cfg.launcher.get("elastic")), f"{prefix}.eval_in_background",
                 "an elastic job's learners change under the evaluation thread's communicator",
-                f"{prefix}.eval_in_background=null (or launcher.elastic=false)")
+                f"{prefix}.eval_in_background=false (or launcher.elastic=false)")
         require(self.num_workers >= 0, f"{prefix}.num_workers", "must be >= 0",
                 self.hint(prefix, "num_workers"))
         require(self.log_every >= 1, f"{prefix}.log_every", "must be >= 1",

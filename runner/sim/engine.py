@@ -311,11 +311,7 @@ class Simulation:
         """Whether the learners meet at this milestone, as real ranks do: at every one, but an
         evaluation beside training (trainer.eval_in_background) that no checkpoint follows at
         the same count (``passed``: ``point`` is the milestone just passed)."""
-        beside = self.cfg.trainer.eval_in_background  # resolved as the trainer does
-        if beside is None:
-            beside = (ALGORITHMS.get(self.cfg.algo.name).asynchronous
-                      and not self.cfg.launcher.get("elastic"))
-        if not beside or point.kind != EVALUATE or point.final:
+        if not self.cfg.trainer.eval_in_background or point.kind != EVALUATE or point.final:
             return True
         following = self.milestones.passed + (0 if passed else 1)
         points = self.milestones.points

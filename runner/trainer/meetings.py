@@ -140,16 +140,12 @@ class Meetings:
 
     # ---- evaluations beside training (trainer.eval_in_background) ------------------------
     def set_up_beside(self) -> None:
-        """trainer.eval_in_background: an evaluation thread with a communicator of its own
-        (collective); null: for asynchronous algorithms, whose gossip a met evaluation stops,
-        except in elastic runs (their learners change under the thread's communicator).
-        trainer.checkpoint_in_background=true: a checkpoint-writing thread, likewise (opt-in:
-        docs/failures.md says why)."""
-        wanted = self.cfg.trainer.eval_in_background
-        if wanted is None:
-            wanted = self.algo.asynchronous and not self.cfg.launcher.get("elastic")
+        """trainer.eval_in_background=true: an evaluation thread with a communicator of its
+        own (collective); trainer.checkpoint_in_background=true: a checkpoint-writing thread,
+        likewise (both opt-in, and refused in elastic runs, whose learners change under the
+        threads' communicators: runner/config/run_schema.py)."""
         self.beside = None
-        if wanted:
+        if self.cfg.trainer.eval_in_background:
             comm = Communicator(self.comm.mpi_comm.Dup(), "mpi", name="evaluation",
                                 timeout_s=self.comm.timeout_s)
             self.beside = EvaluationsBeside(self.evaluator, comm, len(self.train_set),

@@ -32,7 +32,7 @@ from ...algos.adpsgd import ADPSGD
 from ...algos.trace import APPLY, MERGE, READ, SNAP, TraceExecutor, read_traces
 from ...comm.buffers import parameter_digest
 from ...comm.communicator import ring_bytes
-from ...comm.global_clock import ProgressTable
+from ...comm.pairwise import header_nbytes
 from ...topology.pairing import is_active, passive_peers, peer_schedule
 from ..event_queue import EventQueue
 from ..network import SharedChannel
@@ -311,7 +311,7 @@ class GossipDriver:
     def _gossip_message_bytes(self) -> float:
         """What each end of an averaging sends: its snapshot and its progress table, as the
         ranks' runner/comm/pairwise.py does."""
-        return self.sim.nbytes + ProgressTable.packed_nbytes(len(self.members))
+        return self.sim.nbytes + header_nbytes(len(self.members))
 
     # ---- replaying a real run's trace ----------------------------------------------------
     def _count_replayed(self, ops: list[list[list]]) -> None:
