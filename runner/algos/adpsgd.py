@@ -426,10 +426,7 @@ class ADPSGD(Algorithm):
                      "optimizer": self.optimizer_x.state_dict(),
                      "staleness": torch.tensor(self.staleness, dtype=torch.int64)}
             if self.averager:
-                a = self.averager
-                state["gossip"] = {"counts": torch.from_numpy(a.progress.counts.copy()),
-                                   "exchanges": a.exchanges, "version": a.version,
-                                   "partners": dict(a.partners)}
+                state["gossip"] = self.averager.counters()
         return state
 
     def capture_state(self):
@@ -445,13 +442,8 @@ class ADPSGD(Algorithm):
     def captured_state_dict(self, capture):
         if self.averager:
             self.averager.settle(capture)
-        state = {"x": capture.x, **capture.more}
-        if capture.gossip:
-            gossip = capture.gossip
-            state["gossip"] = {"counts": torch.from_numpy(gossip["counts"]),
-                               "exchanges": gossip["exchanges"], "version": gossip["version"],
-                               "partners": gossip["partners"]}
-        return state
+        return {"x": capture.x, **capture.more,
+                **({"gossip": capture.gossip} if capture.gossip else {})}
 
     def load_state_dict(self, state):
         with self.lock:

@@ -201,14 +201,20 @@ class PairwiseAverager:
         with self.lock:
             self.generation += 1
             capture = Capture(self.generation, [b.detach().clone() for b in self.buffers],
-                              {"counts": self.progress.counts.copy(),
-                               "exchanges": self.exchanges, "version": self.version,
-                               "partners": dict(self.partners)}, more())
+                              self.counters(), more())
             if self._busy and self._header_generation is not None:
                 self._open[capture.generation] = capture  # an averaging of before is in flight
         with self._state:
             self._state.notify_all()  # a gossip thread may wait for this capture
         return capture
+
+    def counters(self) -> dict:
+        """The gossip's counters as a checkpoint keeps them (under the model lock): the
+        progress table's counts, the exchange count (the peer schedule is a function of it),
+        the merge version and the averagings done with each partner."""
+        return {"counts": torch.from_numpy(self.progress.counts.copy()),
+                "exchanges": self.exchanges, "version": self.version,
+                "partners": dict(self.partners)}
 
     def settle(self, capture: Capture) -> Capture:
         """Wait until no averaging in flight can change ``capture`` any more (its copy is

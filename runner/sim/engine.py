@@ -313,10 +313,7 @@ class Simulation:
         the same count (``passed``: ``point`` is the milestone just passed)."""
         if not self.cfg.trainer.eval_in_background or point.kind != EVALUATE or point.final:
             return True
-        following = self.milestones.passed + (0 if passed else 1)
-        points = self.milestones.points
-        return (following < len(points) and points[following].kind == CHECKPOINT
-                and points[following].samples == point.samples)
+        return self.milestones.checkpoint_next_at(point.samples, 0 if passed else 1)
 
     # ---- node failures and restarts (cluster.failures, cluster.storage_gbps) ----------------
     def setup_failures(self) -> None:

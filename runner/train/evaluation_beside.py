@@ -63,9 +63,7 @@ class EvaluationsBeside:
         self.device = evaluator.compute.device
         self._todo: queue.Queue[Evaluation | None] = queue.Queue()
         self._done: queue.Queue[Evaluation | BaseException] = queue.Queue()
-        self.pending = 0  # submitted and not collected yet
-        self.last_submitted: Evaluation | None = None
-        self.uncollected: list[Evaluation] = []  # submitted, not recorded yet, in order
+        self.uncollected: list[Evaluation] = []  # submitted, not collected yet, in order
         self._thread: threading.Thread | None = None
 
     def submit(self, evaluation: Evaluation) -> None:
@@ -76,9 +74,7 @@ class EvaluationsBeside:
         if self._thread is None:
             self._thread = threading.Thread(target=self._work, name="evaluation", daemon=True)
             self._thread.start()
-        self.pending += 1
         self.uncollected.append(evaluation)
-        self.last_submitted = evaluation
         self._todo.put(evaluation)
 
     def collect(self, leave: int | None = None) -> list[Evaluation]:
@@ -86,7 +82,7 @@ class EvaluationsBeside:
         ``leave``: wait until exactly that many are still pending, the last submitted (0: all
         scored). An error of the thread is raised here."""
         finished, wait = [], leave is not None
-        while self.pending > (leave or 0):
+        while len(self.uncollected) > (leave or 0):
             try:
                 # Every collective of the thread is bounded by comm.timeout_s itself.
                 item = self._done.get(block=wait, timeout=self.comm.timeout_s + 60 if wait
@@ -96,9 +92,8 @@ class EvaluationsBeside:
                     break
                 raise CommTimeout(f"an evaluation beside training did not finish in "
                                   f"{self.comm.timeout_s + 60:.0f} s") from None
-            self.pending -= 1
             if isinstance(item, BaseException):
-                self.pending = 0
+                self.uncollected.clear()
                 raise item
             self.uncollected.remove(item)
             finished.append(item)

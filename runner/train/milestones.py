@@ -95,8 +95,13 @@ class Milestones:
             raise ValueError(f"a checkpoint at {samples} samples lies behind the run")
         self.points.insert(at, added)
 
+    def _listed(self, ahead: int = 0) -> Milestone | None:
+        """The listed milestone ``ahead`` places after the next (None past the end)."""
+        index = self.passed + ahead
+        return self.points[index] if index < len(self.points) else None
+
     def _next(self) -> Milestone | None:
-        listed = self.points[self.passed] if self.passed < len(self.points) else None
+        listed = self._listed()
         stop = self._next_stop()
         if listed is None or (stop is not None and _key(stop) < _key(listed)):
             return stop
@@ -135,10 +140,11 @@ class Milestones:
         return (milestone is not None and milestone.kind != STOP_CHECK
                 and milestone.samples <= samples)
 
-    def checkpoint_next_at(self, samples: int) -> bool:
-        """Whether the next listed milestone is a checkpoint at exactly ``samples`` (the
-        same answer on every rank: it reads the list, not a count)."""
-        listed = self.points[self.passed] if self.passed < len(self.points) else None
+    def checkpoint_next_at(self, samples: int, ahead: int = 0) -> bool:
+        """Whether the next listed milestone (``ahead``: the one that many places after it)
+        is a checkpoint at exactly ``samples`` (the same answer on every rank: it reads the
+        list, not a count)."""
+        listed = self._listed(ahead)
         return listed is not None and listed.kind == CHECKPOINT and listed.samples == samples
 
     @property

@@ -144,18 +144,17 @@ class Meetings:
         own (collective); trainer.checkpoint_in_background=true: a checkpoint-writing thread,
         likewise (both opt-in, and refused in elastic runs, whose learners change under the
         threads' communicators: runner/config/run_schema.py)."""
-        self.beside = None
-        if self.cfg.trainer.eval_in_background:
-            comm = Communicator(self.comm.mpi_comm.Dup(), "mpi", name="evaluation",
+        def own(name: str) -> Communicator:  # a thread's duplicate of the learners'
+            return Communicator(self.comm.mpi_comm.Dup(), "mpi", name=name,
                                 timeout_s=self.comm.timeout_s)
-            self.beside = EvaluationsBeside(self.evaluator, comm, len(self.train_set),
-                                            self.algo.heard_counts,
-                                            lambda: self.faults.slow_evaluation())
-        self.writer = None
-        if self.cfg.trainer.checkpoint_in_background:
-            comm = Communicator(self.comm.mpi_comm.Dup(), "mpi", name="checkpoint",
-                                timeout_s=self.comm.timeout_s)
-            self.writer = CheckpointWriter(self.checkpointer, comm)
+
+        tcfg = self.cfg.trainer
+        self.beside = (EvaluationsBeside(self.evaluator, own("evaluation"), len(self.train_set),
+                                         self.algo.heard_counts,
+                                         lambda: self.faults.slow_evaluation())
+                       if tcfg.eval_in_background else None)
+        self.writer = (CheckpointWriter(self.checkpointer, own("checkpoint"))
+                       if tcfg.checkpoint_in_background else None)
         self.copied_at_meeting: tuple[int, int] | None = None  # (step, samples), when met
         self.evaluations_owed: list[dict[str, Any]] = []  # by the checkpoint being written
         self.owed_at_resume: list[dict[str, Any]] = []  # by the checkpoint resumed from
@@ -219,7 +218,7 @@ class Meetings:
         here = self.copied_at_meeting == (self.state.step, self.state.samples)
         with self.timers.time("eval"):
             self.collect_evaluations(leave=1 if here else 0)
-        return [self.beside.last_submitted.where] if here else []
+        return [self.beside.uncollected[-1].where] if here else []
 
     def evaluate_owed(self, owed: list[dict[str, Any]]) -> None:
         """A resumed run's first act: score the restored models for the evaluations its
