@@ -35,22 +35,22 @@ BASE = ["launcher.nprocs=4", "trainer.dtype=float64", "optim.momentum=0.9",
 
 def train(world_mpi, run_dir, overrides, at_checkpoint=None):
     """One run with a recorder on every learner; ``at_checkpoint(step, recorder)`` is called
-    as each checkpoint takes the algorithm's state (met: state_dict; beside training:
-    capture_state), with this rank's step, which its file of that checkpoint records."""
+    as each checkpoint reads the gossip's counters (met: state_dict; beside training:
+    capture_state; both under the model lock, with x), with this rank's step, which its file
+    of that checkpoint records."""
     comm = Communicator(world_mpi, "mpi")
     trainer, node = build_trainer(world_mpi, comm, run_dir, compose_config(overrides))
     algo = trainer.algo
     recorder = Recorder(algo) if algo.averager else None
     start = [t.clone() for t in algo.x]
     if recorder and at_checkpoint:
-        for name in ("state_dict", "capture_state"):
-            take = getattr(algo, name)
+        counters = algo.averager.counters
 
-            def recording(take=take):
-                at_checkpoint(trainer.state.step, recorder)
-                return take()
+        def recording():  # under the model lock, right after x was read, met or captured
+            at_checkpoint(trainer.state.step, recorder)
+            return counters()
 
-            setattr(algo, name, recording)
+        algo.averager.counters = recording
     summary = trainer.run()
     node.close()
     learners = gather_learners(comm, algo, recorder, start)
@@ -65,15 +65,20 @@ def actives_peers(learners) -> dict[int, list[int]]:
 
 def checks(world_mpi, run_dir, overrides):
     rank = world_mpi.Get_rank()
-    at = {}  # this rank's step at a checkpoint -> (updates applied, exchanges) so far
+    # This rank's step at a checkpoint -> (updates applied, exchanges) so far, for each
+    # checkpoint taken at that step: an estimate that jumps past two checkpoint milestones
+    # takes both at one step, the second beside training after the first was written.
+    at: dict[int, list] = {}
 
     def remember(step, recorder):
-        at[step] = ([t.clone() for t in recorder.applied], len(recorder.exchanges))
+        at.setdefault(step, []).append(([t.clone() for t in recorder.applied],
+                                        len(recorder.exchanges)))
 
     first, _, whole = train(world_mpi, f"{run_dir}/whole",
                             [*BASE, *overrides, "trainer.checkpoint_every=4"], remember)
     middle = complete_checkpoints(f"{run_dir}/whole")
-    checkpoint = middle[len(middle) // 2 - 1]
+    chosen = len(middle) // 2 - 1
+    checkpoint = middle[chosen]
     # A mid-run checkpoint, judged by what every rank reads alike: an assertion that one
     # rank fails alone (its own step count against rank 0's, which the marker holds, as
     # a rank starved of CPU did) leaves the others in the collective below.
@@ -83,7 +88,10 @@ def checks(world_mpi, run_dir, overrides):
     mine = None
     if learner is not None:
         saved = load_rank_state(checkpoint, rank)
-        applied, exchanged = at[saved["trainer"]["step"]]
+        step = saved["trainer"]["step"]
+        earlier = sum(load_rank_state(c, rank)["trainer"]["step"] == step
+                      for c in middle[:chosen])
+        applied, exchanged = at[step][earlier]
         state = saved["algo"]
         mine = {"participant": learner, "start": next(r for r in whole if r["participant"] ==
                                                      learner)["start"],
