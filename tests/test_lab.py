@@ -311,34 +311,25 @@ def test_an_elastic_job_goes_on_without_the_learners_behind_a_cut_link(lab_overr
 
 
 def test_a_loaded_machine_gives_no_false_loss(lab_overrides, tmp_path):
-    """10 elastic runs of 4 epochs across two lab hosts (the loss detector's defaults: a
-    learner is lost after 1 s of silence, more where its heartbeats come irregularly) beside 2
-    processes that spin on the 2 cores, two runs at a time (so each also loads the other): no
-    learner is ever taken for lost, every run completes on both learners. (It was 20 runs of
-    2 epochs: as many epochs judged under load, at half the start-ups, which the detector
-    does not judge.)"""
-    hogs = subprocess.Popen([str(BIN / "python"), str(REPO / "scripts" / "under_load.py"),
-                             "--hogs", "2", "--max-s", "900", "--", "sleep", "900"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    runs = [tmp_path / f"run{i}" for i in range(10)]
-    try:
-        for pair in (runs[i:i + 2] for i in range(0, len(runs), 2)):
-            procs = [start(["recipe=digit_images", "algo=dpsgd", "launcher.nprocs=2",
-                            "launcher.procs_per_node=1", "launcher.elastic=true",
-                            "trainer.epochs=4", "trainer.progress=false", *lab_overrides,
-                            f"hydra.run.dir={run_dir}"], tmp_path) for run_dir in pair]
-            for run_dir, proc in zip(pair, procs):
-                _, err = proc.communicate(timeout=300)
-                assert proc.returncode == 0, (run_dir, err[-3000:])
-    finally:
-        hogs.terminate()
-        hogs.wait(timeout=30)
-    for run_dir in runs:
-        summary = json.loads((run_dir / "summary.json").read_text())
-        assert summary["status"] == "completed" and summary["learners_at_end"] == 2, run_dir
-        assert not summary.get("membership"), (run_dir, summary["membership"])
-        events = run_dir / "logs" / "events.jsonl"
-        assert not events.exists() or '"silent"' not in events.read_text(), run_dir
+    """benchmarks/bench_false_loss.py, 10 elastic runs of 4 epochs across two lab hosts (the
+    loss detector's defaults: a learner is lost after 1 s of silence, more where its
+    heartbeats come irregularly) beside 2 processes that spin on the 2 cores, two runs at a
+    time (so each also loads the other): no learner is ever taken for lost, every run
+    completes on both learners, and each learner's closest call (logs/heartbeats.json) is
+    below its threshold. (The issue's 20 runs are the benchmark's default, docs/RESULTS.md;
+    the suite runs half, as many epochs judged under load as 20 runs of 2.)"""
+    from test_benchmarks import load_script
+
+    out = tmp_path / "false_loss.json"
+    assert load_script("bench_false_loss").main(
+        ["--count", "10", "--epochs", "4", "--json", str(out), "--runs",
+         str(tmp_path / "runs")]) == 0
+    result = json.loads(out.read_text())
+    assert result["false_losses"] == 0 and result["completed_on_both"] == 10, [
+        (run["run"], run["silent"], run["membership"]) for run in result["runs"]]
+    for run in result["runs"]:
+        assert set(run["closest_calls"]) == {"0", "1"}, run
+        assert all(0 < call["share"] < 1 for call in run["closest_calls"].values()), run
 
 
 def test_learners_taken_for_lost_that_come_back_leave_a_completed_job(lab_overrides, tmp_path):

@@ -120,3 +120,20 @@ def test_learners_behind_the_same_cut_are_decided_as_promptly_as_the_first():
     assert detector.suspected(last_of_3 + 1.01) == {2: pytest.approx(1.16),
                                                      3: pytest.approx(1.01)}
     assert 0 not in detector.suspected(last_of_2 + 1.0 + 4.9)  # recovering: the ceiling
+
+
+def test_each_learner_s_closest_call_is_its_longest_silence_against_the_threshold_then():
+    """logs/heartbeats.json's numbers: the gap nearest to a loss is judged against the
+    threshold in force when it ended (a 0.9 s gap among 0.2 s beats is nearer than a 1.5 s
+    one among 0.1 s beats while the ceiling held everyone), and a restart of the history
+    forgets it."""
+    detector = LossDetector(Sensitivity(loss_after_s=1.0, loss_spread=8, link_timeout_s=10))
+    beats(detector, 0, [0.2] * 20 + [0.9] + [0.2] * 5)
+    last = beats(detector, 1, [0.1] * 20, start=200.0)
+    detector.calm_after(last)  # a join: everyone waited for the ceiling (10 s) for a while
+    beats(detector, 1, [1.5, 0.2], start=last)
+    calls = detector.closest_calls()
+    assert calls[0] == {"gap_s": 0.9, "threshold_s": 1.0, "share": 0.9}
+    assert calls[1] == {"gap_s": 1.5, "threshold_s": 10.0, "share": 0.15}
+    detector.forget(0)
+    assert 0 not in detector.closest_calls()

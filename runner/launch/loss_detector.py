@@ -105,6 +105,8 @@ class LossDetector:
         self._gaps: dict[int, deque[float]] = {}
         self._calm_until = float("-inf")  # see recovering()
         self._sharing_the_fault: set[int] = set()  # waited as usual while the others recover
+        # rank -> (gap, the threshold then) of its gap nearest to being taken for a loss
+        self._closest: dict[int, tuple[float, float]] = {}
         self._lock = threading.Lock()
 
     def heard(self, rank: int, now: float) -> None:
@@ -112,7 +114,12 @@ class LossDetector:
         with self._lock:
             last = self._last.get(rank)
             if last is not None and now > last:
-                self._gaps.setdefault(rank, deque(maxlen=WINDOW)).append(now - last)
+                gaps = self._gaps.setdefault(rank, deque(maxlen=WINDOW))
+                gap, threshold = now - last, self._threshold(rank, list(gaps), now)
+                closest = self._closest.get(rank)
+                if closest is None or gap / threshold > closest[0] / closest[1]:
+                    self._closest[rank] = (gap, threshold)
+                gaps.append(gap)
             self._last[rank] = now
 
     def forget(self, rank: int) -> None:
@@ -120,6 +127,16 @@ class LossDetector:
         a loaded host may hold its heartbeats up for seconds, say nothing of it training)."""
         with self._lock:
             self._gaps.pop(rank, None)
+            self._closest.pop(rank, None)
+
+    def closest_calls(self) -> dict[int, dict[str, float]]:
+        """For each learner heard again after a silence, its silence nearest to a loss: the
+        gap, the threshold in force when it ended and their ratio (1 or more: taken for
+        lost). How much room the settings left on this job's hosts and network."""
+        with self._lock:
+            return {rank: {"gap_s": round(gap, 3), "threshold_s": round(threshold, 3),
+                           "share": round(gap / threshold, 3)}
+                    for rank, (gap, threshold) in sorted(self._closest.items())}
 
     def recovering(self, now: float) -> None:
         """A learner was lost at ``now``: wait for the ceiling while the survivors recover

@@ -42,7 +42,7 @@ import socket
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..runlog.liveness import (
@@ -54,7 +54,11 @@ from ..runlog.liveness import (
     rank_pid,
     stop_request_path,
 )
+from ..runlog.records import write_json_atomic
 from .loss_detector import LossDetector, Sensitivity
+
+# An elastic job across hosts: how near each learner came to being taken for lost.
+HEARTBEATS = Path("logs") / "heartbeats.json"
 
 
 def empty_blank_exit_records(run_dir: str | Path, nprocs: int) -> None:
@@ -199,8 +203,19 @@ class HeartbeatListener:
             return any(heard >= last[0] + by_s and host == last[1]
                        for other, (heard, host, _) in self.heard.items() if other != rank)
 
-    def close(self) -> None:
+    def close(self, run_dir: Path | None = None) -> None:
+        """Stop listening; ``run_dir``: an elastic job across hosts, whose learners' closest
+        calls (LossDetector.closest_calls) go to logs/heartbeats.json, so that a user sees
+        how much room the detector's settings left (docs/failures.md)."""
         self.sock.close()
+        if run_dir is not None and self.answer:
+            try:
+                write_json_atomic(Path(run_dir) / HEARTBEATS, {
+                    "sensitivity": asdict(self.detector.sensitivity),
+                    "closest_calls": {str(rank): call for rank, call in
+                                      self.detector.closest_calls().items()}})
+            except OSError as ex:  # a full disk: the job's own outcome matters more
+                print(f"adpsgd-run: could not write {HEARTBEATS}: {ex}", file=sys.stderr)
 
 
 def rank_host(run_dir: str | Path, rank: int) -> str | None:
