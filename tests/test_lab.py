@@ -418,8 +418,11 @@ def kill_learner_3_on_lab2(run_dir: Path, proc: subprocess.Popen,
     lab("ssh", "lab2", f"kill -9 {pid}")
     _, err = proc.communicate(timeout=240)
     if proc.returncode and after_a_spawn and RUNTIME_LOST_A_DAEMON.search(err):
+        # Its cause is not known yet: what Open MPI's runtime said comes with the reason.
+        runtime = run_dir / "logs" / "mpiexec.log"
+        said = runtime.read_text(errors="replace")[-1500:] if runtime.exists() else ""
         pytest.xfail("Open MPI's runtime lost its daemon on lab1 after the spawn (see "
-                     "RUNTIME_LOST_A_DAEMON): " + err[-600:])
+                     "RUNTIME_LOST_A_DAEMON): " + err[-600:] + "\nlogs/mpiexec.log: " + said)
     assert proc.returncode == 0, err[-3000:]
     assert re.search(r"adpsgd-run: learner 3 \(lab2\) lost at [\d,]+ samples: 3 learner", err)
     return err

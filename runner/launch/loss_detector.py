@@ -114,11 +114,13 @@ class LossDetector:
         with self._lock:
             last = self._last.get(rank)
             if last is not None and now > last:
-                gaps = self._gaps.setdefault(rank, deque(maxlen=WINDOW))
-                gap, threshold = now - last, self._threshold(rank, list(gaps), now)
+                gaps, gap = self._gaps.setdefault(rank, deque(maxlen=WINDOW)), now - last
                 closest = self._closest.get(rank)
-                if closest is None or gap / threshold > closest[0] / closest[1]:
-                    self._closest[rank] = (gap, threshold)
+                # No threshold is below the floor: most gaps need no median to be passed over.
+                if closest is None or gap / self.sensitivity.loss_after_s > closest[0] / closest[1]:
+                    threshold = self._threshold(rank, list(gaps), now)
+                    if closest is None or gap / threshold > closest[0] / closest[1]:
+                        self._closest[rank] = (gap, threshold)
                 gaps.append(gap)
             self._last[rank] = now
 
