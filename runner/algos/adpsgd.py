@@ -420,24 +420,24 @@ class ADPSGD(Algorithm):
     def shared_update_group(self):
         return self.group if self.group.size > 1 else None  # a super learner's members
 
+    def _optimizer_state(self) -> dict:
+        """Copies of the optimizer's state and the staleness record, which training may go
+        on from (under the model lock, which the gossip thread merges under too)."""
+        return {"optimizer": detached_copy(self.optimizer_x.state_dict()),
+                "staleness": torch.tensor(self.staleness, dtype=torch.int64)}
+
     def state_dict(self):
         with self.lock:  # the gossip is quiesced; the lock makes that no assumption
-            state = {"x": [t.clone() for t in self.x],
-                     "optimizer": self.optimizer_x.state_dict(),
-                     "staleness": torch.tensor(self.staleness, dtype=torch.int64)}
+            state = {"x": [t.clone() for t in self.x], **self._optimizer_state()}
             if self.averager:
                 state["gossip"] = self.averager.counters()
         return state
 
     def capture_state(self):
-        def rest():  # under the model lock, which the gossip thread merges under too
-            return {"optimizer": detached_copy(self.optimizer_x.state_dict()),
-                    "staleness": torch.tensor(self.staleness, dtype=torch.int64)}
-
         if self.averager:
-            return self.averager.capture(rest)
+            return self.averager.capture(self._optimizer_state)
         with self.lock:
-            return Capture(0, [t.clone() for t in self.x], {}, rest())
+            return Capture(0, [t.clone() for t in self.x], {}, self._optimizer_state())
 
     def captured_state_dict(self, capture):
         if self.averager:
