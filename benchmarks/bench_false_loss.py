@@ -32,6 +32,8 @@ if str(REPO) not in sys.path:  # run as a file from anywhere: this checkout's be
 from benchmarks import harness as bench  # noqa: E402
 from benchmarks.bench_network import lab, lab_with  # noqa: E402
 from runner.errors import UserError  # noqa: E402
+from runner.launch.watchdog import HEARTBEATS  # noqa: E402
+from runner.runlog.failure_events import read_events  # noqa: E402
 
 NAME = "false_loss"
 BIN = Path(sys.executable).parent
@@ -53,13 +55,13 @@ def start(run_dir: Path, epochs: int, overrides: list[str]) -> subprocess.Popen:
 
 def judged(run_dir: Path, returncode: int, wall_s: float) -> dict:
     """One run's verdict from what it wrote."""
-    summary_path, events_path = run_dir / "summary.json", run_dir / "logs" / "events.jsonl"
+    summary_path = run_dir / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
-    events = ([json.loads(line) for line in events_path.read_text().splitlines()]
-              if events_path.exists() else [])
-    heartbeats_path = run_dir / "logs" / "heartbeats.json"
-    calls = (json.loads(heartbeats_path.read_text())["closest_calls"]
-             if heartbeats_path.exists() else {})
+    events = read_events(run_dir)
+    try:
+        calls = json.loads((run_dir / HEARTBEATS).read_text())["closest_calls"]
+    except (OSError, ValueError, KeyError):  # none written (a failed run), or unreadable
+        calls = {}
     silent = [e["learner"] for e in events if e.get("event") == "silent"]
     completed = (returncode == 0 and summary.get("status") == "completed"
                  and summary.get("learners_at_end") == 2)
@@ -85,6 +87,7 @@ def measure(args: argparse.Namespace) -> dict:
                              "--", "sleep", str(args.timeout * args.count)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     runs: list[dict] = []
+    jobs: list[subprocess.Popen] = []
     try:
         dirs = [args.runs / f"run{i}" for i in range(args.count)]
         for group in (dirs[i:i + args.at_once] for i in range(0, len(dirs), args.at_once)):
@@ -95,9 +98,6 @@ def measure(args: argparse.Namespace) -> dict:
                 try:
                     job.wait(timeout=max(deadline - time.monotonic(), 1))
                 except subprocess.TimeoutExpired:
-                    for other in jobs:
-                        if other.poll() is None:
-                            os.killpg(other.pid, signal.SIGKILL)
                     raise UserError(f"{run_dir.name} ran over {args.timeout:.0f} s",
                                     "raise --timeout on a slow machine") from None
                 runs.append(judged(run_dir, job.returncode, time.monotonic() - started))
@@ -105,6 +105,9 @@ def measure(args: argparse.Namespace) -> dict:
                 print(f"{run_dir.name}: {verdict}, {runs[-1]['wall_s']} s",
                       file=sys.stderr, flush=True)
     finally:
+        for job in jobs:  # a time-out or Ctrl-C: no run goes on in its own session
+            if job.poll() is None:
+                os.killpg(job.pid, signal.SIGKILL)
         hogs.terminate()
         hogs.wait(timeout=30)
         for host in hosts[:2]:

@@ -255,6 +255,14 @@ def test_a_host_whose_link_is_cut_is_named(lab_overrides, tmp_path):
                      r"heartbeat for \d+ s .*its network link is down", err), err
 
 
+# A waiting spare's segmentation fault inside Open MPI 5.0.11's fault-tolerant agreement
+# (MPIX_Comm_shrink -> ompi_errhandler_proc_failed_internal), after the survivors declared the
+# learners behind the cut failed: seen once in a CI run. The job goes on without that spare,
+# one line naming it (docs/failures.md); any other way of missing a join fails the test.
+OPEN_MPI_AGREEMENT_CRASH = re.compile(r"Segmentation fault[\s\S]*"
+                                      r"ompi_errhandler_proc_failed_internal")
+
+
 @pytest.mark.parametrize("algo", ["dpsgd", "adpsgd"])  # a step in lockstep, gossip in flight
 def test_an_elastic_job_goes_on_without_the_learners_behind_a_cut_link(lab_overrides,
                                                                        tmp_path, algo):
@@ -279,6 +287,11 @@ def test_an_elastic_job_goes_on_without_the_learners_behind_a_cut_link(lab_overr
     assert proc.returncode == 0, err[-3000:]
     assert re.search(r"adpsgd-run: learner 2 \(lab2\), learner 3 \(lab2\) lost at [\d,]+ "
                      r"samples: 2 learner\(s\) go on", err), err
+    spare_log = run_dir / "logs" / "rank5.log"
+    if ("adpsgd-run: spare(s) 5 (lab3) lost while waiting" in err and spare_log.exists()
+            and OPEN_MPI_AGREEMENT_CRASH.search(spare_log.read_text(errors="replace"))):
+        pytest.xfail("spare 5 crashed inside Open MPI's agreement (OPEN_MPI_AGREEMENT_CRASH); "
+                     "the job went on with the other spare: " + err[-600:])
     assert re.search(r"adpsgd-run: learner 4 \(lab3\), learner 5 \(lab3\) joined at [\d,]+ "
                      r"samples: 4 learner\(s\) train", err), err
     assert re.search(r"adpsgd-run: learner\(s\) 2, 3 on lab2, which the job went on without, "
