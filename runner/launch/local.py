@@ -333,7 +333,7 @@ class LocalLauncher(Launcher):
                 return EXIT_STOPPED, None
             finally:
                 if listener:
-                    listener.close(run_dir if across_hosts_elastic else None)
+                    listener.close(run_dir)
                 if supervision.probe:
                     supervision.probe.stop()
         ended = time.time()

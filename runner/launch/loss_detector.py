@@ -116,10 +116,11 @@ class LossDetector:
             if last is not None and now > last:
                 gaps, gap = self._gaps.setdefault(rank, deque(maxlen=WINDOW)), now - last
                 closest = self._closest.get(rank)
+                nearest = closest[0] / closest[1] if closest else -1.0
                 # No threshold is below the floor: most gaps need no median to be passed over.
-                if closest is None or gap / self.sensitivity.loss_after_s > closest[0] / closest[1]:
+                if gap / self.sensitivity.loss_after_s > nearest:
                     threshold = self._threshold(rank, list(gaps), now)
-                    if closest is None or gap / threshold > closest[0] / closest[1]:
+                    if gap / threshold > nearest:
                         self._closest[rank] = (gap, threshold)
                 gaps.append(gap)
             self._last[rank] = now

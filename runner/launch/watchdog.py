@@ -204,9 +204,10 @@ class HeartbeatListener:
                        for other, (heard, host, _) in self.heard.items() if other != rank)
 
     def close(self, run_dir: Path | None = None) -> None:
-        """Stop listening; ``run_dir``: an elastic job across hosts, whose learners' closest
-        calls (LossDetector.closest_calls) go to logs/heartbeats.json, so that a user sees
-        how much room the detector's settings left (docs/failures.md)."""
+        """Stop listening. An elastic job across hosts (one this listener answered) writes
+        its learners' closest calls (LossDetector.closest_calls) to ``run_dir``'s
+        logs/heartbeats.json, so that a user sees how much room the detector's settings
+        left (docs/failures.md)."""
         self.sock.close()
         if run_dir is not None and self.answer:
             try:
