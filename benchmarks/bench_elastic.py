@@ -72,9 +72,9 @@ def start(run_dir: Path, algo: str, epochs: int, elastic: bool, *extra: str
                f"trainer.epochs={epochs}", "trainer.eval_every=4", "trainer.progress=false",
                f"hydra.run.dir={run_dir}", *ALGO_ARGS.get(algo, []), *extra]
     run_dir.mkdir(parents=True, exist_ok=True)
-    return subprocess.Popen(command, cwd=run_dir.parent, stdout=subprocess.DEVNULL,
-                            stderr=open(run_dir.parent / f"{run_dir.name}.stderr", "w"),
-                            start_new_session=True)
+    with open(run_dir.parent / f"{run_dir.name}.stderr", "w") as stderr:  # the job has its own
+        return subprocess.Popen(command, cwd=run_dir.parent, stdout=subprocess.DEVNULL,
+                                stderr=stderr, start_new_session=True)
 
 
 def wait(job: subprocess.Popen, run_dir: Path, timeout_s: float) -> dict:

@@ -45,12 +45,13 @@ MD_HEADER = ("| date | runs x epochs | at once | busy processes | false losses |
 
 def start(run_dir: Path, epochs: int, overrides: list[str]) -> subprocess.Popen:
     run_dir.mkdir(parents=True, exist_ok=True)
-    return subprocess.Popen(
-        [str(BIN / "adpsgd-run"), "recipe=digit_images", "algo=dpsgd", "launcher.nprocs=2",
-         "launcher.procs_per_node=1", "launcher.elastic=true", f"trainer.epochs={epochs}",
-         "trainer.progress=false", *overrides, f"hydra.run.dir={run_dir}"],
-        cwd=run_dir.parent, stdout=subprocess.DEVNULL,
-        stderr=open(run_dir.parent / f"{run_dir.name}.stderr", "w"), start_new_session=True)
+    with open(run_dir.parent / f"{run_dir.name}.stderr", "w") as stderr:  # the job has its own
+        return subprocess.Popen(
+            [str(BIN / "adpsgd-run"), "recipe=digit_images", "algo=dpsgd", "launcher.nprocs=2",
+             "launcher.procs_per_node=1", "launcher.elastic=true", f"trainer.epochs={epochs}",
+             "trainer.progress=false", *overrides, f"hydra.run.dir={run_dir}"],
+            cwd=run_dir.parent, stdout=subprocess.DEVNULL, stderr=stderr,
+            start_new_session=True)
 
 
 def judged(run_dir: Path, returncode: int, wall_s: float) -> dict:

@@ -198,6 +198,38 @@ def test_elastic(tmp_path):
 
 
 @pytest.mark.mpi
+def test_held_out(tmp_path):
+    """--quick: ssgd on 4 ranks with seed 0 uninterrupted, with learner 2 killed, and with
+    the same kill and a spare; each kind's held-out top-1 against the uninterrupted runs'."""
+    r, rows = run_quick(tmp_path, "bench_held_out", "--runs", str(tmp_path / "runs"))
+    (case,) = r["cases"]
+    assert (case["algo"], case["seeds"]) == ("ssgd", [0])
+    assert case["learners_at_end"] == {"killed-seed0": 3, "rejoined-seed0": 4}
+    assert all(case["top1"][kind]["0"] > 50 for kind in case["top1"])  # chance is 10 %
+    low = high = case["top1"]["uninterrupted"]["0"]
+    for kind in ("killed", "rejoined"):
+        top1 = case["top1"][kind]["0"]
+        assert case[kind]["median"] == top1 and case[kind]["standard_error"] is None
+        assert case[kind]["inside"] == (low <= top1 <= high) == (case[kind]["runs_inside"] == 1)
+    cells = [c.strip() for c in rows[0].strip("|").split("|")]
+    assert cells[1:3] == ["ssgd", "1"] and cells[-1] in ("inside", "OUTSIDE")
+    assert cells[4] == f"{case['top1']['killed']['0']:.2f} ({case['top1']['killed']['0']:.2f}-"\
+                       f"{case['top1']['killed']['0']:.2f})"
+
+
+def test_held_out_verdict_is_the_median_inside_the_uninterrupted_range():
+    compare = load_script("bench_held_out").compare
+    inside = compare([96.0, 97.0, 98.0], [95.0, 96.5, 99.0])
+    assert inside["inside"] and inside["median"] == 96.5 and inside["runs_inside"] == 1
+    assert inside["mean_difference"] == pytest.approx(96.8333 - 97.0, abs=1e-3)
+    # sqrt(var(u)/3 + var(o)/3) = sqrt(1/3 + 4.0833/3)
+    assert inside["standard_error"] == pytest.approx(1.3017, abs=1e-3)
+    outside = compare([96.0, 97.0, 98.0], [90.0, 95.0, 99.0])
+    assert not outside["inside"] and outside["runs_inside"] == 0  # 99 is above 98
+    assert compare([97.0], [96.0])["standard_error"] is None
+
+
+@pytest.mark.mpi
 def test_respawn(tmp_path):
     """--quick: ssgd on 4 ranks with learner 2 killed a third of the way and a replacement
     spawned (the uninterrupted job to compare with is the full mode's). Two epochs may end
