@@ -16,6 +16,7 @@ lockstep epoch used each sample once::
     python benchmarks/bench_respawn.py --json docs/results/respawn.json
     python benchmarks/bench_respawn.py --algos dpsgd adpsgd --epochs 12
     python benchmarks/bench_respawn.py --quick     # ssgd, 2 epochs: checks the wiring
+    python benchmarks/bench_respawn.py --seeds 1 2 3 4  # and the respawned jobs with 4 more seeds
 
 ``--quick`` runs the respawned job only: no uninterrupted one (its top-1 is null, "-" in the
 row), as each job's start-up on 4 ranks is most of the benchmark's time.
@@ -71,11 +72,26 @@ def measure(args: argparse.Namespace) -> dict:
         cases.append({"algo": algo, "epochs": epochs, "delay_s": delay_s, **run,
                       "learners_at_end": summary["learners_at_end"],
                       "uninterrupted_top1": uninterrupted_top1, "top1": summary["top1"],
-                      "every_sample_once": every_sample_once(summary)})
+                      "every_sample_once": every_sample_once(summary),
+                      "seeds": [respawned_seed(root, algo, epochs, args.timeout, slowed, seed)
+                                for seed in args.seeds]})
         print(f"{algo}: training again {run['kill_to_training_s']} s, 4 learners again "
               f"{run.get('kill_to_joined_s')} s, top-1 {top1(uninterrupted_top1)} -> "
               f"{summary['top1']:.2f}", file=sys.stderr, flush=True)
     return record.finish({"cases": cases, "run_dirs": str(args.runs)})
+
+
+def respawned_seed(root: Path, algo: str, epochs: int, timeout_s: float, slowed: str,
+                   seed: int) -> dict:
+    """The respawned job again with another seed (``--seeds``): its timings, learners at the
+    end and held-out top-1, for the spread of what a respawn gives."""
+    run = killed_run(root / f"respawned-seed{seed}", algo, epochs, timeout_s,
+                     "launcher.respawn=true", slowed, f"seed={seed}")
+    summary = run.pop("summary")
+    print(f"{algo} seed {seed}: 4 learners again {run.get('kill_to_joined_s')} s, top-1 "
+          f"{summary['top1']:.2f}", file=sys.stderr, flush=True)
+    return {"seed": seed, **run, "learners_at_end": summary["learners_at_end"],
+            "top1": summary["top1"], "every_sample_once": every_sample_once(summary)}
 
 
 def top1(value: float | None) -> str:
@@ -104,6 +120,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--epochs", type=int, help="default: 12; --quick: 2")
     parser.add_argument("--delay-s", type=float, help="seconds each step sleeps "
                         "(faults.delay_s); default: 0.05; --quick: 0")
+    parser.add_argument("--seeds", type=int, nargs="*", default=[],
+                        help="the respawned job again with these seeds (seed 0's is the "
+                        "table's row); default: none")
     args = parser.parse_args(argv)
     bench.fill_defaults(args, argv, QUICK, FULL)
     return args

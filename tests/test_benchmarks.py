@@ -212,9 +212,11 @@ def test_held_out(tmp_path):
         assert case[kind]["median"] == top1 and case[kind]["standard_error"] is None
         assert case[kind]["inside"] == (low <= top1 <= high) == (case[kind]["runs_inside"] == 1)
     cells = [c.strip() for c in rows[0].strip("|").split("|")]
-    assert cells[1:3] == ["ssgd", "1"] and cells[-1] in ("inside", "OUTSIDE")
-    assert cells[4] == f"{case['top1']['killed']['0']:.2f} ({case['top1']['killed']['0']:.2f}-"\
-                       f"{case['top1']['killed']['0']:.2f})"
+    assert cells[1:4] == ["ssgd", "1", "0 s"] and cells[7] == "-"  # no respawned runs
+    killed = f"{case['top1']['killed']['0']:.2f}"
+    assert cells[5] == f"{killed} ({killed}-{killed}), {case['killed']['runs_inside']} of 1"
+    assert cells[8] == ("inside" if case["killed"]["inside"] and case["rejoined"]["inside"]
+                        else "OUTSIDE")
 
 
 def test_held_out_verdict_is_the_median_inside_the_uninterrupted_range():
@@ -232,11 +234,16 @@ def test_held_out_verdict_is_the_median_inside_the_uninterrupted_range():
 @pytest.mark.mpi
 def test_respawn(tmp_path):
     """--quick: ssgd on 4 ranks with learner 2 killed a third of the way and a replacement
-    spawned (the uninterrupted job to compare with is the full mode's). Two epochs may end
-    before a replacement started on a busy machine: then it never joined, the job ended on
-    3, and the row says so."""
-    r, rows = run_quick(tmp_path, "bench_respawn", "--runs", str(tmp_path / "runs"))
+    spawned, and again with seed 1 (the uninterrupted job to compare with is the full
+    mode's). Two epochs may end before a replacement started on a busy machine: then it
+    never joined, the job ended on 3, and the row says so."""
+    r, rows = run_quick(tmp_path, "bench_respawn", "--runs", str(tmp_path / "runs"),
+                        "--seeds", "1")
     (case,) = r["cases"]
+    (again,) = case["seeds"]  # the respawned job with seed 1: on 4 again, or never joined
+    assert again["seed"] == 1 and again["every_sample_once"] is True and again["top1"] > 50
+    assert again["learners_at_end"] in (3, 4) and positive(again["kill_to_training_s"])
+    assert (again["learners_at_end"] == 4) == ("kill_to_joined_s" in again)
     assert case["algo"] == "ssgd" and positive(case["kill_to_training_s"])
     assert case["every_sample_once"] is True and case["top1"] > 50
     cells = [c.strip() for c in rows[0].strip("|").split("|")]

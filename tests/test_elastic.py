@@ -877,6 +877,18 @@ def test_the_session_files_of_a_killed_mpiexec_do_not_stop_a_later_job(tmp_path)
 
 
 @pytest.mark.slow
+def test_open_mpi_ranks_start_without_the_transport_that_sleeps_unless_the_user_chooses():
+    """Open MPI 5.0.11's libfabric btl sleeps 1 s in every MPI_Init here: elastic jobs'
+    ranks (and the replacements spawned into them) start without it, but a user's own
+    OMPI_MCA_btl is kept as given."""
+    from runner.launch.ulfm_mpi import ulfm_environment
+
+    mpiexec = str(ULFM_PREFIX / "bin" / "mpiexec")
+    assert ulfm_environment(mpiexec, {})["OMPI_MCA_btl"] == "^ofi"
+    chosen = {"OMPI_MCA_btl": "self,sm,ofi"}
+    assert ulfm_environment(mpiexec, chosen)["OMPI_MCA_btl"] == "self,sm,ofi"
+
+
 def test_a_full_tmpdir_for_open_mpis_session_files_is_one_line(tmp_path, monkeypatch):
     """A TMPDIR whose file system is full (here: a tmpfs out of inodes) ends the job's start
     with one line naming the directory and the fix."""

@@ -45,17 +45,30 @@ def find_ulfm_mpiexec(requested: str | None, key: str = "launcher.elastic") -> s
     return mpiexec
 
 
+# Open MPI 5.0.11's libfabric transport (btl ofi) sleeps a whole second in every process's
+# MPI_Init when it closes unused (seen with gdb: sleep(1) under mca_btl_base_select, on a host
+# without a fabric for it). Elastic jobs pay every start-up twice over: at the start and in
+# each replacement spawned into the job, which the survivors wait for. Left out unless the
+# user's environment chooses the transports; a fabric's point-to-point traffic goes through
+# the pml and mtl components (ucx, ofi), which this leaves alone.
+TRANSPORTS = ("OMPI_MCA_btl", "^ofi")
+
+
 def ulfm_environment(mpiexec: str, env: dict[str, str]) -> dict[str, str]:
     """What the ranks of an elastic job need in their environment: mpi4py loads the
     prefix's libmpi, which finds its own libraries (PMIx, PRRTE, hwloc) beside it; an error
     raised before a communicator exists to take it is returned, not fatal, as every error
-    of a survivor must be. (A send freed in flight that fails later aborts regardless: the
-    requests a failure interrupts are kept instead, runner/comm/ulfm.py keep_abandoned.)"""
+    of a survivor must be (a send freed in flight that fails later aborts regardless: the
+    requests a failure interrupts are kept instead, runner/comm/ulfm.py keep_abandoned); the
+    transports, without the one whose start-up sleeps (:data:`TRANSPORTS`), unless ``env``
+    names them."""
     lib = Path(mpiexec).resolve().parent.parent / "lib"
     paths = [str(lib), *filter(None, env.get("LD_LIBRARY_PATH", "").split(os.pathsep))]
+    name, transports = TRANSPORTS
     return {"MPI4PY_LIBMPI": str(lib / "libmpi.so.40"),
             "LD_LIBRARY_PATH": os.pathsep.join(paths),
-            "OMPI_MCA_mpi_initial_errhandler": "mpi_errors_return"}
+            "OMPI_MCA_mpi_initial_errhandler": "mpi_errors_return",
+            name: env.get(name, transports)}
 
 
 def open_mpi_args(elastic: bool, session_base: str | None = None) -> list[str]:
