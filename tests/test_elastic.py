@@ -876,7 +876,6 @@ def test_the_session_files_of_a_killed_mpiexec_do_not_stop_a_later_job(tmp_path)
     assert list(tmpdir.glob("adpsgd-ompi-*")) == []
 
 
-@pytest.mark.slow
 def test_open_mpi_ranks_start_without_the_transport_that_sleeps_unless_the_user_chooses():
     """Open MPI 5.0.11's libfabric btl sleeps 1 s in every MPI_Init here: elastic jobs'
     ranks (and the replacements spawned into them) start without it, but a user's own
@@ -889,6 +888,7 @@ def test_open_mpi_ranks_start_without_the_transport_that_sleeps_unless_the_user_
     assert ulfm_environment(mpiexec, chosen)["OMPI_MCA_btl"] == "self,sm,ofi"
 
 
+@pytest.mark.slow
 def test_a_full_tmpdir_for_open_mpis_session_files_is_one_line(tmp_path, monkeypatch):
     """A TMPDIR whose file system is full (here: a tmpfs out of inodes) ends the job's start
     with one line naming the directory and the fix."""
