@@ -77,13 +77,28 @@ def start(run_dir: Path, algo: str, epochs: int, elastic: bool, *extra: str
                                 stderr=stderr, start_new_session=True)
 
 
+def stop(job: subprocess.Popen, grace_s: float = 30) -> None:
+    """Stop ``job`` if it still runs, as Ctrl-C would (SIGINT to its launcher, which stops
+    its mpiexec and ranks), killing it after ``grace_s`` or at a second Ctrl-C: a benchmark
+    ended by Ctrl-C, a time-out or an error leaves no job going on in a session of its own."""
+    if job.poll() is not None:
+        return
+    os.killpg(job.pid, signal.SIGINT)
+    try:
+        job.wait(timeout=grace_s)
+    except (subprocess.TimeoutExpired, KeyboardInterrupt):
+        os.killpg(job.pid, signal.SIGKILL)
+        job.wait()
+
+
 def wait(job: subprocess.Popen, run_dir: Path, timeout_s: float) -> dict:
     try:
         job.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        os.killpg(job.pid, signal.SIGKILL)
         raise UserError(f"{run_dir.name} ran over {timeout_s:.0f} s",
                         "raise --timeout on a slow machine") from None
+    finally:
+        stop(job)
     if job.returncode != 0:
         raise UserError(f"{run_dir.name} exited with status {job.returncode}",
                         f"read {run_dir.parent / (run_dir.name + '.stderr')}")
@@ -118,11 +133,15 @@ def wait_for_a_third(job: subprocess.Popen, run_dir: Path, epochs: int, timeout_
 
 def killed_run(run_dir: Path, algo: str, epochs: int, timeout_s: float, *extra: str) -> dict:
     job = start(run_dir, algo, epochs, True, *extra)
-    wait_for_a_third(job, run_dir, epochs, timeout_s, "the kill")
-    pid = int((run_dir / "logs" / f"rank{VICTIM}.pid").read_text().split()[0])
-    killed_rows = len(rows_of(run_dir))
-    os.kill(pid, signal.SIGKILL)
-    killed_at = time.time()
+    try:
+        wait_for_a_third(job, run_dir, epochs, timeout_s, "the kill")
+        pid = int((run_dir / "logs" / f"rank{VICTIM}.pid").read_text().split()[0])
+        killed_rows = len(rows_of(run_dir))
+        os.kill(pid, signal.SIGKILL)
+        killed_at = time.time()
+    except BaseException:  # the moment never came, or Ctrl-C: the job does not go on alone
+        stop(job)
+        raise
     summary = wait(job, run_dir, timeout_s)
     events = list(map(json.loads, (run_dir / "logs" / "events.jsonl").read_text().splitlines()))
     lost = [e for e in events if e["event"] == "lost"]
