@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -30,6 +28,7 @@ if str(REPO) not in sys.path:  # run as a file from anywhere: this checkout's be
     sys.path.insert(0, str(REPO))
 
 from benchmarks import harness as bench  # noqa: E402
+from benchmarks.bench_elastic import stop  # noqa: E402
 from benchmarks.bench_network import lab, lab_with  # noqa: E402
 from runner.errors import UserError  # noqa: E402
 from runner.launch.watchdog import HEARTBEATS  # noqa: E402
@@ -107,8 +106,7 @@ def measure(args: argparse.Namespace) -> dict:
                       file=sys.stderr, flush=True)
     finally:
         for job in jobs:  # a time-out or Ctrl-C: no run goes on in its own session
-            if job.poll() is None:
-                os.killpg(job.pid, signal.SIGKILL)
+            stop(job)
         hogs.terminate()
         hogs.wait(timeout=30)
         for host in hosts[:2]:
