@@ -40,7 +40,6 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # run as a file from anywhere: this checkout's benchmarks
     sys.path.insert(0, str(REPO))
 
-from benchmarks import bench_elastic  # noqa: E402
 from benchmarks import harness as bench  # noqa: E402
 from benchmarks.bench_elastic import (  # noqa: E402
     EPOCHS_SCALE,
@@ -48,11 +47,12 @@ from benchmarks.bench_elastic import (  # noqa: E402
     start,
     wait,
 )
+from benchmarks.bench_elastic import FULL as ELASTIC_FULL  # noqa: E402
 
 NAME = "held_out"
 # Each kind of run: what its job adds to the uninterrupted one's (and the same kill).
 KINDS = {"killed": [], "rejoined": ["launcher.spares=1"], "respawned": ["launcher.respawn=true"]}
-FULL = {"algos": bench_elastic.FULL["algos"], "epochs": 12, "seeds": [0, 1, 2, 3, 4],
+FULL = {"algos": ELASTIC_FULL["algos"], "epochs": 12, "seeds": [0, 1, 2, 3, 4],
         "kinds": ["killed", "rejoined"]}
 # --quick: the kill without a spare, whose run bench_elastic.py's --quick does not make (its
 # kill with one is the same killed_run with launcher.spares=1).

@@ -65,33 +65,31 @@ def measure(args: argparse.Namespace) -> dict:
         # start() and wait() the respawned job goes through), only a top-1 to compare with.
         plain = None if args.quick else wait(start(root / "uninterrupted", algo, epochs, True,
                                                    slowed), root / "uninterrupted", args.timeout)
-        run = killed_run(root / "respawned", algo, epochs, args.timeout,
-                         "launcher.respawn=true", slowed)
-        summary = run.pop("summary")
+        run = respawned(root / "respawned", algo, epochs, args.timeout, slowed)
         uninterrupted_top1 = None if plain is None else plain["top1"]
+        again = []  # --seeds: the spread of what a respawn gives
+        for seed in args.seeds:
+            again.append({"seed": seed, **respawned(root / f"respawned-seed{seed}", algo,
+                                                    epochs, args.timeout, slowed,
+                                                    f"seed={seed}")})
+            print(f"{algo} seed {seed}: 4 learners again {again[-1].get('kill_to_joined_s')} "
+                  f"s, top-1 {again[-1]['top1']:.2f}", file=sys.stderr, flush=True)
         cases.append({"algo": algo, "epochs": epochs, "delay_s": delay_s, **run,
-                      "learners_at_end": summary["learners_at_end"],
-                      "uninterrupted_top1": uninterrupted_top1, "top1": summary["top1"],
-                      "every_sample_once": every_sample_once(summary),
-                      "seeds": [respawned_seed(root, algo, epochs, args.timeout, slowed, seed)
-                                for seed in args.seeds]})
+                      "uninterrupted_top1": uninterrupted_top1, "seeds": again})
         print(f"{algo}: training again {run['kill_to_training_s']} s, 4 learners again "
               f"{run.get('kill_to_joined_s')} s, top-1 {top1(uninterrupted_top1)} -> "
-              f"{summary['top1']:.2f}", file=sys.stderr, flush=True)
+              f"{run['top1']:.2f}", file=sys.stderr, flush=True)
     return record.finish({"cases": cases, "run_dirs": str(args.runs)})
 
 
-def respawned_seed(root: Path, algo: str, epochs: int, timeout_s: float, slowed: str,
-                   seed: int) -> dict:
-    """The respawned job again with another seed (``--seeds``): its timings, learners at the
-    end and held-out top-1, for the spread of what a respawn gives."""
-    run = killed_run(root / f"respawned-seed{seed}", algo, epochs, timeout_s,
-                     "launcher.respawn=true", slowed, f"seed={seed}")
+def respawned(run_dir: Path, algo: str, epochs: int, timeout_s: float, slowed: str,
+              *extra: str) -> dict:
+    """One respawned job: its timings (killed_run's), learners at the end, held-out top-1
+    and whether every lockstep epoch used each sample once."""
+    run = killed_run(run_dir, algo, epochs, timeout_s, "launcher.respawn=true", slowed, *extra)
     summary = run.pop("summary")
-    print(f"{algo} seed {seed}: 4 learners again {run.get('kill_to_joined_s')} s, top-1 "
-          f"{summary['top1']:.2f}", file=sys.stderr, flush=True)
-    return {"seed": seed, **run, "learners_at_end": summary["learners_at_end"],
-            "top1": summary["top1"], "every_sample_once": every_sample_once(summary)}
+    return {**run, "learners_at_end": summary["learners_at_end"], "top1": summary["top1"],
+            "every_sample_once": every_sample_once(summary)}
 
 
 def top1(value: float | None) -> str:

@@ -51,7 +51,7 @@ def find_ulfm_mpiexec(requested: str | None, key: str = "launcher.elastic") -> s
 # each replacement spawned into the job, which the survivors wait for. Left out unless the
 # user's environment chooses the transports; a fabric's point-to-point traffic goes through
 # the pml and mtl components (ucx, ofi), which this leaves alone.
-TRANSPORTS = ("OMPI_MCA_btl", "^ofi")
+TRANSPORTS_LEFT_OUT = "^ofi"  # OMPI_MCA_btl's value
 
 
 def ulfm_environment(mpiexec: str, env: dict[str, str]) -> dict[str, str]:
@@ -60,15 +60,14 @@ def ulfm_environment(mpiexec: str, env: dict[str, str]) -> dict[str, str]:
     raised before a communicator exists to take it is returned, not fatal, as every error
     of a survivor must be (a send freed in flight that fails later aborts regardless: the
     requests a failure interrupts are kept instead, runner/comm/ulfm.py keep_abandoned); the
-    transports, without the one whose start-up sleeps (:data:`TRANSPORTS`), unless ``env``
-    names them."""
+    transports, without the one whose start-up sleeps (:data:`TRANSPORTS_LEFT_OUT`), unless
+    ``env`` names them."""
     lib = Path(mpiexec).resolve().parent.parent / "lib"
     paths = [str(lib), *filter(None, env.get("LD_LIBRARY_PATH", "").split(os.pathsep))]
-    name, transports = TRANSPORTS
     return {"MPI4PY_LIBMPI": str(lib / "libmpi.so.40"),
             "LD_LIBRARY_PATH": os.pathsep.join(paths),
             "OMPI_MCA_mpi_initial_errhandler": "mpi_errors_return",
-            name: env.get(name, transports)}
+            "OMPI_MCA_btl": env.get("OMPI_MCA_btl", TRANSPORTS_LEFT_OUT)}
 
 
 def open_mpi_args(elastic: bool, session_base: str | None = None) -> list[str]:
