@@ -4,6 +4,7 @@ evaluations due several at once, and the throughput of a run resumed on fewer ra
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import time
@@ -96,3 +97,12 @@ def test_asynchronous_runs_end_at_their_budget_and_evaluate_near_epoch_ends(tmp_
         epochs = [m["epoch"] for m in metrics if m["split"] == "eval"]
         print(f"seed {seed}: evaluations at epochs {epochs}")
         assert 3 <= epochs[-1] < 3.15, epochs
+        # One meeting per epoch end: its checkpoint is taken where its evaluation was, at
+        # the count agreed there, even one short of the epoch end (a second meeting a few
+        # steps later quiesced the gossip again: runner/trainer/meetings.py).
+        log = (run_dir / "logs" / "rank0.log").read_text()
+        evaluated = {int(s) for s in re.findall(r"evaluating at step \d+ \((\d+) samples", log)}
+        checkpointed = [int(s) for s in re.findall(r"checkpoint \(scheduled\) at step \d+: "
+                                                   r"\S*samples-(\d+)", log)]
+        assert len(checkpointed) == 3 and set(checkpointed) <= evaluated, \
+            (checkpointed, sorted(evaluated))

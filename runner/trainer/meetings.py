@@ -16,7 +16,7 @@ from ..elastic.membership import lost_samples
 from ..lazy import torch
 from ..runlog.console import evaluation_postfix
 from ..train.evaluation_beside import Evaluation, EvaluationsBeside
-from ..train.milestones import CHECKPOINT, EVALUATE, STOP_CHECK
+from ..train.milestones import CHECKPOINT, EVALUATE, STOP_CHECK, Milestone
 from ..train.nonfinite import refuse_poisoned_state
 from .rank_state import capture_rank_state
 from .report import rank_report
@@ -33,36 +33,63 @@ class Meetings:
         an asynchronous count exact, which may reach further ones)."""
         if self.writer is not None:
             self.writer.poll()  # a checkpoint written beside training failed: say it now
-        while (milestone := self.milestones.due(self.state.samples)) is not None:
-            if milestone.kind != STOP_CHECK:  # the collective ones: every rank waits there
-                self.algo.milestone_reached(milestone.samples)
-            if milestone.kind == EVALUATE and milestone.final:
-                with self.timers.time("eval"):
-                    self.collect_evaluations(leave=0)  # in order, before the final one
-                self._meet()
-                if self.state.samples < milestone.samples:  # an estimate ran ahead: train on
-                    self.milestones.rearm()
-                    self._leave()
+        try:
+            while (milestone := self._next_due()) is not None:
+                self.meeting_point = milestone.samples
+                if self._act_on(milestone):
                     return
-                self._finish_algorithm()  # nothing may change the model after it is scored
-                self.evaluate(final=True, met=True)
-            else:
-                met = milestone.kind != STOP_CHECK
-                if milestone.kind == EVALUATE and self.beside is not None:
-                    met = self._evaluate_beside(milestone.samples)
-                elif milestone.kind == EVALUATE:
-                    self.evaluate()
-                elif milestone.kind == CHECKPOINT:
-                    met = self.save_checkpoint("scheduled")
-                # Met anyway at an evaluation or a checkpoint: a stop is agreed there at once
-                # (none after the final evaluation: the run has completed), else at the checks.
-                reason = (self.stop.check(self.state.step) if milestone.kind == STOP_CHECK else
-                          None if self.algo_finished or not met else self.stop.now())
-                if reason:
-                    log.info("stop requested (%s): checkpointing at step %d", "Ctrl-C" if
-                             reason == STOPPED else "SIGUSR1/SIGTERM", self.state.step)
-                    self.stop_status = reason
-                    return
+        finally:
+            self.meeting_point = None
+
+    def _next_due(self) -> Milestone | None:
+        """The next milestone the count has reached, or the checkpoint listed at the point
+        the ranks are met for (:meth:`_checkpoint_follows`)."""
+        if self._checkpoint_follows():
+            return self.milestones.due(self.meeting_point)
+        return self.milestones.due(self.state.samples)
+
+    def _checkpoint_follows(self) -> bool:
+        """Whether the ranks, met for an evaluation at a point where a checkpoint is listed
+        too, take that checkpoint in the same meeting (Milestones.checkpoint_follows): the
+        same answer on every rank, which read the same list at the same meeting. Not with
+        checkpoints written beside training, which do not meet."""
+        return (self.paused and self.writer is None and self.meeting_point is not None
+                and self.milestones.checkpoint_follows(self.meeting_point))
+
+    def _act_on(self, milestone: Milestone) -> bool:
+        """Evaluate, checkpoint or check for a stop at ``milestone``; whether the loop over
+        the milestones ends here (a stop agreed, or a final evaluation the exact count has
+        not reached)."""
+        if milestone.kind != STOP_CHECK:  # the collective ones: every rank waits there
+            self.algo.milestone_reached(milestone.samples)
+        if milestone.kind == EVALUATE and milestone.final:
+            with self.timers.time("eval"):
+                self.collect_evaluations(leave=0)  # in order, before the final one
+            self._meet()
+            if self.state.samples < milestone.samples:  # an estimate ran ahead: train on
+                self.milestones.rearm()
+                self._leave()
+                return True
+            self._finish_algorithm()  # nothing may change the model after it is scored
+            self.evaluate(final=True, met=True)
+        else:
+            met = milestone.kind != STOP_CHECK
+            if milestone.kind == EVALUATE and self.beside is not None:
+                met = self._evaluate_beside(milestone.samples)
+            elif milestone.kind == EVALUATE:
+                self.evaluate()
+            elif milestone.kind == CHECKPOINT:
+                met = self.save_checkpoint("scheduled")
+            # Met anyway at an evaluation or a checkpoint: a stop is agreed there at once
+            # (none after the final evaluation: the run has completed), else at the checks.
+            reason = (self.stop.check(self.state.step) if milestone.kind == STOP_CHECK else
+                      None if self.algo_finished or not met else self.stop.now())
+            if reason:
+                log.info("stop requested (%s): checkpointing at step %d", "Ctrl-C" if
+                         reason == STOPPED else "SIGUSR1/SIGTERM", self.state.step)
+                self.stop_status = reason
+                return True
+        return False
 
     def _meet(self) -> None:
         """Before a collective milestone (evaluation, checkpoint): quiesce the algorithm and
@@ -81,10 +108,13 @@ class Meetings:
     def _leave(self) -> None:
         """After a collective milestone: the algorithm goes on, unless it has finished or
         another collective milestone is due at this same count (an epoch's evaluation, then
-        its checkpoint): gossip resumed between the two would be waited for again at once."""
+        its checkpoint): gossip resumed between the two would be waited for again at once.
+        An asynchronous count agreed at an evaluation may lie short of the checkpoint listed
+        with it: that checkpoint is taken in this meeting too (:meth:`_checkpoint_follows`)."""
         # The count may have been corrected downwards, and the pause was not training.
         self.throughput.restart(time.perf_counter(), self.state.samples)
-        if not (self.algo_finished or self.milestones.collective_due(self.state.samples)):
+        if not (self.algo_finished or self.milestones.collective_due(self.state.samples)
+                or self._checkpoint_follows()):
             self.algo.resume()
             self.paused = False
 
