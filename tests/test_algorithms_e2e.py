@@ -121,3 +121,11 @@ def case_lines(tmp_path_factory):
 @pytest.mark.parametrize("case", sorted(FINAL_MODEL_CASES))
 def test_the_saved_final_model_is_the_scored_one(case_lines, case):
     assert case_report(case_lines, f"final-{case}", 4).count("scored") == 4
+
+
+@pytest.mark.parametrize("case", ["adpsgd", "hadpsgd"])
+def test_rank0s_model_scored_alone_gives_what_every_rank_scoring_it_gives(case_lines, case):
+    """eval_rank0 scored by rank 0 alone on the whole held-out set where that costs less than
+    sending the model (runner/train/evaluation.py), checked on the final models."""
+    report = case_report(case_lines, f"final-{case}", 4)
+    assert report.count("rank 0's model alone as broadcast") == 4, report
