@@ -43,16 +43,16 @@ def test_the_checkpoint_listed_with_an_evaluation_follows_it_whatever_the_count(
     meetings.py), which the list answers alike on every rank; not one listed elsewhere."""
     m = Milestones(100, 2, 10, eval_every=None, checkpoint_every=None, stop_check_every=None)
     assert m.due(104).kind == EVALUATE  # the estimate crossed the epoch end at 100
-    assert m.checkpoint_follows(100) and not m.checkpoint_follows(104)
+    assert m.checkpoint_next_at(100) and not m.checkpoint_next_at(104)
     assert m.due(97) is None  # the exact count agreed there: 97
     assert m.due(100) == m.points[1] and m.points[1].kind == CHECKPOINT
-    assert not m.checkpoint_follows(100)  # passed: the next is the final evaluation
+    assert not m.checkpoint_next_at(100)  # passed: the next is the final evaluation
     checks = Milestones(100, 2, 10, eval_every=None, checkpoint_every=None, stop_check_every=3)
     while checks.due(100).kind != EVALUATE:  # the checks at 30, 60 and 90 come first
-        assert not checks.checkpoint_follows(100)
-    assert checks.checkpoint_follows(100)
+        assert not checks.checkpoint_next_at(100)
+    assert checks.checkpoint_next_at(100)
     lone = Milestones(100, 2, 10, eval_every=3, checkpoint_every=None, stop_check_every=None)
-    assert lone.due(30).samples == 30 and not lone.checkpoint_follows(30)
+    assert lone.due(30).samples == 30 and not lone.checkpoint_next_at(30)
 
 
 def test_resume_after_the_last_milestone_passed_goes_on_at_the_next_one():

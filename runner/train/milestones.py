@@ -140,16 +140,6 @@ class Milestones:
         return (milestone is not None and milestone.kind != STOP_CHECK
                 and milestone.samples <= samples)
 
-    def checkpoint_follows(self, point: int) -> bool:
-        """Whether the next milestone is the checkpoint listed at ``point``, the count of the
-        evaluation the ranks have just met for. An asynchronous count agreed at that meeting
-        may lie short of ``point``; the checkpoint is then taken in the same meeting rather
-        than at a second one a few steps later (each quiesces the gossip: at 100 Mbit/s the
-        second cost AD-PSGD about a quarter of a second per epoch end)."""
-        milestone = self._next()
-        return milestone is not None and milestone.kind == CHECKPOINT and \
-            milestone.samples == point
-
     def checkpoint_next_at(self, samples: int, ahead: int = 0) -> bool:
         """Whether the next listed milestone (``ahead``: the one that many places after it)
         is a checkpoint at exactly ``samples`` (the same answer on every rank: it reads the

@@ -166,7 +166,6 @@ class Trainer(Meetings, Seated):
         self.algo.setup(self.model, self.optimizer)
         self.paused = False  # algo.pause() has run and algo.resume() not yet (see _meet)
         self.algo_finished = False  # algo.finish() has run (see _finish_algorithm)
-        self.meeting_point: int | None = None  # the milestone being acted on (_pass_milestones)
 
     def schedule_for_the_world(self) -> LRSchedule:
         """The learning-rate schedule of the world's global batch."""

@@ -33,28 +33,26 @@ class Meetings:
         an asynchronous count exact, which may reach further ones)."""
         if self.writer is not None:
             self.writer.poll()  # a checkpoint written beside training failed: say it now
-        try:
-            while (milestone := self._next_due()) is not None:
-                self.meeting_point = milestone.samples
-                if self._act_on(milestone):
-                    return
-        finally:
-            self.meeting_point = None
+        while (milestone := self._next_due()) is not None:
+            if self._act_on(milestone):
+                return
 
     def _next_due(self) -> Milestone | None:
         """The next milestone the count has reached, or the checkpoint listed at the point
         the ranks are met for (:meth:`_checkpoint_follows`)."""
-        if self._checkpoint_follows():
-            return self.milestones.due(self.meeting_point)
-        return self.milestones.due(self.state.samples)
+        point = self._checkpoint_follows()
+        return self.milestones.due(self.state.samples if point is None else point)
 
-    def _checkpoint_follows(self) -> bool:
-        """Whether the ranks, met for an evaluation at a point where a checkpoint is listed
-        too, take that checkpoint in the same meeting (Milestones.checkpoint_follows): the
-        same answer on every rank, which read the same list at the same meeting. Not with
-        checkpoints written beside training, which do not meet."""
-        return (self.paused and self.writer is None and self.meeting_point is not None
-                and self.milestones.checkpoint_follows(self.meeting_point))
+    def _checkpoint_follows(self) -> int | None:
+        """The point the ranks are met at, when a checkpoint listed there comes next: an
+        asynchronous count agreed at an evaluation may lie short of the point, and that
+        checkpoint is then taken in the same meeting. The same answer on every rank, which
+        read the same list at the same meeting. Not with checkpoints written beside training,
+        which do not meet."""
+        if not self.paused or self.writer is not None:
+            return None
+        last = self.milestones.last_passed()
+        return last[0] if last and self.milestones.checkpoint_next_at(last[0]) else None
 
     def _act_on(self, milestone: Milestone) -> bool:
         """Evaluate, checkpoint or check for a stop at ``milestone``; whether the loop over
@@ -114,7 +112,7 @@ class Meetings:
         # The count may have been corrected downwards, and the pause was not training.
         self.throughput.restart(time.perf_counter(), self.state.samples)
         if not (self.algo_finished or self.milestones.collective_due(self.state.samples)
-                or self._checkpoint_follows()):
+                or self._checkpoint_follows() is not None):
             self.algo.resume()
             self.paused = False
 
