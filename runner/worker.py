@@ -4,7 +4,9 @@ Workers never re-parse the command line: they read the validated config that the
 ``RUN_DIR/.hydra/run.yaml``. Each rank's stdout and stderr (Python and C level) go to
 ``RUN_DIR/logs/rank<N>.log``; rank 0 keeps the launcher's stderr for the progress bar. Any
 error on any rank is logged, printed as one line, and aborts the whole MPI job, so that no peer
-is left waiting. A communication that outlives ``comm.timeout_s`` does the same.
+is left waiting. A communication that outlives ``comm.timeout_s`` does the same. With a rank
+factory (runner/rank_factory.py) the process mpiexec started hands its place to a fork of the
+factory, which runs :func:`main` from there on.
 
 SIGUSR1/SIGTERM request a graceful stop (runner/checkpoint/preemption.py): the rank exits with
 status 75 (``EXIT_PREEMPTED``) after the job's checkpoint; SIGINT (Ctrl-C, forwarded by the
@@ -31,6 +33,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from omegaconf import DictConfig, OmegaConf
 
+from . import rank_factory
 from .checkpoint.preemption import PREEMPTED, STOPPED, install_stop_handlers, request_stop
 from .comm.deadline import DEADLINES, CommTimeout
 from .elastic.launcher_link import cut_off, learners_lost_elsewhere
@@ -211,6 +214,7 @@ def run_rank(run_dir: str | Path, in_process: bool = False, respawned: bool = Fa
     graceful stop). ``respawned``: a replacement the learners spawned into the running job
     (runner/elastic/respawn.py)."""
     restore_signals = install_stop_handlers()  # first: SIGUSR1's default action kills
+    rank_factory.ready()  # a forked rank: signals from its stand-in may come now
     try:
         return _run_rank(Path(run_dir), in_process, respawned)
     finally:
@@ -379,8 +383,9 @@ def learner_world(cfg: DictConfig, world_mpi: Any, joined: Joined | None = None
                                     else waiting_alone(joined))
     if world is None:
         world, node_mpi = detect_world(learner_mpi, cfg.launcher.procs_per_node)
-    log.info("rank %d of %d, node %d (local rank %d of %d), pid %d", world.rank, world.size,
-             world.node, world.local_rank, world.local_size, os.getpid())
+    log.info("rank %d of %d, node %d (local rank %d of %d), pid %d, started %s", world.rank,
+             world.size, world.node, world.local_rank, world.local_size, os.getpid(),
+             rank_factory.started_as())
     device = resolve_device(cfg.trainer.device, world.host_rank)
     gpus = torch.cuda.device_count() if device.type == "cuda" else 0
     # Elastic runs move tensors over MPI, whose communicators shrink (NCCL's cannot).
@@ -488,11 +493,29 @@ def prepare_data(run_dir: str | Path) -> int:
     return 0
 
 
+def load_what_ranks_train_with() -> None:
+    """Import what :func:`_run_rank` does (torch, the recipes, the trainer) but MPI, which
+    initializes as it is imported: what a rank factory loads before it forks."""
+    import torch  # noqa: F401
+
+    import recipes  # noqa: F401
+
+    from .comm import communicator, pairwise  # noqa: F401
+    from .trainer import Trainer  # noqa: F401
+
+
 def main() -> None:
+    if sys.argv[2:] == [rank_factory.SERVE]:
+        # Returns in each forked rank, with its stand-in's arguments.
+        rank_factory.serve(sys.argv[1], load_what_ranks_train_with)
+    else:
+        rank_factory.hand_off()  # exits as the forked rank does; returns where none serves us
     if len(sys.argv) == 3 and sys.argv[2] == "--prepare":
+        rank_factory.ready()
         raise SystemExit(prepare_data(sys.argv[1]))
     respawned = sys.argv[2:] == [RESPAWNED]
     if len(sys.argv) != 2 and not respawned:
+        rank_factory.ready()
         print(f"usage: python -m runner.worker RUN_DIR [--prepare | {RESPAWNED}]",
               file=sys.stderr)
         raise SystemExit(2)

@@ -43,9 +43,12 @@ def wait_for(condition, what: str, timeout_s: float = 180) -> None:
         time.sleep(0.05)
 
 
-def workers(run_dir: Path) -> list[str]:
-    """The rank processes (not mpiexec, whose command line holds theirs)."""
-    return subprocess.run(["pgrep", "-f", f"^\\S*python\\S* -m runner.worker {run_dir}"],
+def workers(run_dir: Path, exactly: bool = False) -> list[str]:
+    """The job's processes of runner.worker (not mpiexec, whose command line holds theirs):
+    the ranks, and with warm start the rank factory and its forks, which carry its command
+    line (``... RUN_DIR --rank-factory``). ``exactly``: the ranks as mpiexec started them."""
+    end = "$" if exactly else ""
+    return subprocess.run(["pgrep", "-f", f"^\\S*python\\S* -m runner.worker {run_dir}{end}"],
                           capture_output=True, text=True).stdout.split()
 
 
@@ -82,7 +85,7 @@ def test_a_killed_launcher_stops_its_ranks_and_the_dir_has_one_job(tmp_path):
                   with_progress)
     try:
         wait_for(lambda: (run_dir / "metrics.jsonl").exists(), "the first job never evaluated")
-        assert len(workers(run_dir)) == 2
+        assert len(workers(run_dir, exactly=True)) == 2
         second = run_cli([*JOB, "trainer.epochs=300", "resume=auto",
                           f"hydra.run.dir={run_dir}"], cwd=tmp_path, check=False, timeout=60)
         lines = second.stderr.strip().splitlines()

@@ -24,6 +24,7 @@ While the job runs the launcher supervises it (runner/launch/watchdog.py):
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import shutil
@@ -46,6 +47,7 @@ from ..errors import (
     EXIT_TOO_FEW_LEARNERS,
     ConfigError,
 )
+from ..rank_factory import rank_factory
 from ..runlog.console import CONSOLE_IS_TERMINAL
 from ..runlog.liveness import (
     HEARTBEAT_TO,
@@ -95,6 +97,10 @@ class LocalConfig(LauncherConfig, LossDetectionKeys):
     hostfile: Optional[str] = None
     # How mpiexec enters a host of the hostfile (ssh's calling convention); null: ssh.
     remote_shell: Optional[str] = None
+    # Fork the ranks from one process that has loaded torch instead of each loading it
+    # (about 1.7 CPU s a rank; runner/rank_factory.py). Ranks on this machine only: with a
+    # hostfile they start cold.
+    warm_start: bool = True
 
     def check(self, prefix, cfg):
         super().check(prefix, cfg)
@@ -187,6 +193,7 @@ class EndedJob:
 class LocalLauncher(Launcher):
     Config = LocalConfig
     STARTER = "mpiexec"  # what starts the ranks, as the one-line reports name it
+    ranks_environment: dict[str, str] = {}  # what sends the ranks to a rank factory
 
     @property
     def processes(self) -> int:
@@ -256,20 +263,25 @@ class LocalLauncher(Launcher):
             print(f"adpsgd-run: starting {sharing} ranks on {cores} core(s) (oversubscribed): "
                   f"they load and start together before the first step, which takes longer "
                   f"the more ranks share a core", file=sys.stderr, flush=True)
-        while True:
-            status, failure = self.run_job(run_dir)
-            if failure is None:
-                return status
-            progress = ranks_progress(run_dir, self.processes)
-            failure.record(run_dir, progress)
-            try:
-                restarting = restarts.decide(failure, progress)
-            except KeyboardInterrupt:  # between two jobs: no rank to forward it to
-                ctrl_c.answered()
-                return EXIT_STOPPED
-            if not restarting:
-                failure.report()
-                return status
+        # Ranks forked from one process that loaded torch (runner/rank_factory.py); with a
+        # hostfile they start cold, each where mpiexec puts it.
+        warm = self.cfg.warm_start and not self.cfg.hostfile
+        with (rank_factory(run_dir, self.environment()) if warm else
+              contextlib.nullcontext({})) as self.ranks_environment:
+            while True:
+                status, failure = self.run_job(run_dir)
+                if failure is None:
+                    return status
+                progress = ranks_progress(run_dir, self.processes)
+                failure.record(run_dir, progress)
+                try:
+                    restarting = restarts.decide(failure, progress)
+                except KeyboardInterrupt:  # between two jobs: no rank to forward it to
+                    ctrl_c.answered()
+                    return EXIT_STOPPED
+                if not restarting:
+                    failure.report()
+                    return status
 
     def run_job(self, run_dir: Path) -> tuple[int, JobFailure | None]:
         """Run the MPI job once; its exit status, and how it failed (None: it completed or
@@ -299,7 +311,7 @@ class LocalLauncher(Launcher):
         # The ranks on this host stop if this process dies, and every rank leaves printing
         # its failure to it.
         env = {**self.environment(), LAUNCHER_PID: str(os.getpid()),
-               LAUNCHER_HOST: socket.gethostname(),
+               LAUNCHER_HOST: socket.gethostname(), **self.ranks_environment,
                **({HEARTBEAT_TO: listener.target} if listener else {}),
                **({LINK_TIMEOUT: f"{self.cfg.link_timeout_s:g}",
                    NETWORK_HEARTBEAT_S: f"{self.cfg.heartbeat_s:g}"} if across_hosts_elastic

@@ -1,0 +1,390 @@
+"""Ranks forked from one process that has already loaded torch (``launcher.warm_start``).
+
+Importing torch, the trainer and the recipes costs every rank about 1.7 s of CPU before it
+does anything (4 ranks on 2 cores: over 3 s of each job's start-up). With warm start the
+local launcher starts one *rank factory* per run (``python -m runner.worker RUN_DIR
+--rank-factory``): it loads those modules once, then waits on a Unix socket the launcher
+made. mpiexec starts every rank as before, ``python -m runner.worker RUN_DIR``; that process,
+the rank's *stand-in*, sends the factory its arguments, environment, working directory and
+open file descriptors (mpiexec's pipes, MPICH's PMI socket), and the factory forks a child
+that takes them over and runs the rank. Nothing is shared between ranks but the pages of the
+loaded libraries (copy-on-write).
+
+The stand-in stays what mpiexec (and Open MPI's daemons, for ULFM) watch: it passes every
+signal it gets on to the rank and ends as the rank ended, with its exit status or killed by
+the same signal. A rank whose stand-in dies (mpiexec's SIGKILL on an abort) is killed by the
+factory, or kills itself where the factory is gone.
+
+The factory loads no MPI (``mpi4py.MPI`` initializes MPI as it is imported), initializes no
+CUDA and starts no thread of its own, so a fork is as safe as a DataLoader worker's. Anything
+amiss (no factory, one that failed to load, another network namespace) and the stand-in runs
+the rank itself, as a cold start: warm start never decides whether a run works.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import secrets
+import select
+import selectors
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+SERVE = "--rank-factory"  # python -m runner.worker RUN_DIR --rank-factory: the factory
+FACTORY_ADDRESS = "ADPSGD_RANK_FACTORY"  # the ranks' environment: the factory's socket
+_LISTENING_FD = "ADPSGD_RANK_FACTORY_FD"  # the factory's: the socket it inherits
+# Signals a stand-in passes on: the graceful stops (runner/checkpoint/preemption.py), what
+# MPICH's mpiexec sends (SIGUSR1 with -disable-auto-cleanup) and the rest a process may get.
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
+             signal.SIGUSR2, signal.SIGCONT)
+# A factory still loading torch on a machine this busy keeps its stand-ins waiting; past this
+# they start cold.
+ANSWER_TIMEOUT_S = 120.0
+_HEADER = struct.Struct("!I")
+log = logging.getLogger("adpsgd")
+
+
+# --- the launcher's side ----------------------------------------------------------------
+
+@contextlib.contextmanager
+def rank_factory(run_dir: Path, env: dict[str, str]) -> Iterator[dict[str, str]]:
+    """Start the factory for the ranks of the run in ``run_dir`` (``env``: theirs, so that
+    what torch reads as it loads, OMP_NUM_THREADS among it, is what they would read); yield
+    the environment entries that send the ranks to it. The factory ends with this block, or
+    on its own if the launcher dies (its stdin closes). Its stderr: logs/warm-start.log."""
+    # An abstract socket: no file to clean up, and reachable only from this network
+    # namespace, which a lab host (scripts/lab_cluster.sh) is not.
+    address = f"adpsgd-rank-factory-{os.getpid()}-{secrets.token_hex(6)}"
+    listening = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listening.bind("\0" + address)
+    listening.listen(4096)  # every stand-in may queue while torch loads
+    log_path = run_dir / "logs" / "warm-start.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as factory_log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "runner.worker", str(run_dir), SERVE],
+            env={**env, _LISTENING_FD: str(listening.fileno())}, pass_fds=[listening.fileno()],
+            stdin=subprocess.PIPE, stdout=factory_log, stderr=factory_log,
+            start_new_session=True)  # a Ctrl-C at the terminal is the launcher's to pass on
+    # Only the factory holds the socket now: if it dies, waiting stand-ins see it at once.
+    listening.close()
+    try:
+        yield {FACTORY_ADDRESS: address}
+    finally:
+        assert proc.stdin is not None
+        proc.stdin.close()  # its cue to reap the forked ranks and leave
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+# --- the factory ------------------------------------------------------------------------
+
+def serve(run_dir: str, load: Callable[[], None]) -> None:
+    """The factory: ``load`` what a rank trains with, then fork a rank for each stand-in that
+    asks, until the launcher closes our stdin. Returns only in a forked rank, set up as its
+    stand-in was."""
+    listening = socket.socket(fileno=int(os.environ.pop(_LISTENING_FD)))
+    try:
+        load()
+        if "mpi4py.MPI" in sys.modules:  # forked ranks would share one MPI process
+            raise RuntimeError("loading the trainer initialized MPI")
+        if sys.modules["torch"].cuda.is_initialized():  # CUDA does not survive a fork
+            raise RuntimeError("loading the trainer initialized CUDA")
+    except Exception as ex:  # noqa: BLE001 - the stand-ins start cold; the log says why
+        print(f"rank factory for {run_dir}: not serving: {type(ex).__name__}: {ex}",
+              file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
+    events = selectors.DefaultSelector()
+    events.register(listening, selectors.EVENT_READ)
+    events.register(sys.stdin, selectors.EVENT_READ)
+    ranks: list[_Forked] = []
+    while True:
+        for key, _ in events.select():
+            if key.fileobj is sys.stdin:  # closed: every rank has ended, or the launcher died
+                _leave(ranks)
+            elif key.fileobj is listening:
+                conn, _ = listening.accept()
+                pid = _fork_rank(conn, lambda: _forget_the_factory(events, listening, ranks))
+                if pid == 0:  # the rank, in the stand-in's place from now on
+                    return
+                if pid is not None:
+                    rank = _Forked(pid, os.pidfd_open(pid), conn)
+                    ranks.append(rank)
+                    events.register(rank.pidfd, selectors.EVENT_READ, rank)
+                    events.register(conn, selectors.EVENT_READ, rank)
+            elif key.fd == key.data.pidfd:
+                rank = key.data
+                ranks.remove(rank)
+                _, status = os.waitpid(rank.pid, 0)
+                _answer(rank.stand_in, {"status": status})
+                rank.close(events)
+            else:  # the stand-in sends nothing after its request: it is gone (kill -9)
+                events.unregister(key.fileobj)
+                # Its rank may be stopped (SIGSTOP), where its own watch cannot run.
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(key.data.pid, signal.SIGKILL)
+
+
+@dataclass
+class _Forked:
+    """A rank the factory forked: its pid, pidfd, and the connection from its stand-in."""
+    pid: int
+    pidfd: int
+    stand_in: socket.socket
+
+    def close(self, events: selectors.BaseSelector | None) -> None:
+        """Close its descriptors, unwatched first by ``events`` (None in a forked rank: the
+        epoll instance is the factory's too, and unwatching there would unwatch here)."""
+        for fileobj in (self.pidfd, self.stand_in) if events else ():
+            with contextlib.suppress(KeyError):
+                events.unregister(fileobj)
+        os.close(self.pidfd)
+        self.stand_in.close()
+
+
+def _leave(ranks: list[_Forked]) -> None:
+    """Reap the forked ranks that ended (their CPU time then counts as the launcher's
+    children's) and exit; a rank still running belongs to a launcher that died, and goes on
+    alone, tied to its stand-in."""
+    for rank in ranks:
+        with contextlib.suppress(ChildProcessError):
+            done, status = os.waitpid(rank.pid, os.WNOHANG)
+            if done:
+                _answer(rank.stand_in, {"status": status})
+    sys.stderr.flush()
+    os._exit(0)  # torch's own shutdown takes a second and frees nothing the OS would not
+
+
+def _answer(conn: socket.socket, message: dict) -> None:
+    with contextlib.suppress(OSError):  # a stand-in killed meanwhile hears nothing
+        conn.sendall(json.dumps(message).encode() + b"\n")
+
+
+def _fork_rank(conn: socket.socket, forget_the_factory: Callable[[], None]) -> int | None:
+    """Fork the rank a stand-in asks for: its pid here, 0 in the rank, None if there is none
+    (the stand-in gave up waiting, or the fork failed and it starts cold).
+    ``forget_the_factory`` closes, in the rank, what the factory holds."""
+    try:
+        _answer(conn, {"hello": os.getpid()})
+        request, fds = _receive_request(conn)
+    except (OSError, ValueError):
+        conn.close()
+        return None
+    try:
+        pid = os.fork()
+    except OSError as ex:
+        _answer(conn, {"cold": str(ex)})
+        conn.close()
+        return None
+    if pid == 0:
+        try:
+            forget_the_factory()  # first: its descriptors' numbers may be the rank's
+            _take_over(request, fds, conn)
+        except BaseException:  # noqa: BLE001 - nothing of the factory's may run on in the rank
+            import traceback
+
+            traceback.print_exc()
+            os._exit(1)
+        return 0
+    for fd in fds:  # the rank's now: held here too, mpiexec's pipes would never close
+        os.close(fd)
+    _answer(conn, {"forked": pid})
+    return pid
+
+
+def _receive_request(conn: socket.socket) -> tuple[dict, list[int]]:
+    conn.settimeout(10)
+    data, fds, _, _ = socket.recv_fds(conn, 1 << 16, 256)
+    if len(data) < _HEADER.size:
+        for fd in fds:
+            os.close(fd)
+        raise ValueError("no request")
+    (size,) = _HEADER.unpack_from(data)
+    data = data[_HEADER.size:]
+    while len(data) < size:
+        chunk = conn.recv(size - len(data))
+        if not chunk:
+            for fd in fds:
+                os.close(fd)
+            raise ValueError("a cut request")
+        data += chunk
+    conn.settimeout(None)
+    return json.loads(data), fds
+
+
+def _forget_the_factory(events: selectors.BaseSelector, listening: socket.socket,
+                        ranks: list[_Forked]) -> None:
+    """In a forked rank: close what the factory held (its socket, the other ranks' pidfds and
+    stand-ins' connections), as a process mpiexec started would not have them."""
+    for rank in ranks:
+        rank.close(None)
+    events.close()  # this process's copy of the epoll descriptor; the factory keeps its own
+    listening.close()
+
+
+def _take_over(request: dict, fds: list[int], conn: socket.socket) -> None:
+    """In the forked rank: become the stand-in's process (its descriptors at their numbers,
+    environment, directory, arguments), with signals held until the rank's handlers are in."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)
+    global _stand_in, _factory
+    _factory = os.getppid()
+    _stand_in = socket.socket(fileno=_dup_high(conn.fileno()))
+    conn.close()
+    high = [_dup_high(fd) for fd in fds]  # out of the way of the numbers they go to
+    for fd in fds:
+        os.close(fd)
+    for target in range(3):  # the factory's stdin, log: a rank started without them has none
+        if target not in request["fds"]:
+            with contextlib.suppress(OSError):
+                os.close(target)
+    for target, fd in zip(request["fds"], high):
+        os.dup2(fd, target)  # inheritable, as they were in the stand-in
+        os.close(fd)
+    os.environ.clear()
+    os.environ.update(request["env"])
+    os.chdir(request["cwd"])
+    os.umask(request["umask"])
+    sys.argv = request["argv"]
+    threading.Thread(target=_die_with_stand_in, args=(_stand_in,), name="stand-in",
+                     daemon=True).start()
+
+
+def _dup_high(fd: int) -> int:
+    import fcntl
+
+    return fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 1000)
+
+
+def _die_with_stand_in(line: socket.socket) -> None:
+    """mpiexec ends a job by killing the processes it started, which are the stand-ins."""
+    with contextlib.suppress(OSError):
+        while line.recv(64):
+            pass
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+_stand_in: socket.socket | None = None  # in a forked rank: the line to its stand-in
+_factory = 0  # in a forked rank: the factory's pid
+_told = False
+
+
+def started_as() -> str:
+    """How this rank's process started, for its log."""
+    return f"forked from the rank factory (pid {_factory})" if _stand_in else "cold"
+
+
+def ready() -> None:
+    """In a forked rank whose stop handlers are in: tell the stand-in where to send signals
+    and let the held ones through. Nothing in a rank that started cold, or the second time."""
+    global _told
+    if _stand_in is None or _told:
+        return
+    _told = True
+    _answer(_stand_in, {"pid": os.getpid()})
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED)
+
+
+# --- the stand-in -----------------------------------------------------------------------
+
+def hand_off() -> None:
+    """Have the factory named in the environment fork this rank, pass signals on to it and
+    exit as it ends; return at once where there is no factory or it cannot serve us."""
+    address = os.environ.pop(FACTORY_ADDRESS, None)
+    if not address:
+        return
+    pending: list[int] = []
+    rank_pid: list[int] = []
+
+    def pass_on(signum: int, _frame: object) -> None:
+        if rank_pid:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(rank_pid[0], signum)
+        else:
+            pending.append(signum)
+
+    previous = {sig: signal.signal(sig, pass_on) for sig in FORWARDED}
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    answers = conn.makefile("rb")
+    forked, message = None, {}
+    try:
+        conn.connect("\0" + address)
+        conn.settimeout(ANSWER_TIMEOUT_S)  # a factory still loading, or stuck
+        if "hello" in _read(answers):
+            conn.settimeout(None)  # from the request on, the factory may fork us any time
+            _send_request(conn)
+            # The factory says "forked", the rank "pid" once its handlers are in (either may
+            # come first), the factory "status" as it ends; "cold" or nothing: no fork.
+            while (message := _read(answers)) and "status" not in message and \
+                    "cold" not in message:
+                forked = message.get("forked", message.get("pid", forked))
+                if "pid" in message:
+                    rank_pid.append(message["pid"])
+                    for signum in pending:
+                        pass_on(signum, None)
+    except (OSError, ValueError):  # no factory here (another namespace), or a failed one
+        pass
+    if forked is None:  # nobody forked this rank: it starts here
+        conn.close()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        for signum in pending:
+            signal.raise_signal(signum)
+        return
+    _end_as(message.get("status"), forked)
+
+
+def _read(answers: BinaryIO) -> dict:
+    line = answers.readline()
+    return json.loads(line) if line else {}
+
+
+def _send_request(conn: socket.socket) -> None:
+    fds = sorted(fd for fd in map(int, os.listdir("/proc/self/fd"))
+                 if fd != conn.fileno() and _inherited(fd))
+    umask = os.umask(0)
+    os.umask(umask)
+    body = json.dumps({"argv": sys.argv, "env": dict(os.environ), "cwd": os.getcwd(),
+                       "umask": umask, "fds": fds}).encode()
+    message = _HEADER.pack(len(body)) + body
+    sent = socket.send_fds(conn, [message], fds)
+    conn.sendall(message[sent:])
+
+
+def _inherited(fd: int) -> bool:
+    """A descriptor mpiexec gave this process (Python opens its own close-on-exec); not the
+    directory listing's own, closed by now."""
+    try:
+        return os.get_inheritable(fd)
+    except OSError:
+        return False
+
+
+def _end_as(status: int | None, rank: int) -> None:
+    """Exit as the rank did. ``status``: waitpid's; None if the factory died first, when
+    all there is to do is wait for the rank to end (it says how in its own records)."""
+    if status is None:
+        with contextlib.suppress(OSError):
+            select.select([os.pidfd_open(rank)], [], [])
+        os._exit(1)
+    code = os.waitstatus_to_exitcode(status)
+    if code < 0:  # killed by a signal: so are we, for mpiexec to see and report it
+        if -code not in (signal.SIGKILL, signal.SIGSTOP):
+            signal.signal(-code, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, [-code])
+        os.kill(os.getpid(), -code)
+        code = 128 - code
+    os._exit(code)

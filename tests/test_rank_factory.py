@@ -1,0 +1,152 @@
+"""Ranks forked from the rank factory (runner/rank_factory.py, launcher.warm_start): they
+train as cold ranks do, their stand-ins pass signals on and end as they end, a dead stand-in
+takes its rank with it, and without a factory a rank starts cold. Real adpsgd-run, mpiexec,
+factory and ranks."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from runner.rank_factory import FACTORY_ADDRESS, rank_factory
+
+from conftest import BIN, REPO, read_run, run_cli
+
+pytestmark = [pytest.mark.mpi, pytest.mark.slow]
+
+JOB = ["recipe=digit_images", "algo=ssgd", "launcher.nprocs=2", "trainer.progress=false"]
+LONG = ["trainer.epochs=300", "trainer.checkpoint_every=20", "faults.delay_s=0.2"]
+
+
+def pgrep(pattern: str) -> list[int]:
+    found = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True).stdout
+    return [int(pid) for pid in found.split()]
+
+
+def stand_ins(run_dir: Path) -> list[int]:
+    """The processes mpiexec started (their command line ends with the run dir)."""
+    return pgrep(f"^\\S*python\\S* -m runner.worker {run_dir}$")
+
+
+def ranks(run_dir: Path) -> list[int]:
+    return [int((run_dir / "logs" / f"rank{r}.pid").read_text().split()[0]) for r in range(2)]
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
+
+
+def wait_for(condition, what: str, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+
+
+def start_long_job(tmp_path: Path) -> tuple[subprocess.Popen, Path]:
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen([str(BIN / "adpsgd-run"), *JOB, *LONG, f"hydra.run.dir={run_dir}"],
+                            cwd=tmp_path, text=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, start_new_session=True)
+    wait_for(lambda: (run_dir / "metrics.jsonl").exists(), "the job never evaluated")
+    return proc, run_dir
+
+
+def end(proc: subprocess.Popen, run_dir: Path) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+    for pid in pgrep(f"runner.worker {run_dir}"):
+        os.kill(pid, signal.SIGKILL)
+
+
+def test_a_warm_job_trains_as_a_cold_one(tmp_path):
+    """The same run, forked and cold: the same evaluations; each rank's log says how it
+    started."""
+    results = {}
+    for warm in ("true", "false"):
+        run_dir = tmp_path / f"warm_{warm}"
+        run_cli([*JOB, "trainer.epochs=2", f"launcher.warm_start={warm}",
+                 f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+        metrics, summary = read_run(run_dir)
+        assert summary["status"] == "completed"
+        results[warm] = [(m["step"], m["split"], m["loss"], m.get("top1")) for m in metrics]
+        for rank in range(2):
+            log = (run_dir / "logs" / f"rank{rank}.log").read_text()
+            assert ("started forked from the rank factory" in log) == (warm == "true"), log
+    assert results["true"] == results["false"]
+    assert pgrep(f"runner.worker {tmp_path}") == []  # the factory ended with the job
+
+
+def test_the_ranks_are_the_factorys_and_mpiexec_sees_their_stand_ins(tmp_path):
+    """Two stand-ins for two ranks, the ranks children of one factory; SIGTERM to the
+    stand-ins reaches the ranks, which checkpoint and stop as preempted (status 75), and the
+    stand-ins end with their status."""
+    proc, run_dir = start_long_job(tmp_path)
+    try:
+        standing = stand_ins(run_dir)
+        assert len(standing) == 2
+        factory = pgrep(f"runner.worker {run_dir} --rank-factory$")
+        parents = {int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+                   for pid in ranks(run_dir)}
+        assert set(factory) & parents == parents and len(parents) == 1, (factory, parents)
+        for pid in standing:
+            os.kill(pid, signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        end(proc, run_dir)
+    assert proc.returncode == 75, err
+    assert json.loads((run_dir / "summary.json").read_text())["status"] == "preempted"
+    assert pgrep(f"runner.worker {run_dir}") == []
+
+
+def test_a_stand_in_killed_takes_its_rank_with_it_even_a_stopped_one(tmp_path):
+    """kill -9 of what mpiexec started, its rank stopped (SIGSTOP, where the rank's own watch
+    cannot run): the factory kills the rank, the job ends with one line, nothing is left."""
+    proc, run_dir = start_long_job(tmp_path)
+    try:
+        rank_pids = ranks(run_dir)
+        for pid in rank_pids:
+            os.kill(pid, signal.SIGSTOP)
+        os.kill(stand_ins(run_dir)[0], signal.SIGKILL)
+        wait_for(lambda: not all(alive(pid) for pid in rank_pids), "the rank outlived its "
+                 "stand-in", timeout_s=10)
+        _, err = proc.communicate(timeout=120)
+        wait_for(lambda: not pgrep(f"runner.worker {run_dir}"), "processes were left",
+                 timeout_s=10)
+    finally:
+        end(proc, run_dir)
+    # As for a cold rank killed: named, with the way to continue.
+    assert proc.returncode != 0 and "Traceback" not in err, err
+    assert "died without reporting an error (killed from outside: kill -9" in err, err
+    assert "with resume=auto" in err, err
+
+
+@pytest.mark.parametrize("factory", ["running", "none"])
+def test_a_stand_in_ends_as_its_rank_and_starts_cold_without_a_factory(tmp_path, factory):
+    """A rank that ends at once (a usage error: status 2 and the line on its stderr) through
+    a factory, and the same with no factory at the address given: the rank starts cold."""
+    run_dir = tmp_path / "run"
+    (run_dir / "logs").mkdir(parents=True)
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    command = [sys.executable, "-m", "runner.worker", str(run_dir), "--no-such-flag"]
+    if factory == "none":
+        proc = subprocess.run(command, env={**env, FACTORY_ADDRESS: "adpsgd-no-factory"},
+                              capture_output=True, text=True, timeout=60)
+    else:
+        with rank_factory(run_dir, env) as to_factory:
+            proc = subprocess.run(command, env={**env, **to_factory}, capture_output=True,
+                                  text=True, timeout=120)
+        assert (run_dir / "logs" / "warm-start.log").read_text() == ""
+    assert proc.returncode == 2 and proc.stderr.startswith("usage: python -m runner.worker")
+    assert pgrep(f"runner.worker {run_dir}") == []
