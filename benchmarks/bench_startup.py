@@ -7,7 +7,9 @@ rank pays, and a small job's time split into its phases.
 A job's phases come from the clock of each process: ``launcher`` is adpsgd-run's start to the
 line it prints as it hands over to mpiexec (composing, validating, preparing the data),
 ``ranks_start`` from there to rank 0's first log line (mpiexec, Python, torch, MPI_Init, the
-recipe's data and model), ``training`` to its "finished" line, ``ending`` to adpsgd-run's exit.
+recipe's data and model; torch loaded once, by the rank factory, except in the ``cold`` jobs,
+``launcher.warm_start=false``), ``training`` to its "finished" line, ``ending`` to
+adpsgd-run's exit.
 Every time is the median of ``--repeats`` runs; the CPU seconds are the job's processes' own
 (user + system, the launcher and every rank).
 """
@@ -72,11 +74,12 @@ def log_time(line: str) -> float:
     return stamp.timestamp()
 
 
-def job_phases(root: Path, nprocs: int, index: int) -> dict[str, float]:
-    """One small job through adpsgd-run, timed by phase (see the module docstring)."""
-    run_dir = root / f"job-{nprocs}-{index}"
+def job_phases(root: Path, nprocs: int, index: int, warm: bool = True) -> dict[str, float]:
+    """One small job through adpsgd-run, timed by phase (see the module docstring); its ranks
+    forked from a rank factory (``warm``, the default) or each loading torch."""
+    run_dir = root / f"job-{nprocs}-{index}-{'warm' if warm else 'cold'}"
     command = [str(BIN / "adpsgd-run"), *JOB, f"launcher.nprocs={nprocs}",
-               f"hydra.run.dir={run_dir}"]
+               f"launcher.warm_start={str(warm).lower()}", f"hydra.run.dir={run_dir}"]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start_wall, start = time.time(), time.perf_counter()
     proc = subprocess.Popen(command, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -120,11 +123,14 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         results[name] = {"wall_s": round(bench.median([w for w, _ in runs]), 3),
                          "cpu_s": round(bench.median([c for _, c in runs]), 3)}
         print(f"{name}: {results[name]}", flush=True)
-    results["job"] = {}
+    results["job"], results["job_cold"] = {}, {}
     for nprocs in args.nprocs:
-        results["job"][str(nprocs)] = medians([job_phases(root, nprocs, i)
-                                               for i in range(args.repeats)])
-        print(f"job on {nprocs} rank(s): {results['job'][str(nprocs)]}", flush=True)
+        # Warm and cold in turn, so that a machine's drift reaches both alike.
+        runs = [(job_phases(root, nprocs, i), job_phases(root, nprocs, i, warm=False))
+                for i in range(args.repeats)]
+        for key, which in (("job", 0), ("job_cold", 1)):
+            results[key][str(nprocs)] = medians([pair[which] for pair in runs])
+            print(f"{key} on {nprocs} rank(s): {results[key][str(nprocs)]}", flush=True)
     return record.finish({"job_overrides": JOB, "repeats": args.repeats, "results": results,
                           "run_dirs": str(root)})
 
@@ -133,8 +139,11 @@ def markdown_rows(r: dict[str, Any]) -> list[str]:
     date, res = r["date"][:10], r["results"]
     rows = [f"| {date} | {name} | {res[name]['wall_s']:.2f} | {res[name]['cpu_s']:.2f} | |"
             for name in ("python", "import_torch", "rank_imports", "help")]
-    for nprocs, job in res["job"].items():
-        rows.append(f"| {date} | job on {nprocs} rank(s) | {job['total_s']:.2f} | "
+    jobs = [(f"job on {n} rank(s)", job) for n, job in res["job"].items()]
+    jobs += [(f"job on {n} rank(s), cold (launcher.warm_start=false)", job)
+             for n, job in res.get("job_cold", {}).items()]
+    for what, job in jobs:
+        rows.append(f"| {date} | {what} | {job['total_s']:.2f} | "
                     f"{job['cpu_s']:.2f} | launcher {job['launcher_s']:.2f}, ranks start "
                     f"{job['ranks_start_s']:.2f}, training {job['training_s']:.2f}, ending "
                     f"{job['ending_s']:.2f} |")
