@@ -238,7 +238,8 @@ def _forget_the_factory(events: selectors.BaseSelector, listening: socket.socket
 
 def _take_over(request: dict, fds: list[int], conn: socket.socket) -> None:
     """In the forked rank: become the stand-in's process (its descriptors at their numbers,
-    environment, directory, arguments), with signals held until the rank's handlers are in."""
+    environment, directory, arguments, the cores it may run on), with signals held until the
+    rank's handlers are in."""
     signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)
     global _stand_in, _factory
     _factory = os.getppid()
@@ -258,6 +259,7 @@ def _take_over(request: dict, fds: list[int], conn: socket.socket) -> None:
     os.environ.update(request["env"])
     os.chdir(request["cwd"])
     os.umask(request["umask"])
+    os.sched_setaffinity(0, request["cpus"])  # where mpiexec bound the rank (--bind-to core)
     sys.argv = request["argv"]
     threading.Thread(target=_die_with_stand_in, args=(_stand_in,), name="stand-in",
                      daemon=True).start()
@@ -358,7 +360,8 @@ def _send_request(conn: socket.socket) -> None:
     umask = os.umask(0)
     os.umask(umask)
     body = json.dumps({"argv": sys.argv, "env": dict(os.environ), "cwd": os.getcwd(),
-                       "umask": umask, "fds": fds}).encode()
+                       "umask": umask, "fds": fds,
+                       "cpus": sorted(os.sched_getaffinity(0))}).encode()
     message = _HEADER.pack(len(body)) + body
     sent = socket.send_fds(conn, [message], fds)
     conn.sendall(message[sent:])

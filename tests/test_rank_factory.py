@@ -54,9 +54,11 @@ def wait_for(condition, what: str, timeout_s: float = 120) -> None:
         time.sleep(0.05)
 
 
-def start_long_job(tmp_path: Path) -> tuple[subprocess.Popen, Path]:
+def start_long_job(tmp_path: Path, overrides: tuple[str, ...] = ()
+                   ) -> tuple[subprocess.Popen, Path]:
     run_dir = tmp_path / "run"
-    proc = subprocess.Popen([str(BIN / "adpsgd-run"), *JOB, *LONG, f"hydra.run.dir={run_dir}"],
+    proc = subprocess.Popen([str(BIN / "adpsgd-run"), *JOB, *LONG, *overrides,
+                             f"hydra.run.dir={run_dir}"],
                             cwd=tmp_path, text=True, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, start_new_session=True)
     wait_for(lambda: (run_dir / "metrics.jsonl").exists(), "the job never evaluated")
@@ -88,11 +90,17 @@ def test_a_warm_job_trains_as_a_cold_one(tmp_path):
     assert pgrep(f"runner.worker {tmp_path}") == []  # the factory ended with the job
 
 
+def cores(pid: int) -> str:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return next(line.split()[1] for line in status.splitlines()
+                if line.startswith("Cpus_allowed_list:"))
+
+
 def test_the_ranks_are_the_factorys_and_mpiexec_sees_their_stand_ins(tmp_path):
-    """Two stand-ins for two ranks, the ranks children of one factory; SIGTERM to the
-    stand-ins reaches the ranks, which checkpoint and stop as preempted (status 75), and the
-    stand-ins end with their status."""
-    proc, run_dir = start_long_job(tmp_path)
+    """Two stand-ins for two ranks, the ranks children of one factory and bound to the cores
+    mpiexec bound their stand-ins to; SIGTERM to the stand-ins reaches the ranks, which
+    checkpoint and stop as preempted (status 75), and the stand-ins end with their status."""
+    proc, run_dir = start_long_job(tmp_path, ("launcher.mpiexec_args=[-bind-to,core]",))
     try:
         standing = stand_ins(run_dir)
         assert len(standing) == 2
@@ -100,6 +108,10 @@ def test_the_ranks_are_the_factorys_and_mpiexec_sees_their_stand_ins(tmp_path):
         parents = {int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
                    for pid in ranks(run_dir)}
         assert set(factory) & parents == parents and len(parents) == 1, (factory, parents)
+        bound = sorted(cores(pid) for pid in standing)
+        assert sorted(cores(pid) for pid in ranks(run_dir)) == bound
+        if os.cpu_count() >= 2:
+            assert bound == ["0", "1"], bound
         for pid in standing:
             os.kill(pid, signal.SIGTERM)
         _, err = proc.communicate(timeout=120)

@@ -98,8 +98,8 @@ class LocalConfig(LauncherConfig, LossDetectionKeys):
     # How mpiexec enters a host of the hostfile (ssh's calling convention); null: ssh.
     remote_shell: Optional[str] = None
     # Fork the ranks from one process that has loaded torch instead of each loading it
-    # (about 1.7 CPU s a rank; runner/rank_factory.py). Ranks on this machine only: with a
-    # hostfile they start cold.
+    # (about 1.7 CPU s a rank; runner/rank_factory.py). Not with a hostfile or in elastic
+    # jobs, whose ranks start cold.
     warm_start: bool = True
 
     def check(self, prefix, cfg):
@@ -263,9 +263,10 @@ class LocalLauncher(Launcher):
             print(f"adpsgd-run: starting {sharing} ranks on {cores} core(s) (oversubscribed): "
                   f"they load and start together before the first step, which takes longer "
                   f"the more ranks share a core", file=sys.stderr, flush=True)
-        # Ranks forked from one process that loaded torch (runner/rank_factory.py); with a
-        # hostfile they start cold, each where mpiexec puts it.
-        warm = self.cfg.warm_start and not self.cfg.hostfile
+        # Ranks forked from one process that loaded torch (runner/rank_factory.py). Cold with a
+        # hostfile (each where mpiexec puts it) and in elastic jobs: ULFM learns of a death
+        # from the runtime, which would see the stand-in die a moment after the rank.
+        warm = self.cfg.warm_start and not self.cfg.hostfile and not self.cfg.elastic
         with (rank_factory(run_dir, self.environment()) if warm else
               contextlib.nullcontext({})) as self.ranks_environment:
             while True:
