@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import os
 import secrets
 import select
@@ -52,7 +51,6 @@ FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signa
 # they start cold.
 ANSWER_TIMEOUT_S = 120.0
 _HEADER = struct.Struct("!I")
-log = logging.getLogger("adpsgd")
 
 
 # --- the launcher's side ----------------------------------------------------------------
@@ -209,19 +207,20 @@ def _fork_rank(conn: socket.socket, forget_the_factory: Callable[[], None]) -> i
 def _receive_request(conn: socket.socket) -> tuple[dict, list[int]]:
     conn.settimeout(10)
     data, fds, _, _ = socket.recv_fds(conn, 1 << 16, 256)
-    if len(data) < _HEADER.size:
-        for fd in fds:
+    try:
+        if len(data) < _HEADER.size:
+            raise ValueError("no request")
+        (size,) = _HEADER.unpack_from(data)
+        data = data[_HEADER.size:]
+        while len(data) < size:
+            chunk = conn.recv(size - len(data))
+            if not chunk:
+                raise ValueError("a cut request")
+            data += chunk
+    except (OSError, ValueError):
+        for fd in fds:  # passed with a request that never came whole
             os.close(fd)
-        raise ValueError("no request")
-    (size,) = _HEADER.unpack_from(data)
-    data = data[_HEADER.size:]
-    while len(data) < size:
-        chunk = conn.recv(size - len(data))
-        if not chunk:
-            for fd in fds:
-                os.close(fd)
-            raise ValueError("a cut request")
-        data += chunk
+        raise
     conn.settimeout(None)
     return json.loads(data), fds
 

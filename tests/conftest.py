@@ -112,6 +112,18 @@ def case_report(lines: dict[str, list[str]], case: str, nprocs: int) -> str:
     return "\n".join(got)
 
 
+def wait_for(condition, what: str, timeout_s: float = 180) -> None:
+    """Poll ``condition`` until it holds; fail naming ``what`` after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+
+
+def parent_pid(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
 def read_run(run_dir: Path) -> tuple[list[dict], dict]:
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return metrics, json.loads((run_dir / "summary.json").read_text())

@@ -10,14 +10,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from runner.rank_factory import FACTORY_ADDRESS, rank_factory
 
-from conftest import BIN, REPO, read_run, run_cli
+from conftest import BIN, REPO, parent_pid, read_run, run_cli, wait_for
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow]
 
@@ -47,13 +46,6 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
-def wait_for(condition, what: str, timeout_s: float = 120) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.05)
-
-
 def start_long_job(tmp_path: Path, overrides: tuple[str, ...] = ()
                    ) -> tuple[subprocess.Popen, Path]:
     run_dir = tmp_path / "run"
@@ -61,7 +53,8 @@ def start_long_job(tmp_path: Path, overrides: tuple[str, ...] = ()
                              f"hydra.run.dir={run_dir}"],
                             cwd=tmp_path, text=True, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, start_new_session=True)
-    wait_for(lambda: (run_dir / "metrics.jsonl").exists(), "the job never evaluated")
+    wait_for(lambda: (run_dir / "metrics.jsonl").exists(), "the job never evaluated",
+             timeout_s=120)
     return proc, run_dir
 
 
@@ -105,8 +98,7 @@ def test_the_ranks_are_the_factorys_and_mpiexec_sees_their_stand_ins(tmp_path):
         standing = stand_ins(run_dir)
         assert len(standing) == 2
         factory = pgrep(f"runner.worker {run_dir} --rank-factory$")
-        parents = {int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-                   for pid in ranks(run_dir)}
+        parents = {parent_pid(pid) for pid in ranks(run_dir)}
         assert set(factory) & parents == parents and len(parents) == 1, (factory, parents)
         bound = sorted(cores(pid) for pid in standing)
         assert sorted(cores(pid) for pid in ranks(run_dir)) == bound

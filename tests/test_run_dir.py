@@ -15,7 +15,7 @@ import pytest
 
 from runner.checkpoint.files import complete_checkpoints
 
-from conftest import BIN, read_run, run_cli
+from conftest import BIN, read_run, run_cli, wait_for
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow]
 
@@ -34,13 +34,6 @@ def start(tmp_path: Path, run_dir: Path, overrides: list[str], job: list[str] = 
                              f"hydra.run.dir={run_dir}"], cwd=tmp_path, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             start_new_session=True)
-
-
-def wait_for(condition, what: str, timeout_s: float = 180) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.05)
 
 
 def workers(run_dir: Path, exactly: bool = False) -> list[str]:

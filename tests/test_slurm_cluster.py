@@ -20,7 +20,7 @@ import pytest
 from omegaconf import OmegaConf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from conftest import BIN, MPI_SCRIPTS, REPO, read_run, run_cli
+from conftest import BIN, MPI_SCRIPTS, REPO, parent_pid, read_run, run_cli
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow, pytest.mark.resource("slurm")]
 
@@ -266,10 +266,6 @@ def test_a_killed_rank_restarts_inside_the_allocation_and_the_run_completes(slur
     assert summary["status"] == "completed" and len(summary["restarts"]) == 1, summary
     assert summary["restarts"][0]["seconds_down"] > 0, summary["restarts"]
     assert eval_epochs(metrics) == [1, 2, 3, 4], metrics
-
-
-def parent_pid(pid: int) -> int:
-    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
 
 
 @pytest.mark.parametrize("ranks_too", [False, True], ids=["stepd", "stepd-and-ranks"])
