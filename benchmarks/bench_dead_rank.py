@@ -48,9 +48,17 @@ CASES = {  # (algo, nprocs): (rank to kill, extra overrides)
 
 
 def worker_pids(run_dir: Path) -> list[int]:
+    """The job's processes still running: those with the run dir on their command line
+    (mpiexec's, the job's own rank factory) and its ranks, by their pid files (a rank forked
+    from a shared factory, runner/rank_factory.py, has the factory's command line)."""
+    from runner.runlog.liveness import process_alive, rank_pid
+
     found = subprocess.run(["pgrep", "-f", f"runner.worker {run_dir}"], capture_output=True,
                            text=True)
-    return [int(pid) for pid in found.stdout.split()]
+    ranks = [rank_pid(run_dir, int(path.name.removeprefix("rank").split(".")[0]))
+             for path in (run_dir / "logs").glob("rank*.pid")]
+    return sorted({int(pid) for pid in found.stdout.split()} |
+                  {pid for pid in ranks if pid and process_alive(pid)})
 
 
 def newest_checkpoint_loads(run_dir: Path) -> str | None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import os
 import re
 import resource
 import subprocess
@@ -32,6 +33,7 @@ if str(REPO) not in sys.path:  # run as a file from anywhere: this checkout's be
 
 from benchmarks import harness as bench  # noqa: E402
 from runner.errors import UserError, one_line  # noqa: E402
+from runner.rank_factory import SHARED_FACTORY  # noqa: E402
 
 NAME = "startup"
 BIN = Path(sys.executable).parent
@@ -82,8 +84,10 @@ def job_phases(root: Path, nprocs: int, index: int, warm: bool = True) -> dict[s
                f"launcher.warm_start={str(warm).lower()}", f"hydra.run.dir={run_dir}"]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start_wall, start = time.time(), time.perf_counter()
+    # The job's own factory, as a user's first job has, not one shared by a caller's jobs.
+    env = {name: value for name, value in os.environ.items() if name != SHARED_FACTORY}
     proc = subprocess.Popen(command, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+                            text=True, env=env)
     handed_over = None
     for line in proc.stdout:  # "adpsgd-run: ssgd on digit_images with 2 rank(s); run dir ..."
         if handed_over is None and re.match(r"adpsgd-run: \w+ on \w+ with \d+ rank", line):

@@ -15,6 +15,12 @@ signal it gets on to the rank and ends as the rank ended, with its exit status o
 the same signal. A rank whose stand-in dies (mpiexec's SIGKILL on an abort) is killed by the
 factory, or kills itself where the factory is gone.
 
+A program that runs many jobs (a sweep script, the test suite) can start one factory for
+all of them (:func:`shared_rank_factory`): the local launcher then sends its ranks there
+(``ADPSGD_SHARED_RANK_FACTORY``) and starts none of its own, which saves each job the factory's
+loading. A factory forks only for its own user (the socket's peer credentials) and only ranks
+that would import what it loaded (the same Python and ``PYTHONPATH``); others start cold.
+
 The factory loads no MPI (``mpi4py.MPI`` initializes MPI as it is imported), initializes no
 CUDA and starts no thread of its own, so a fork is as safe as a DataLoader worker's. Anything
 amiss (no factory, one that failed to load, another network namespace) and the stand-in runs
@@ -38,10 +44,12 @@ import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 SERVE = "--rank-factory"  # python -m runner.worker RUN_DIR --rank-factory: the factory
 FACTORY_ADDRESS = "ADPSGD_RANK_FACTORY"  # the ranks' environment: the factory's socket
+# The launcher's environment: a factory that outlives the job, for the launcher to use
+SHARED_FACTORY = "ADPSGD_SHARED_RANK_FACTORY"
 _LISTENING_FD = "ADPSGD_RANK_FACTORY_FD"  # the factory's: the socket it inherits
 # Signals a stand-in passes on: the graceful stops (runner/checkpoint/preemption.py), what
 # MPICH's mpiexec sends (SIGUSR1 with -disable-auto-cleanup) and the rest a process may get.
@@ -55,30 +63,98 @@ _HEADER = struct.Struct("!I")
 
 # --- the launcher's side ----------------------------------------------------------------
 
+def starts_warm(launcher: Any) -> bool:
+    """Whether a local launcher's ranks (its config: ``launcher``) fork from a factory: not
+    with a hostfile (each starts where mpiexec puts it), nor in elastic jobs (ULFM learns of a
+    death from the runtime, which would see the stand-in die a moment after the rank), nor
+    on one rank (it runs inside adpsgd-run)."""
+    return bool(launcher.warm_start and not launcher.hostfile and not launcher.elastic
+                and launcher.nprocs > 1)
+
+
 @contextlib.contextmanager
-def rank_factory(run_dir: Path, env: dict[str, str]) -> Iterator[dict[str, str]]:
-    """Start the factory for the ranks of the run in ``run_dir`` (``env``: theirs, so that
-    what torch reads as it loads, OMP_NUM_THREADS among it, is what they would read); yield
-    the environment entries that send the ranks to it. The factory ends with this block, or
-    on its own if the launcher dies (its stdin closes). Its stderr: logs/warm-start.log."""
+def factory_for_sweep(launchers: list[Any]) -> Iterator[None]:
+    """One factory for every job of a ``-m`` sweep whose ranks start warm (``launchers``:
+    the jobs' launcher configs), where two or more do: each saves the factory's loading.
+    If it fails to load, its ranks start cold and the first line of its log is printed."""
+    warm = [launcher for launcher in launchers
+            if launcher.name == "local" and starts_warm(launcher)]
+    if len(warm) < 2 or SHARED_FACTORY in os.environ:
+        yield
+        return
+    import tempfile
+
+    handle, log = tempfile.mkstemp(prefix="adpsgd-sweep-rank-factory-", suffix=".log")
+    os.close(handle)
+    log_path = Path(log)
+    try:
+        with shared_rank_factory(log_path):
+            yield
+    finally:
+        said = log_path.read_text(errors="replace").splitlines()
+        log_path.unlink(missing_ok=True)
+        if said:
+            print(f"adpsgd-run: note: the sweep's ranks started cold: {said[0]}",
+                  file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def factory_for_job(run_dir: Path, env: dict[str, str], warm: bool) -> Iterator[dict[str, str]]:
+    """The environment entries that send a job's ranks to a factory, for as long as the job
+    runs: none if ``warm`` is false, the shared factory's address where the launcher was
+    given one (:func:`shared_rank_factory`), else those of the job's own factory."""
+    shared = os.environ.get(SHARED_FACTORY)
+    if not warm:
+        yield {}
+    elif shared:
+        yield {FACTORY_ADDRESS: shared}
+    else:
+        with rank_factory(str(run_dir), run_dir / "logs" / "warm-start.log", env) as factory:
+            yield {FACTORY_ADDRESS: factory.address}
+
+
+@contextlib.contextmanager
+def shared_rank_factory(log_path: Path) -> Iterator[int]:
+    """A factory for every job that this process and its children launch locally: sets
+    ``ADPSGD_SHARED_RANK_FACTORY`` in ``os.environ`` for the block and yields the factory's
+    pid. Its stderr (a failure to load, which starts every rank cold): ``log_path``."""
+    with rank_factory("shared", log_path, dict(os.environ)) as factory:
+        os.environ[SHARED_FACTORY] = factory.address
+        try:
+            yield factory.pid
+        finally:
+            os.environ.pop(SHARED_FACTORY, None)
+
+
+@dataclass
+class RunningFactory:
+    address: str  # of its socket, for the ranks' FACTORY_ADDRESS
+    pid: int
+
+
+@contextlib.contextmanager
+def rank_factory(serving: str, log_path: Path, env: dict[str, str]) -> Iterator[RunningFactory]:
+    """Start a factory (``serving``: the run dir it serves, for its messages; ``env``: the
+    ranks', so that what torch reads as it loads, OMP_NUM_THREADS among it, is what they
+    would read). It ends with this block, or on its own if its starter dies (its stdin
+    closes). Its stderr: ``log_path`` (a job's: logs/warm-start.log)."""
     # An abstract socket: no file to clean up, and reachable only from this network
     # namespace, which a lab host (scripts/lab_cluster.sh) is not.
     address = f"adpsgd-rank-factory-{os.getpid()}-{secrets.token_hex(6)}"
     listening = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listening.bind("\0" + address)
     listening.listen(4096)  # every stand-in may queue while torch loads
-    log_path = run_dir / "logs" / "warm-start.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as factory_log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "runner.worker", str(run_dir), SERVE],
+            [sys.executable, "-m", "runner.worker", serving, SERVE],
             env={**env, _LISTENING_FD: str(listening.fileno())}, pass_fds=[listening.fileno()],
             stdin=subprocess.PIPE, stdout=factory_log, stderr=factory_log,
             start_new_session=True)  # a Ctrl-C at the terminal is the launcher's to pass on
     # Only the factory holds the socket now: if it dies, waiting stand-ins see it at once.
     listening.close()
     try:
-        yield {FACTORY_ADDRESS: address}
+        yield RunningFactory(address, proc.pid)
     finally:
         assert proc.stdin is not None
         proc.stdin.close()  # its cue to reap the forked ranks and leave
@@ -177,14 +253,22 @@ def _fork_rank(conn: socket.socket, forget_the_factory: Callable[[], None]) -> i
     (the stand-in gave up waiting, or the fork failed and it starts cold).
     ``forget_the_factory`` closes, in the rank, what the factory holds."""
     try:
+        # The socket is abstract (no file permissions): only our own user's ranks are ours.
+        _, uid, _ = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                        struct.calcsize("3i")))
+        if uid != os.getuid():
+            raise PermissionError(f"a request from uid {uid}")
         _answer(conn, {"hello": os.getpid()})
         request, fds = _receive_request(conn)
     except (OSError, ValueError):
         conn.close()
         return None
     try:
+        _check_imports_alike(request)
         pid = os.fork()
-    except OSError as ex:
+    except (OSError, ValueError) as ex:
+        for fd in fds:
+            os.close(fd)
         _answer(conn, {"cold": str(ex)})
         conn.close()
         return None
@@ -202,6 +286,18 @@ def _fork_rank(conn: socket.socket, forget_the_factory: Callable[[], None]) -> i
         os.close(fd)
     _answer(conn, {"forked": pid})
     return pid
+
+
+_LOADED_WITH = (sys.executable, os.environ.get("PYTHONPATH", ""))
+
+
+def _check_imports_alike(request: dict) -> None:
+    """A rank whose Python or PYTHONPATH differs from the factory's (another virtual
+    environment, a copy of the source tree) would import other code: it starts cold."""
+    asked = (request.get("executable"), request["env"].get("PYTHONPATH", ""))
+    if asked != _LOADED_WITH:
+        raise ValueError(f"the rank imports from {asked}, the factory loaded from "
+                         f"{_LOADED_WITH}")
 
 
 def _receive_request(conn: socket.socket) -> tuple[dict, list[int]]:
@@ -256,6 +352,8 @@ def _take_over(request: dict, fds: list[int], conn: socket.socket) -> None:
         os.close(fd)
     os.environ.clear()
     os.environ.update(request["env"])
+    if sys.path and sys.path[0] == os.getcwd():  # python -m's entry: the directory it ran in
+        sys.path[0] = request["cwd"]
     os.chdir(request["cwd"])
     os.umask(request["umask"])
     os.sched_setaffinity(0, request["cpus"])  # where mpiexec bound the rank (--bind-to core)
@@ -358,7 +456,8 @@ def _send_request(conn: socket.socket) -> None:
                  if fd != conn.fileno() and _inherited(fd))
     umask = os.umask(0)
     os.umask(umask)
-    body = json.dumps({"argv": sys.argv, "env": dict(os.environ), "cwd": os.getcwd(),
+    body = json.dumps({"argv": sys.argv, "executable": sys.executable,
+                       "env": dict(os.environ), "cwd": os.getcwd(),
                        "umask": umask, "fds": fds,
                        "cpus": sorted(os.sched_getaffinity(0))}).encode()
     message = _HEADER.pack(len(body)) + body

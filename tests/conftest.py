@@ -10,6 +10,7 @@ import resource
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import unittest.mock
 from collections.abc import Iterator
@@ -190,6 +191,33 @@ def pytest_collection_finish(session) -> None:
     the order groups are handed out in (``--no-loadscope-reorder``): :func:`schedule_rank`."""
     if hasattr(session.config, "workerinput"):
         session.items.sort(key=schedule_rank)
+    if os.environ.get("ADPSGD_TESTS_SHARE_A_FACTORY", "1") != "0" and any(
+            item.get_closest_marker(mark) for item in session.items for mark in TIER_MARKS):
+        start_shared_rank_factory()
+
+
+# One rank factory for each pytest process (runner/rank_factory.py, shared_rank_factory): the
+# local jobs its tests start fork their ranks from it, instead of each starting a factory
+# that loads torch (1.7-2.5 CPU s a job on this machine). tests/test_rank_factory.py runs
+# jobs with factories of their own. ADPSGD_TESTS_SHARE_A_FACTORY=0: a factory for each job.
+_shared_factory = contextlib.ExitStack()
+_shared_factory_pid = 0
+
+
+def start_shared_rank_factory() -> None:
+    global _shared_factory_pid
+    from runner.rank_factory import shared_rank_factory
+
+    log = Path(tempfile.mkstemp(prefix="adpsgd-tests-rank-factory-", suffix=".log")[1])
+    _shared_factory.callback(log.unlink, missing_ok=True)
+    _shared_factory.callback(lambda: log.read_text() and print(
+        f"\nthe tests' rank factory said (its ranks started cold):\n{log.read_text()}",
+        file=sys.stderr))
+    _shared_factory_pid = _shared_factory.enter_context(shared_rank_factory(log))
+
+
+def pytest_sessionfinish(session) -> None:
+    _shared_factory.close()
 
 
 # Resources whose tests mostly wait (links, heartbeats, SLURM's scheduling: in CI the lab's
@@ -275,9 +303,21 @@ def starts_no_process(item) -> contextlib.AbstractContextManager:
 
 def cpu_seconds() -> float:
     """CPU time of this process and of every process it (or they) waited for: a test's ranks,
-    mpiexec, the CLI. Daemons it leaves to others (SLURM's, the lab's) are not counted."""
+    mpiexec, the CLI, and the ranks the shared rank factory forked and reaped. Daemons it
+    leaves to others (SLURM's, the lab's) are not counted."""
     return sum(u.ru_utime + u.ru_stime for u in (resource.getrusage(resource.RUSAGE_SELF),
-                                                 resource.getrusage(resource.RUSAGE_CHILDREN)))
+                                                 resource.getrusage(resource.RUSAGE_CHILDREN))
+               ) + shared_factory_cpu_seconds()
+
+
+def shared_factory_cpu_seconds() -> float:
+    """The shared factory's own CPU time and its reaped children's (until it ends, when
+    RUSAGE_CHILDREN takes them over)."""
+    try:
+        fields = Path(f"/proc/{_shared_factory_pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return 0.0
+    return sum(int(tick) for tick in fields[11:15]) / os.sysconf("SC_CLK_TCK")
 
 
 @contextlib.contextmanager

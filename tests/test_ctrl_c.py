@@ -62,8 +62,9 @@ def interrupt(tmp_path: Path, when: Callable[[Path, str], bool], overrides: list
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-    left = subprocess.run(["pgrep", "-f", f"runner.worker {run_dir}"], capture_output=True,
-                          text=True).stdout.split()
+    from test_benchmarks import load_script
+
+    left = load_script("bench_dead_rank").worker_pids(run_dir)  # forked ranks too
     return {"status": status, "stopped_s": stopped_s, "stderr": err.read_text(),
             "stdout": out.read_text(), "run_dir": run_dir, "leftover": left}
 

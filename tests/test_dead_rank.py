@@ -80,7 +80,8 @@ def test_a_killed_rank_ends_the_job_naming_it(tmp_path, algo, nprocs):
           f"exit after {result['exit_s']:.2f} s")
     assert result["status"] not in (0, EXIT_PREEMPTED), stderr
     assert result["exit_s"] < DEAD_RANK_BOUND_S, stderr
-    assert f"rank {victim} (pid" in stderr and "died without reporting an error" in stderr
+    assert f"rank {victim} (pid" in stderr and "died without reporting an error" in stderr, \
+        stderr
     assert f"--- last lines of {result['run_dir']}/logs/rank{victim}.log ---" in stderr
     assert "resume=auto" in stderr  # how to continue
     assert "Traceback" not in stderr, stderr

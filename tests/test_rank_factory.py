@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -14,7 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from runner.rank_factory import FACTORY_ADDRESS, rank_factory
+from runner.rank_factory import (
+    FACTORY_ADDRESS,
+    SHARED_FACTORY,
+    rank_factory,
+    shared_rank_factory,
+)
 
 from conftest import BIN, REPO, parent_pid, read_run, run_cli, wait_for
 
@@ -22,6 +28,12 @@ pytestmark = [pytest.mark.mpi, pytest.mark.slow]
 
 JOB = ["recipe=digit_images", "algo=ssgd", "launcher.nprocs=2", "trainer.progress=false"]
 LONG = ["trainer.epochs=300", "trainer.checkpoint_every=20", "faults.delay_s=0.2"]
+
+
+@pytest.fixture(autouse=True)
+def own_factories(monkeypatch):
+    """These tests are of a job's own factory: not the one the suite shares (conftest.py)."""
+    monkeypatch.delenv(SHARED_FACTORY, raising=False)
 
 
 def pgrep(pattern: str) -> list[int]:
@@ -148,9 +160,62 @@ def test_a_stand_in_ends_as_its_rank_and_starts_cold_without_a_factory(tmp_path,
         proc = subprocess.run(command, env={**env, FACTORY_ADDRESS: "adpsgd-no-factory"},
                               capture_output=True, text=True, timeout=60)
     else:
-        with rank_factory(run_dir, env) as to_factory:
-            proc = subprocess.run(command, env={**env, **to_factory}, capture_output=True,
-                                  text=True, timeout=120)
+        with rank_factory(str(run_dir), run_dir / "logs" / "warm-start.log", env) as serving:
+            proc = subprocess.run(command, env={**env, FACTORY_ADDRESS: serving.address},
+                                  capture_output=True, text=True, timeout=120)
         assert (run_dir / "logs" / "warm-start.log").read_text() == ""
     assert proc.returncode == 2 and proc.stderr.startswith("usage: python -m runner.worker")
     assert pgrep(f"runner.worker {run_dir}") == []
+
+
+def test_jobs_given_a_shared_factory_fork_their_ranks_from_it(tmp_path):
+    """A factory started for many jobs (ADPSGD_SHARED_RANK_FACTORY): a job's ranks fork from
+    it and the job starts no factory of its own; a job whose PYTHONPATH differs from the
+    factory's (it would import other code) and one with launcher.warm_start=false start
+    cold; the factory outlives the jobs and ends with its block."""
+    jobs = {"shared": {}, "other_path": {"PYTHONPATH": str(REPO)}, "warm_start_off": {}}
+    with shared_rank_factory(tmp_path / "factory.log") as factory:
+        for name, env in jobs.items():
+            off = ["launcher.warm_start=false"] if name == "warm_start_off" else []
+            run_cli([*JOB, "trainer.epochs=1", *off, f"hydra.run.dir={tmp_path / name}"],
+                    cwd=tmp_path, env=env)
+        assert alive(factory)
+    assert not alive(factory) and (tmp_path / "factory.log").read_text() == ""
+    for name in jobs:
+        logs = tmp_path / name / "logs"
+        assert not (logs / "warm-start.log").exists(), name
+        for rank in range(2):
+            log = (logs / f"rank{rank}.log").read_text()
+            started = f"forked from the rank factory (pid {factory})" if name == "shared" \
+                else "started cold"
+            assert started in log, (name, log)
+    evaluations = {name: [(m["step"], m["split"], m["loss"], m.get("top1"))
+                          for m in read_run(tmp_path / name)[0]] for name in jobs}
+    assert evaluations["shared"] == evaluations["warm_start_off"] == evaluations["other_path"]
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root, to connect as another user")
+def test_a_factory_answers_its_own_user_only(tmp_path):
+    """The factory's socket is abstract (no file permissions): a connection from another
+    user gets no answer, so it could never have a rank forked as the factory's user."""
+    hear = ("import socket, sys; s = socket.socket(socket.AF_UNIX); "
+            "s.connect('\\0' + sys.argv[1]); s.settimeout(60); print(s.recv(100))")
+    with rank_factory(str(tmp_path), tmp_path / "factory.log", dict(os.environ)) as serving:
+        heard = {user: subprocess.run(["/usr/bin/python3", "-c", hear, serving.address],
+                                      user=user, capture_output=True, text=True, timeout=120)
+                 for user in (os.getuid(), 65534)}
+    assert heard[os.getuid()].stdout.startswith("b'{\"hello\":"), heard
+    assert heard[65534].stdout.strip() == "b''", heard
+
+
+def test_the_jobs_of_a_sweep_fork_their_ranks_from_one_factory(tmp_path):
+    """adpsgd-run -m with two warm jobs: both jobs' ranks are forks of one factory, which
+    ends with the sweep; neither job starts one of its own."""
+    run_cli(["-m", *JOB, "trainer.epochs=1", "optim.lr=0.1,0.2",
+             f"hydra.sweep.dir={tmp_path / 'sweep'}"], cwd=tmp_path)
+    logs = sorted((tmp_path / "sweep").glob("*/logs"))
+    assert len(logs) == 2 and not any((log / "warm-start.log").exists() for log in logs)
+    factories = {re.search(r"started forked from the rank factory \(pid (\d+)\)",
+                           (log / f"rank{rank}.log").read_text())[1]
+                 for log in logs for rank in range(2)}
+    assert len(factories) == 1 and not alive(int(factories.pop()))

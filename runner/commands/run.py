@@ -25,6 +25,7 @@ import recipes  # noqa: F401 - fills the recipe registry (runner/recipe.py)
 
 from .. import ctrl_c
 from ..errors import EXIT_PREEMPTED, EXIT_STOPPED, ConfigError, UserError
+from ..rank_factory import factory_for_sweep
 from .compose import (
     CONFIG_MODULE,
     CONFIG_NAME,
@@ -489,7 +490,8 @@ def main() -> None:
             raise SystemExit(2) from None
         if ctrl_c.unanswered():  # pressed while checking the command line, and lost
             raise KeyboardInterrupt
-        run_job()
+        with factory_for_sweep([cfg.launcher for cfg in configs]):
+            run_job()
     except KeyboardInterrupt:  # outside a running job (composing, preparing data)
         print("\nadpsgd-run: interrupted (Ctrl-C) while no rank was running", file=sys.stderr)
         raise SystemExit(EXIT_STOPPED) from None

@@ -24,7 +24,6 @@ While the job runs the launcher supervises it (runner/launch/watchdog.py):
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
 import shutil
@@ -47,7 +46,7 @@ from ..errors import (
     EXIT_TOO_FEW_LEARNERS,
     ConfigError,
 )
-from ..rank_factory import rank_factory
+from ..rank_factory import factory_for_job, starts_warm
 from ..runlog.console import CONSOLE_IS_TERMINAL
 from ..runlog.liveness import (
     HEARTBEAT_TO,
@@ -263,12 +262,9 @@ class LocalLauncher(Launcher):
             print(f"adpsgd-run: starting {sharing} ranks on {cores} core(s) (oversubscribed): "
                   f"they load and start together before the first step, which takes longer "
                   f"the more ranks share a core", file=sys.stderr, flush=True)
-        # Ranks forked from one process that loaded torch (runner/rank_factory.py). Cold with a
-        # hostfile (each where mpiexec puts it) and in elastic jobs: ULFM learns of a death
-        # from the runtime, which would see the stand-in die a moment after the rank.
-        warm = self.cfg.warm_start and not self.cfg.hostfile and not self.cfg.elastic
-        with (rank_factory(run_dir, self.environment()) if warm else
-              contextlib.nullcontext({})) as self.ranks_environment:
+        # Ranks forked from one process that loaded torch (runner/rank_factory.py).
+        with factory_for_job(run_dir, self.environment(), starts_warm(self.cfg)) \
+                as self.ranks_environment:
             while True:
                 status, failure = self.run_job(run_dir)
                 if failure is None:
