@@ -13,7 +13,11 @@ PYTEST_ARGS ?= --durations=20
 # 3: 4 (2026-12-01, a fresh clone's CI) shortened the suite by 5 % but loaded 2 cores so
 # much that two tests that pass at 3 raced (a SLURM job's start-up killed, a ULFM declaration).
 TEST_WORKERS ?= 3
-PYTEST_WORKERS = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder)
+# The unit tier computes and hardly waits: one worker per core (2 on 2 cores: 59 s of pytest
+# against 64 s on 3, 2026-12-03; each worker pays its own start-up and collection, 8 s).
+TEST_FAST_WORKERS ?= 2
+workers_args = $(if $(filter 0,$(1)),,-n $(1) --dist loadgroup --no-loadscope-reorder)
+PYTEST_WORKERS = $(call workers_args,$(TEST_WORKERS))
 DEMO_ARGS ?=
 
 .PHONY: install demo test test-fast test-gpu test-loaded coverage lint clean slurm-up slurm-down lab-up lab-down
@@ -46,7 +50,7 @@ test: install
 # The unit tier: every test that starts no process and trains no more than a few steps (the
 # marks are in setup.cfg; about 45 s on 2 cores). make test runs these and the rest.
 test-fast: install
-	$(BIN)/python -m pytest $(PYTEST_WORKERS) -m "not slow and not mpi and not gpu" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(call workers_args,$(TEST_FAST_WORKERS)) -m "not slow and not mpi and not gpu" $(PYTEST_ARGS)
 
 # The tests that need a CUDA GPU (tests/test_gpu.py); elsewhere they are skipped.
 test-gpu: install
