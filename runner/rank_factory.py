@@ -266,7 +266,7 @@ def _fork_rank(conn: socket.socket, forget_the_factory: Callable[[], None]) -> i
     try:
         _check_imports_alike(request)
         pid = os.fork()
-    except (OSError, ValueError) as ex:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as ex:  # or a bad request
         for fd in fds:
             os.close(fd)
         _answer(conn, {"cold": str(ex)})
