@@ -7,14 +7,18 @@ goes on training, while a thread of its own writes the checkpoint:
 
 1. waits until the averaging in flight at the capture, if any, has ended (it may still add its
    half to the copy of the model);
-2. agrees with the other ranks' threads, over a communicator of their own, on whether the state
-   is finite (a poisoned state is never written), on the evaluations a run resumed from it
-   owes (those rank 0 had not recorded at its capture: they are not waited for), and on the
-   cut's exact global sample count (the sum of the learners' own counts at their captures:
-   every rank's count once every rank has captured);
+2. agrees with the other ranks' threads, over a communicator of their own and in one
+   allgather, on whether the state is finite (a poisoned state is never written), on the
+   evaluations a run resumed from it owes (those rank 0 had not recorded at its capture: they
+   are not waited for), on the cut's exact global sample count (the sum of the learners' own
+   counts at their captures: every rank's count once every rank has captured) and on whether
+   rank 0 has a complete checkpoint there already;
 3. writes the files as a met checkpoint does (runner/checkpoint/checkpointer.py): temporary
    file, fsync, rename, every rank's checksum to rank 0, then the marker. Complete or absent:
    a kill during the write leaves the previous checkpoint the newest complete one.
+
+Two small collectives in all (the agreement, the checksums): on a link the gossip fills, each
+waits behind the messages queued there, and the next capture waits for this write.
 
 The next checkpoint waits for this write to end (so captures never run more than one apart),
 and so do a stop and the end of the run. A failed write is raised in the training thread at its
@@ -31,6 +35,7 @@ from typing import Any
 from ..comm import Communicator
 from ..train.nonfinite import nonfinite_error
 from .checkpointer import Checkpointer
+from .files import complete_checkpoints
 
 log = logging.getLogger("adpsgd")
 
@@ -91,18 +96,22 @@ class CheckpointWriter:
     def _write(self, job: CapturedCheckpoint) -> None:
         saved, comm, world = job.saved, self.comm, self.checkpointer.world
         saved["algo"] = job.algo.captured_state_dict(job.capture)
-        finite = [bool(flag) for flag in comm.allgather_objects(job.finite)]
+        trainer = saved["trainer"]
+        written = ([c.samples for c in complete_checkpoints(self.checkpointer.run_dir)]
+                   if world.is_main else None)
+        parts = comm.allgather_objects((job.finite, trainer["evaluations_owed"],
+                                        int(trainer["local_samples"]), written))
+        finite = [bool(part[0]) for part in parts]
         if not all(finite):
             error = nonfinite_error("non-finite training loss or weights", job.step,
                                     [r for r, ok in enumerate(finite) if not ok],
                                     self.checkpointer.last)
             error.quiet = not world.is_main
             raise error
-        trainer = saved["trainer"]
         # Rank 0 records the evaluations: whether a resumed run owes one is its to say (the
         # other ranks' threads may have finished theirs sooner or later).
-        trainer["evaluations_owed"] = comm.bcast_object(trainer["evaluations_owed"])
-        samples = int(comm.allreduce_numbers([trainer["local_samples"]])[0])
+        trainer["evaluations_owed"] = parts[0][1]
+        samples = sum(part[2] for part in parts)
         trainer["samples"] = samples  # the cut's, exact, on every rank
         self.checkpointer.save(samples, job.step, samples / job.train_size, job.reason,
-                               lambda: saved, beside=comm)
+                               lambda: saved, beside=comm, exists=samples in parts[0][3])

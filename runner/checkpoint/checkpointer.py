@@ -132,17 +132,19 @@ class Checkpointer(Seated):
     # ---- save --------------------------------------------------------------------------
     def save(self, samples: int, step: int, epoch: float, reason: str,
              rank_state: Callable[[], dict[str, Any]],
-             beside: Communicator | None = None) -> Path:
+             beside: Communicator | None = None, exists: bool | None = None) -> Path:
         """Write every rank's ``rank_state()``, then (rank 0, once every rank's checksum
         arrived) the marker, and prune old checkpoints. A complete checkpoint at this sample
         count already holds this very state (a stop right at a scheduled checkpoint): it is
         kept, not rewritten. ``beside``: written by a thread beside training
         (runner/checkpoint/background.py), whose collectives go over this communicator and
-        whose time is not the training thread's."""
+        whose time is not the training thread's; ``exists``: whether rank 0 has a complete
+        checkpoint at ``samples``, where every rank knows it already (else rank 0 says)."""
         comm = beside or self.comm
         directory = checkpoint_path(self.run_dir, samples)
-        exists = comm.bcast_object(
-            read_checkpoint(directory) is not None if self.world.is_main else None)
+        if exists is None:
+            exists = comm.bcast_object(
+                read_checkpoint(directory) is not None if self.world.is_main else None)
         if not exists:
             with contextlib.nullcontext() if beside else self.timers.time("checkpoint"):
                 written = save_rank_state(directory, self.world.rank, rank_state(),

@@ -506,11 +506,12 @@ class Simulation:
         mean_buffers = {k: (v.mean(0) if v.is_floating_point() else v) for k, v in
                         stacked.items()}
         self._fill(self.x.mean(0), mean_buffers)
-        results = self.evaluator.score(True, final)
+        results = self.evaluator.score(True, final, consensus=False).results
         if not self.driver.identical_replicas:
             self._fill(self.x[0], {k: v[0] if v.is_floating_point() else v
                                    for k, v in stacked.items()})
-            results["eval_rank0"] = self.evaluator.score(True, False)["eval"]
+            results["eval_rank0"] = self.evaluator.score(True, False,
+                                                         consensus=False).results["eval"]
         consensus = float((self.x - self.x.mean(0)).double().pow(2).sum()) / self.models
         epoch = self.samples / len(self.train_set)
         where = {"epoch": round(epoch, 4), "step": self.step, "samples": self.samples,

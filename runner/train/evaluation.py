@@ -9,10 +9,17 @@ also writes every hypothesis to ``decode/`` (Kaldi text files for adpsgd-score o
 
 Rank 0's own model is scored where it costs less: sent to every rank, each scoring its shard
 (the model's bytes over the network, a tree of log2 n hops), or scored by rank 0 alone on the
-whole held-out set (n - 1 more shards of compute on one rank), as the last broadcast and this
-evaluation's shards measured it. Both give the same numbers (the sums in another order). On
-4 hosts at 100 Mbit/s the broadcast of a 4.3 MB model took about 0.7 s, and scoring 359 digits
-a few milliseconds; ResNet-50 on 50,000 images over InfiniBand goes the other way.
+whole held-out set (n - 1 more shards of compute on one rank), as the last broadcast and the
+last evaluation's shards measured it. Both give the same numbers (the sums in another order).
+On 4 hosts at 100 Mbit/s the broadcast of a 4.3 MB model took about 0.7 s, and scoring 359
+digits a few milliseconds; ResNet-50 on 50,000 images over InfiniBand goes the other way.
+
+Apart from the models' bytes (the average, and rank 0's model where it is sent), an evaluation
+is one small collective: every rank's sums, its part of the consensus distance, its timings,
+rank 0's own metrics where it scored alone and what the caller attaches (each rank's report)
+travel in one allgather. Each round costs a latency, and on a link the gossip fills it waits
+behind the messages queued there (about 0.35 s for a 4.3 MB one at 100 Mbit/s), so five
+rounds cost five of those waits.
 
 What is scored is the live model, or a :class:`ModelCopy` taken earlier (an evaluation beside
 training, runner/train/evaluation_beside.py); the two give the same numbers for the same weights.
@@ -32,6 +39,16 @@ from ..comm import Communicator, Seat, Seated
 from ..comm.buffers import flatten, flatten_parameters, unflatten
 from .compute_path import ComputePath
 from .data import BatchFetcher, ShardedBatches
+
+
+@dataclass
+class Scored:
+    """What :meth:`Evaluator.score` found: ``{split: metrics}``, the consensus distance of
+    the models scored (0.0 where not measured) and what every rank attached, in rank order."""
+
+    results: dict[str, dict[str, float]]
+    consensus: float
+    attached: list[Any]
 
 
 @dataclass
@@ -58,12 +75,11 @@ class Evaluator(Seated):
         self._scratch: torch.nn.Module | None = None
         self.examples: list[tuple[str, str, str]] = []  # rank 0's decoded samples, last scored
         self._comm = comm
-        # This rank's part of the consensus distance, left by the last score() that averaged
-        # the weights (the mean is already there: no second reduction of the whole model).
-        self._consensus_part: float | None = None
         # Seconds the last broadcast of rank 0's model took (the slowest rank's; None: none
         # yet, so the first eval_rank0 broadcasts and measures). inf scores alone, 0 sends.
         self.broadcast_s: float | None = None
+        # Seconds the slowest rank took to score its shard of the averaged model, last time.
+        self.slowest_shard_s = 0.0
 
     @property
     def comm(self) -> Communicator:
@@ -94,55 +110,68 @@ class Evaluator(Seated):
             self._shards = self._shards.dealt_to(world.rank, world.size)
         return self._shards
 
-    def score(self, identical_replicas: bool, final: bool,
-              copy: ModelCopy | None = None) -> dict[str, dict[str, float]]:
-        """``{split: metrics}`` for every split this algorithm reports (collective), of the
-        live model or of ``copy``."""
-        mean = lambda t: self.comm.allreduce_(t, op="mean")  # noqa: E731
-        source, self._consensus_part = copy or self._live(), None
+    def score(self, identical_replicas: bool, final: bool, copy: ModelCopy | None = None,
+              attach: Any = None, consensus: bool = True) -> Scored:
+        """Every split this algorithm reports (collective), of the live model or of
+        ``copy``, with the consensus distance of the models scored (measured for identical
+        replicas too unless ``consensus`` is false) and every rank's ``attach``."""
+        comm = self.comm
+        mean = lambda t: comm.allreduce_(t, op="mean")  # noqa: E731
+        source, distance = copy or self._live(), 0.0
         if identical_replicas and not self.running_stats:
             averaged = self.model if copy is None else self._fill_scratch(source, None)
         elif identical_replicas:  # the same weights, each rank's own BatchNorm statistics
             averaged = self._fill_scratch(source, mean, weights=False)
-        else:
+        else:  # the mean is there now: the distance to it needs no second reduction
             averaged = self._fill_scratch(source, mean)
-            self._consensus_part = sum(float((mine.detach() - avg).double().pow(2).sum())
-                                       for mine, avg in zip(source.params,
-                                                            self._scratch_params))
+            distance = self._distance(source, self._scratch_params)
+        if identical_replicas and consensus:  # should be 0; measured, not assumed
+            distance = self._distance(source, [mean(flat.detach().clone())
+                                               for flat in source.params])
         started = time.perf_counter()
-        results = {"eval": self._score(averaged, examples=True,
-                                       decode_split="eval" if final else None)}
-        if not identical_replicas:
-            results["eval_rank0"] = self._score_rank0(source, time.perf_counter() - started)
-        return results
-
-    def _score_rank0(self, source: ModelCopy, shard_s: float) -> dict[str, float]:
-        """Rank 0's own model's metrics on the whole held-out set (collective): broadcast and
-        scored by every rank, or scored by rank 0 alone when ``n - 1`` more shards (each as
-        long as the slowest rank's ``shard_s`` of the averaged model just now) cost less than
-        the last broadcast. Every rank decides from the same two maxima."""
-        last_broadcast_s, slowest_shard_s = self.comm.allreduce_numbers(
-            [self.broadcast_s or 0.0, shard_s], op="max")
-        if not (self.comm.size - 1) * slowest_shard_s < last_broadcast_s:
+        sums = {"eval": self._sums(averaged, examples=True,
+                                   decode_split="eval" if final else None)}
+        shard_s, broadcast_s, rank0 = time.perf_counter() - started, None, None
+        if not identical_replicas and self._rank0_alone():
+            if comm.rank == 0:
+                rank0 = self.recipe.metrics(self._sums(self._fill_scratch(source, None),
+                                                       alone=True))
+        elif not identical_replicas:
             started = time.perf_counter()
-            model = self._fill_scratch(source, lambda t: self.comm.broadcast_(t, root=0))
-            self.broadcast_s = float(self.comm.allreduce_numbers(
-                [time.perf_counter() - started], op="max")[0])
-            return self._score(model)
-        metrics = (self._score(self._fill_scratch(source, None), alone=True)
-                   if self.comm.rank == 0 else None)
-        return self.comm.bcast_object(metrics)
+            model = self._fill_scratch(source, lambda t: comm.broadcast_(t, root=0))
+            broadcast_s = time.perf_counter() - started
+            sums["eval_rank0"] = self._sums(model)
+        parts = comm.allgather_objects((sums, shard_s, broadcast_s, distance, rank0, attach))
+        results = {split: self.recipe.metrics(self._total([p[0][split] for p in parts]))
+                   for split in sums}
+        if parts[0][4] is not None:  # rank 0's own, scored alone
+            results["eval_rank0"] = parts[0][4]
+        self.slowest_shard_s = max(p[1] for p in parts)
+        if broadcast_s is not None:
+            self.broadcast_s = max(p[2] for p in parts)
+        return Scored(results, sum(p[3] for p in parts) / comm.size, [p[5] for p in parts])
 
-    def consensus_distance(self, copy: ModelCopy | None = None) -> float:
-        """Xi = (1/n) sum_i ||x_i - xbar||^2 over all parameters (docs/algorithms.md), of
-        the models the last :meth:`score` averaged, or else of the live ones (``copy``)."""
-        local, self._consensus_part = self._consensus_part, None
-        if local is None:
-            local = 0.0
-            for flat in (copy or self._live()).params:
-                mean = self.comm.allreduce_(flat.detach().clone(), op="mean")
-                local += float((flat.detach() - mean).double().pow(2).sum())
+    def _rank0_alone(self) -> bool:
+        """Whether rank 0 scores its own model alone: ``n - 1`` more shards (each as long as
+        the slowest rank's last one) cost less than the last broadcast. Every rank decides
+        from the same two numbers, each the maximum over the ranks of the last evaluation."""
+        return (self.broadcast_s is not None
+                and (self.comm.size - 1) * self.slowest_shard_s < self.broadcast_s)
+
+    def consensus_distance(self) -> float:
+        """Xi = (1/n) sum_i ||x_i - xbar||^2 over all parameters of the live models
+        (docs/algorithms.md), on its own (collective); an evaluation measures it in
+        :meth:`score`."""
+        source = self._live()
+        mean = [self.comm.allreduce_(flat.detach().clone(), op="mean") for flat in source.params]
+        local = self._distance(source, mean)
         return float(self.comm.allreduce_numbers([local])[0]) / self.comm.size
+
+    @staticmethod
+    def _distance(source: ModelCopy, mean: list[torch.Tensor]) -> float:
+        """This rank's ||x_i - xbar||^2, in double precision."""
+        return sum(float((mine.detach() - avg).double().pow(2).sum())
+                   for mine, avg in zip(source.params, mean))
 
     def _live(self) -> ModelCopy:
         """The model itself (not copied)."""
@@ -175,11 +204,11 @@ class Evaluator(Seated):
                 buf.copy_(value)
         return target
 
-    def _score(self, model: torch.nn.Module, examples: bool = False,
-               decode_split: str | None = None, alone: bool = False) -> dict[str, float]:
-        """Global metrics of ``model``; ``examples``: keep rank 0's first decoded samples;
-        ``decode_split``: write every hypothesis to ``decode/``; ``alone``: this rank scores
-        the whole held-out set, with no collective."""
+    def _sums(self, model: torch.nn.Module, examples: bool = False,
+              decode_split: str | None = None, alone: bool = False) -> dict[str, float]:
+        """This rank's sums of the recipe's metrics over its shard of the held-out set;
+        ``examples``: keep rank 0's first decoded samples; ``decode_split``: write every
+        hypothesis to ``decode/`` (collective); ``alone``: over the whole held-out set."""
         shards = self.shards.dealt_to(0, 1) if alone else self.shards
         was_training = model.training
         model.eval()
@@ -201,11 +230,15 @@ class Evaluator(Seated):
         model.train(was_training)
         if decode_split:
             self._write_decoded(decode_split, self.comm.gather_objects(decoded))
+        return sums
+
+    @staticmethod
+    def _total(parts: list[dict[str, float]]) -> dict[str, float]:
         total: dict[str, float] = {}
-        for part in [sums] if alone else self.comm.allgather_objects(sums):
+        for part in parts:
             for key, value in part.items():
                 total[key] = total.get(key, 0.0) + value
-        return self.recipe.metrics(total)
+        return total
 
     def _write_decoded(self, split: str, parts: list | None) -> None:
         """decode/<split>.hyp.txt and .ref.txt: Kaldi text files of every held-out sample."""

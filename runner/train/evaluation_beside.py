@@ -130,11 +130,11 @@ class EvaluationsBeside:
         started = time.perf_counter()
         self.before_scoring()
         evaluator = self.evaluator
-        evaluation.results = evaluator.score(evaluation.identical_replicas, False,
-                                             evaluation.copy)
-        evaluation.consensus = evaluator.consensus_distance(evaluation.copy)
-        everyone = self.comm.allgather_objects((evaluation.report, evaluation.samples,
-                                                evaluation.where["stamp"]))
+        scored = evaluator.score(evaluation.identical_replicas, False, evaluation.copy,
+                                 attach=(evaluation.report, evaluation.samples,
+                                         evaluation.where["stamp"]))
+        evaluation.results, evaluation.consensus = scored.results, scored.consensus
+        everyone = scored.attached
         evaluation.per_rank = [report for report, _, _ in everyone]
         samples = [count for _, count, _ in everyone]
         self.heard_counts(samples, [stamp for _, _, stamp in everyone])

@@ -137,12 +137,11 @@ class Meetings:
         log.info("evaluating at step %d (%d samples)", state.step, state.samples)
         with self.timers.time("eval"), self.comm.traffic.aside():
             self.faults.slow_evaluation()
-            results = self.evaluator.score(self.algo.identical_replicas, final)
-            consensus = self.evaluator.consensus_distance()
-            per_rank = self.comm.gather_objects(rank_report(self))
+            scored = self.evaluator.score(self.algo.identical_replicas, final,
+                                          attach=rank_report(self))
         self._leave()
-        self._record_evaluation(results, consensus, per_rank, self._where(),
-                                self.evaluator.examples)
+        self._record_evaluation(scored.results, scored.consensus, scored.attached,
+                                self._where(), self.evaluator.examples)
 
     def _where(self) -> dict[str, Any]:
         """Where the run is, as an evaluation's rows say: epoch, step, samples (as this rank
@@ -259,10 +258,9 @@ class Meetings:
             log.info("evaluating at step %d (%d samples), owed by the checkpoint resumed from",
                      where["step"], where["samples"])
             with self.timers.time("eval"), self.comm.traffic.aside():
-                results = self.evaluator.score(self.algo.identical_replicas, False)
-                consensus = self.evaluator.consensus_distance()
-                per_rank = self.comm.gather_objects(rank_report(self))
-            self._record_evaluation(results, consensus, per_rank, where,
+                scored = self.evaluator.score(self.algo.identical_replicas, False,
+                                              attach=rank_report(self))
+            self._record_evaluation(scored.results, scored.consensus, scored.attached, where,
                                     self.evaluator.examples)
 
     def save_checkpoint(self, reason: str) -> bool:

@@ -34,7 +34,7 @@ def train(world_mpi, run_dir, overrides):
     trainer, node = build_trainer(world_mpi, comm, run_dir, cfg)
     trainer.run()
     stats = trainer.algo.stats()
-    top1 = trainer.evaluator.score(False, False)["eval"]["top1"]  # the averaged model
+    top1 = trainer.evaluator.score(False, False).results["eval"]["top1"]  # the averaged model
     node.close()
     comm.close()
     return f"steps {trainer.state.step} averagings {stats['averagings']} top1 {top1:.1f}"

@@ -51,9 +51,9 @@ def rank0_alone_equals_broadcast(trainer) -> str:
     for flat in trainer.param_buffers:  # rank 0's model far from the others' and their mean
         flat.add_(torch.randn(flat.shape, generator=noise), alpha=0.02 * trainer.world.rank)
     evaluator.broadcast_s = 0.0
-    sent = evaluator.score(identical_replicas=False, final=False)["eval_rank0"]
+    sent = evaluator.score(identical_replicas=False, final=False).results["eval_rank0"]
     evaluator.broadcast_s = math.inf
-    alone = evaluator.score(identical_replicas=False, final=False)["eval_rank0"]
+    alone = evaluator.score(identical_replicas=False, final=False).results["eval_rank0"]
     assert sent.keys() == alone.keys() and all(
         math.isclose(sent[k], alone[k], rel_tol=1e-5, abs_tol=1e-9) for k in sent), (sent, alone)
     return f"; rank 0's model alone as broadcast, top-1 {alone['top1']:.2f}"
