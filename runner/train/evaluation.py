@@ -9,17 +9,19 @@ also writes every hypothesis to ``decode/`` (Kaldi text files for adpsgd-score o
 
 Rank 0's own model is scored where it costs less: sent to every rank, each scoring its shard
 (the model's bytes over the network, a tree of log2 n hops), or scored by rank 0 alone on the
-whole held-out set (n - 1 more shards of compute on one rank), as the last broadcast and the
-last evaluation's shards measured it. Both give the same numbers (the sums in another order).
+whole held-out set (n - 1 more shards of compute on one rank), as the last broadcast and this
+evaluation's shards measured it. Both give the same numbers (the sums in another order).
 On 4 hosts at 100 Mbit/s the broadcast of a 4.3 MB model took about 0.7 s, and scoring 359
 digits a few milliseconds; ResNet-50 on 50,000 images over InfiniBand goes the other way.
 
 Apart from the models' bytes (the average, and rank 0's model where it is sent), an evaluation
-is one small collective: every rank's sums, its part of the consensus distance, its timings,
-rank 0's own metrics where it scored alone and what the caller attaches (each rank's report)
-travel in one allgather. Each round costs a latency, and on a link the gossip fills it waits
-behind the messages queued there (about 0.35 s for a 4.3 MB one at 100 Mbit/s), so five
-rounds cost five of those waits.
+is two small collectives: the two maxima that decide where rank 0's model is scored (asked of
+everyone: a learner that joined an elastic job has measured no broadcast yet), then every
+rank's sums, its part of the consensus distance, the broadcast's time, rank 0's own metrics
+where it scored alone and what the caller attaches (each rank's report) in one allgather
+(for identical replicas, that allgather alone). Each round costs a latency, and on a link the
+gossip fills it waits behind the messages queued there (about 0.35 s for a 4.3 MB one at
+100 Mbit/s): it used to be five.
 
 What is scored is the live model, or a :class:`ModelCopy` taken earlier (an evaluation beside
 training, runner/train/evaluation_beside.py); the two give the same numbers for the same weights.
@@ -78,8 +80,6 @@ class Evaluator(Seated):
         # Seconds the last broadcast of rank 0's model took (the slowest rank's; None: none
         # yet, so the first eval_rank0 broadcasts and measures). inf scores alone, 0 sends.
         self.broadcast_s: float | None = None
-        # Seconds the slowest rank took to score its shard of the averaged model, last time.
-        self.slowest_shard_s = 0.0
 
     @property
     def comm(self) -> Communicator:
@@ -132,7 +132,7 @@ class Evaluator(Seated):
         sums = {"eval": self._sums(averaged, examples=True,
                                    decode_split="eval" if final else None)}
         shard_s, broadcast_s, rank0 = time.perf_counter() - started, None, None
-        if not identical_replicas and self._rank0_alone():
+        if not identical_replicas and self._rank0_alone(shard_s):
             if comm.rank == 0:
                 rank0 = self.recipe.metrics(self._sums(self._fill_scratch(source, None),
                                                        alone=True))
@@ -141,22 +141,23 @@ class Evaluator(Seated):
             model = self._fill_scratch(source, lambda t: comm.broadcast_(t, root=0))
             broadcast_s = time.perf_counter() - started
             sums["eval_rank0"] = self._sums(model)
-        parts = comm.allgather_objects((sums, shard_s, broadcast_s, distance, rank0, attach))
+        parts = comm.allgather_objects((sums, broadcast_s, distance, rank0, attach))
         results = {split: self.recipe.metrics(self._total([p[0][split] for p in parts]))
                    for split in sums}
-        if parts[0][4] is not None:  # rank 0's own, scored alone
-            results["eval_rank0"] = parts[0][4]
-        self.slowest_shard_s = max(p[1] for p in parts)
+        if parts[0][3] is not None:  # rank 0's own, scored alone
+            results["eval_rank0"] = parts[0][3]
         if broadcast_s is not None:
-            self.broadcast_s = max(p[2] for p in parts)
-        return Scored(results, sum(p[3] for p in parts) / comm.size, [p[5] for p in parts])
+            self.broadcast_s = max(p[1] for p in parts)
+        return Scored(results, sum(p[2] for p in parts) / comm.size, [p[4] for p in parts])
 
-    def _rank0_alone(self) -> bool:
+    def _rank0_alone(self, shard_s: float) -> bool:
         """Whether rank 0 scores its own model alone: ``n - 1`` more shards (each as long as
-        the slowest rank's last one) cost less than the last broadcast. Every rank decides
-        from the same two numbers, each the maximum over the ranks of the last evaluation."""
-        return (self.broadcast_s is not None
-                and (self.comm.size - 1) * self.slowest_shard_s < self.broadcast_s)
+        the slowest rank's ``shard_s`` of the averaged model just now) cost less than the last
+        broadcast (collective). Every rank decides from the same two maxima: a learner that
+        joined an elastic job knows no broadcast yet, the others do."""
+        last_broadcast_s, slowest_shard_s = self.comm.allreduce_numbers(
+            [self.broadcast_s or 0.0, shard_s], op="max")
+        return (self.comm.size - 1) * slowest_shard_s < last_broadcast_s
 
     def consensus_distance(self) -> float:
         """Xi = (1/n) sum_i ||x_i - xbar||^2 over all parameters of the live models

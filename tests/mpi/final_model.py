@@ -56,6 +56,11 @@ def rank0_alone_equals_broadcast(trainer) -> str:
     alone = evaluator.score(identical_replicas=False, final=False).results["eval_rank0"]
     assert sent.keys() == alone.keys() and all(
         math.isclose(sent[k], alone[k], rel_tol=1e-5, abs_tol=1e-9) for k in sent), (sent, alone)
+    # A learner that joined an elastic job has measured no broadcast: every rank still takes
+    # the same way (once, each decided from its own number, the collectives did not match).
+    evaluator.broadcast_s = None if trainer.world.rank == trainer.world.size - 1 else math.inf
+    joined = evaluator.score(identical_replicas=False, final=False).results["eval_rank0"]
+    assert joined == alone, (joined, alone)
     return f"; rank 0's model alone as broadcast, top-1 {alone['top1']:.2f}"
 
 
