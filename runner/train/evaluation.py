@@ -126,21 +126,21 @@ class Evaluator(Seated):
             averaged = self._fill_scratch(source, mean)
             distance = self._distance(source, self._scratch_params)
         if identical_replicas and consensus:  # should be 0; measured, not assumed
-            distance = self._distance(source, [mean(flat.detach().clone())
-                                               for flat in source.params])
+            distance = self._distance_to_mean(source)
         started = time.perf_counter()
         sums = {"eval": self._sums(averaged, examples=True,
                                    decode_split="eval" if final else None)}
         shard_s, broadcast_s, rank0 = time.perf_counter() - started, None, None
-        if not identical_replicas and self._rank0_alone(shard_s):
-            if comm.rank == 0:
-                rank0 = self.recipe.metrics(self._sums(self._fill_scratch(source, None),
-                                                       alone=True))
-        elif not identical_replicas:
-            started = time.perf_counter()
-            model = self._fill_scratch(source, lambda t: comm.broadcast_(t, root=0))
-            broadcast_s = time.perf_counter() - started
-            sums["eval_rank0"] = self._sums(model)
+        if not identical_replicas:
+            if self._rank0_alone(shard_s):
+                if comm.rank == 0:
+                    rank0 = self.recipe.metrics(self._sums(self._fill_scratch(source, None),
+                                                           alone=True))
+            else:
+                started = time.perf_counter()
+                model = self._fill_scratch(source, lambda t: comm.broadcast_(t, root=0))
+                broadcast_s = time.perf_counter() - started
+                sums["eval_rank0"] = self._sums(model)
         parts = comm.allgather_objects((sums, broadcast_s, distance, rank0, attach))
         results = {split: self.recipe.metrics(self._total([p[0][split] for p in parts]))
                    for split in sums}
@@ -163,10 +163,13 @@ class Evaluator(Seated):
         """Xi = (1/n) sum_i ||x_i - xbar||^2 over all parameters of the live models
         (docs/algorithms.md), on its own (collective); an evaluation measures it in
         :meth:`score`."""
-        source = self._live()
-        mean = [self.comm.allreduce_(flat.detach().clone(), op="mean") for flat in source.params]
-        local = self._distance(source, mean)
+        local = self._distance_to_mean(self._live())
         return float(self.comm.allreduce_numbers([local])[0]) / self.comm.size
+
+    def _distance_to_mean(self, source: ModelCopy) -> float:
+        """This rank's ||x_i - xbar||^2, xbar reduced here (collective)."""
+        return self._distance(source, [self.comm.allreduce_(flat.detach().clone(), op="mean")
+                                       for flat in source.params])
 
     @staticmethod
     def _distance(source: ModelCopy, mean: list[torch.Tensor]) -> float:
