@@ -15,7 +15,7 @@ outside training (a checkpoint's capture waiting for the previous background wri
 collective) does not count. The learners wait together there, and extrapolating every row over
 the wait made the estimate run seconds of the job's progress ahead: in the lab at 100 Mbit/s
 with evaluations and checkpoints beside training, all seven epoch-end milestones of an 8-epoch
-run came within its first half (an estimate of 17,847 samples where the job had trained about
+run came within its first 4.6 epochs (an estimate of 17,847 samples where the job had trained about
 5,200), and the milestone signal spread each overshoot to every learner. A learner that waits
 alone under-estimates the others meanwhile, by at most what they did since their last row
 reached it; the gossip thread keeps merging their rows during the wait.
@@ -73,8 +73,8 @@ class TrainingClock:
             del self._walls[:-HISTORY_STEPS], self._clocks[:-HISTORY_STEPS]
 
     def at(self, wall: float) -> float:
-        """The clock at wall time ``wall`` (before the first step: the wall time itself,
-        relative to now, as if training all along)."""
+        """The clock at wall time ``wall`` (before our first step the wall time itself: rows
+        extrapolate over wall time until we have a step to measure from)."""
         if self.last_wall is None:
             return wall
         if wall >= self.last_wall:
