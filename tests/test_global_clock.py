@@ -3,7 +3,13 @@
 import numpy as np
 import pytest
 
-from runner.comm.global_clock import HORIZON_S, STALL_FACTOR, ProgressTable, TrainingClock
+from runner.comm.global_clock import (
+    HISTORY_STEPS,
+    HORIZON_S,
+    STALL_FACTOR,
+    ProgressTable,
+    TrainingClock,
+)
 
 STEP_S, BATCH, LEARNERS, AGE_S = 0.03, 32, 4, 0.3
 
@@ -87,6 +93,6 @@ def test_the_training_clock_forgets_old_steps_but_still_places_old_stamps():
     clock = TrainingClock()
     for i in range(10_000):
         clock.step(i * 0.001)
-    assert len(clock._walls) <= 2 * 2048
+    assert len(clock._walls) <= 2 * HISTORY_STEPS
     assert clock.at(0.0) == pytest.approx(0.0, abs=1e-6)  # as if training all along
     assert clock.at(9.9995) == pytest.approx(9.9995)

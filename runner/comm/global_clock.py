@@ -15,10 +15,10 @@ outside training (a checkpoint's capture waiting for the previous background wri
 collective) does not count. The learners wait together there, and extrapolating every row over
 the wait made the estimate run seconds of the job's progress ahead: in the lab at 100 Mbit/s
 with evaluations and checkpoints beside training, all seven epoch-end milestones of an 8-epoch
-run came within its first 4.6 epochs (an estimate of 17,847 samples where the job had trained about
-5,200), and the milestone signal spread each overshoot to every learner. A learner that waits
-alone under-estimates the others meanwhile, by at most what they did since their last row
-reached it; the gossip thread keeps merging their rows during the wait.
+run came within its first 4.6 epochs (an estimate of 17,847 samples where the job had trained
+about 5,200), and the milestone signal spread each overshoot to every learner. A learner that
+waits alone under-estimates the others meanwhile, by at most what they did since their last
+row reached it; the gossip thread keeps merging their rows during the wait.
 
 Stamps are ``time.time()``: on one machine exact, on a cluster as good as its clock sync (an
 offset of a few milliseconds moves an estimate by a few milliseconds of progress).
