@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import os
+import runpy
 import signal
 import socket
 import sys
@@ -508,6 +509,10 @@ def main() -> None:
     if sys.argv[2:] == [rank_factory.SERVE]:
         # Returns in each forked rank, with its stand-in's arguments.
         rank_factory.serve(sys.argv[1], load_what_ranks_train_with)
+        if os.path.abspath(sys.argv[0]) != os.path.abspath(__file__):
+            # The stand-in ran another program (python -m runner.warm_script SCRIPT): run it.
+            runpy.run_path(sys.argv[0], run_name="__main__")
+            return
     else:
         rank_factory.hand_off()  # exits as the forked rank does; returns where none serves us
     if len(sys.argv) == 3 and sys.argv[2] == "--prepare":

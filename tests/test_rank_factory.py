@@ -219,3 +219,44 @@ def test_the_jobs_of_a_sweep_fork_their_ranks_from_one_factory(tmp_path):
                            (log / f"rank{rank}.log").read_text())[1]
                  for log in logs for rank in range(2)}
     assert len(factories) == 1 and not alive(int(factories.pop()))
+
+
+def test_a_script_run_warm_sees_what_it_sees_run_cold_and_ends_as_it_ends(tmp_path):
+    """python -m runner.warm_script SCRIPT ARGS under mpiexec (how conftest.run_mpi runs
+    tests/mpi/): with a factory each rank is a fork of it, and the script sees the arguments,
+    ``__main__``, its own directory on sys.path, the working directory and OMP_NUM_THREADS it
+    sees run directly; without one it runs cold. A script that fails ends the job with its
+    status either way."""
+    script = str(REPO / "tests" / "mpi" / "started_as.py")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+    def job(factory: str | None, *program: str) -> subprocess.CompletedProcess:
+        address = {FACTORY_ADDRESS: factory} if factory else {}
+        return subprocess.run([str(BIN / "mpiexec"), "-n", "2", sys.executable, *program],
+                              env={**env, **address}, cwd=tmp_path, capture_output=True,
+                              text=True, timeout=120)
+
+    with rank_factory("scripts", tmp_path / "factory.log", env) as factory:
+        warm = job(factory.address, "-m", "runner.warm_script", script, "a", "--b")
+        not_a_script = job(factory.address, "-m", "runner.warm_script", "-c")
+        failed = job(factory.address, "-m", "runner.warm_script", script, "--exit-with", "3")
+    cold = job(None, script, "a", "--b")
+    failed_cold = job(None, script, "--exit-with", "3")
+    seen = {}
+    for name, proc in (("warm", warm), ("cold", cold)):
+        assert proc.returncode == 0, proc.stderr
+        lines = sorted((json.loads(line) for line in proc.stdout.splitlines()),
+                       key=lambda line: line["rank"])
+        assert [line["rank"] for line in lines] == [0, 1], proc.stdout
+        started = {line.pop("started") for line in lines}
+        assert started == ({f"forked from the rank factory (pid {factory.pid})"}
+                           if name == "warm" else {"cold"}), started
+        seen[name] = [{k: v for k, v in line.items() if k != "pid"} for line in lines]
+    assert seen["warm"] == seen["cold"]
+    assert seen["warm"][0]["argv"] == [script, "a", "--b"] and seen["warm"][0]["threads"] == 1
+    assert seen["warm"][0]["path0"] == str(REPO / "tests" / "mpi")
+    assert seen["warm"][0]["name"] == "__main__" and seen["warm"][0]["cwd"] == str(tmp_path)
+    assert failed.returncode == failed_cold.returncode != 0, (failed, failed_cold)
+    assert not_a_script.returncode == 2 and "runner.warm_script: no such file: -c; usage" in \
+        not_a_script.stderr, not_a_script.stderr
+    assert (tmp_path / "factory.log").read_text() == ""
