@@ -91,16 +91,28 @@ def registries() -> dict[str, Registry]:
             "launcher": LAUNCHERS}
 
 
+# What register_schemas() last put in the ConfigStore: each group's choices and their schemas.
+_registered: tuple | None = None
+
+
 def register_schemas() -> None:
     """Put every schema in Hydra's ConfigStore (idempotent): ``schema/run`` for the top level
-    and ``schema/<group>/<name>`` for each registered choice."""
+    and ``schema/<group>/<name>`` for each registered choice. Storing them costs a third of a
+    composition (each dataclass becomes a config): done again only where a registry changed
+    or the store lost them."""
+    global _registered
     store = ConfigStore.instance()
+    registered = tuple((group, name, registry.get(name).Config)
+                       for group, registry in registries().items() for name in registry.names())
+    if registered == _registered and "run.yaml" in store.repo.get("schema", {}):
+        return
     store.store(group="schema", name="run", node=RunConfig)
     store.store(group="schema", name="cluster", node=ClusterConfig)  # conf/cluster/ extends it
     for group, registry in registries().items():
         for name in registry.names():  # a schema may serve several names (the speech recipes)
             store.store(group=f"schema/{group}", name=name,
                         node=OmegaConf.structured(registry.get(name).Config(name=name)))
+    _registered = registered
 
 
 def _dotted_keys(node, prefix: str = "") -> list[str]:
