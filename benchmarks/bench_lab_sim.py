@@ -3,10 +3,17 @@ cluster fitted to the lab, samples/s and the fastest algorithm compared network 
 
     python benchmarks/bench_lab_sim.py --claims docs/results/lab/claims.json \
         --network docs/results/network/busbw.json --json docs/results/lab/sim.json
+    python benchmarks/bench_lab_sim.py --claims A.json B.json C.json ...  # the lab's medians
+
+With several claims files (the same cases run again, each with its run dirs), each case's lab
+samples/s is the median of its runs and the spread is kept beside it: one run of the lab
+varies by more than the goal's band from run to run (docs/RESULTS.md), and a case compared
+with a single run is a comparison with that run's luck.
 
 The cluster is ``cluster=measured`` with what the lab measured and nothing fitted to the runs
 it predicts: compute (seconds per sample, overhead, and the contention of the lab's hosts
-sharing this machine's cores) from the claims' SSGD run at the first network's rate;
+sharing this machine's cores) from the claims' SSGD run at the first network's rate (with
+several claims files, the run of median samples/s among theirs);
 the link between hosts from the network benchmark at each network's rate (latency and
 bandwidth fitted to AD-PSGD's exchanges, ``cluster.from_network``); for the shared network,
 the slow host's link as ``cluster.node_bandwidth_factor``. The goal: samples/s within 20% of
@@ -40,8 +47,9 @@ MD_HEADER = ("| date | network | algorithm | samples/s lab / simulated | ratio |
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     bench.add_common_arguments(p, NAME, timeout_s=3600)
-    p.add_argument("--claims", type=Path, required=True,
-                   help="benchmarks/bench_lab_claims.py's JSON (its run dirs must exist)")
+    p.add_argument("--claims", type=Path, nargs="+", required=True,
+                   help="benchmarks/bench_lab_claims.py's JSON (its run dirs must exist); "
+                   "several: the same cases run again, compared by their medians")
     p.add_argument("--network", type=Path, required=True,
                    help="benchmarks/bench_network.py's JSON")
     args = p.parse_args(argv)
@@ -81,13 +89,40 @@ def cases_for(claims: dict[str, Any], network: str, calibration: str,
     return cases
 
 
+def read_claims(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as ex:
+        raise UserError(f"cannot read {path} ({ex})",
+                        "run benchmarks/bench_lab_claims.py with --json first") from None
+
+
+def median_claims(runs: list[dict[str, Any]], names: list[str]) -> dict[str, Any]:
+    """One claims record whose every case holds the median samples/s of ``runs`` (the same
+    hosts, epochs, networks and algorithms; ``names``: where each came from, for the error),
+    with the runs' values as ``lab_runs``; the SSGD case of the first network keeps the run
+    dir of its median run (the simulator's calibration). The upper median of an even count."""
+    shape = [(r["hosts"], r["epochs"], {n: sorted(c) for n, c in r["networks"].items()})
+             for r in runs]
+    if any(s != shape[0] for s in shape):
+        other = next(n for n, s in zip(names, shape) if s != shape[0])
+        raise UserError(f"{other} and {names[0]} ran different cases (hosts, epochs, networks "
+                        "or algorithms)", "compare runs of the same bench_lab_claims.py command")
+    networks = {}
+    for network, cases in runs[0]["networks"].items():
+        networks[network] = {}
+        for algo in cases:
+            ordered = sorted((r["networks"][network][algo] for r in runs),
+                             key=lambda case: case["samples_per_s"])
+            networks[network][algo] = {**ordered[len(ordered) // 2],
+                                       "lab_runs": [c["samples_per_s"] for c in ordered]}
+    return {**runs[0], "networks": networks}
+
+
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     record = bench.Record(NAME, "benchmarks/bench_lab_sim.py", args.argv, args.quick)
-    try:
-        claims = json.loads(args.claims.read_text())
-    except (OSError, ValueError) as ex:
-        raise UserError(f"cannot read {args.claims} ({ex})",
-                        "run benchmarks/bench_lab_claims.py with --json first") from None
+    claims = median_claims([read_claims(path) for path in args.claims],
+                           [str(path) for path in args.claims])
     first = next(iter(claims["networks"]))
     calibration = Path(claims["networks"][first]["ssgd"]["run_dir"]) / "summary.json"
     if not calibration.exists():
@@ -102,6 +137,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             simulated = sim[algo]["summary"]["samples_per_s"]
             ratio = simulated / measured["samples_per_s"]
             rows[algo] = {"lab_samples_per_s": measured["samples_per_s"],
+                          "lab_runs": measured["lab_runs"],
                           "simulated_samples_per_s": simulated, "ratio": ratio,
                           "within": abs(ratio - 1) <= BAND, "run_dir": sim[algo]["run_dir"]}
         winner = {side: max(rows, key=lambda a, k=key: rows[a][k])
@@ -114,16 +150,23 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
               flush=True)
     within = sum(r["within"] for n in networks.values() for r in n["rows"].values())
     total = sum(len(n["rows"]) for n in networks.values())
-    return record.finish({"claims": str(args.claims), "network": str(args.network),
+    return record.finish({"claims": [str(path) for path in args.claims],
+                          "network": str(args.network),
                           "calibration": str(calibration), "band": BAND,
                           "networks": networks, "within": within, "cases": total,
                           "same_winner_everywhere": all(n["same_winner"]
                                                         for n in networks.values())})
 
 
+def spread(row: dict[str, Any]) -> str:
+    """`` (LOW-HIGH)``: the lab's runs of a case compared by their median; none for one."""
+    runs = row.get("lab_runs", [])
+    return f" ({min(runs):.0f}-{max(runs):.0f})" if len(runs) > 1 else ""
+
+
 def markdown_rows(result: dict[str, Any]) -> list[str]:
     date = result["date"][:10]
-    return [f"| {date} | {network} | {algo} | {r['lab_samples_per_s']:.0f} / "
+    return [f"| {date} | {network} | {algo} | {r['lab_samples_per_s']:.0f}{spread(r)} / "
             f"{r['simulated_samples_per_s']:.0f} | {r['ratio']:.2f} | "
             f"{'yes' if r['within'] else 'no'} |"
             for network, n in result["networks"].items() for algo, r in n["rows"].items()]

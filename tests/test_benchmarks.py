@@ -219,6 +219,33 @@ def test_held_out(tmp_path):
     assert cells[8] == ("inside" if case["killed"]["inside"] else "OUTSIDE")
 
 
+def test_the_simulator_is_compared_with_the_median_of_the_labs_runs():
+    """bench_lab_sim.py --claims A B C: each case's lab samples/s is the median of its runs,
+    which are kept beside it; the calibration is the median SSGD run of the first network;
+    claims of different cases are refused in one line."""
+    from runner.errors import UserError
+
+    median_claims = load_script("bench_lab_sim").median_claims
+
+    def claims(ssgd: float, adpsgd: float, tag: str, epochs: int = 8) -> dict:
+        case = {"ssgd": {"samples_per_s": ssgd, "run_dir": f"/runs/{tag}/ssgd"},
+                "adpsgd": {"samples_per_s": adpsgd, "run_dir": f"/runs/{tag}/adpsgd"}}
+        return {"hosts": 4, "epochs": epochs, "networks": {"1gbit": case, "100mbit": case}}
+
+    runs = [claims(900.0, 2300.0, "a"), claims(1000.0, 1700.0, "b"), claims(800.0, 2600.0, "c")]
+    median = median_claims(runs, ["a", "b", "c"])
+    ssgd, adpsgd = median["networks"]["1gbit"]["ssgd"], median["networks"]["1gbit"]["adpsgd"]
+    assert (ssgd["samples_per_s"], ssgd["run_dir"]) == (900.0, "/runs/a/ssgd")
+    assert ssgd["lab_runs"] == [800.0, 900.0, 1000.0]
+    assert (adpsgd["samples_per_s"], adpsgd["lab_runs"]) == (2300.0, [1700.0, 2300.0, 2600.0])
+    one = median_claims(runs[:1], ["a"])["networks"]["100mbit"]["adpsgd"]
+    assert one == {**runs[0]["networks"]["100mbit"]["adpsgd"], "lab_runs": [2300.0]}
+    with pytest.raises(UserError, match="c.json and a.json ran different cases"):
+        median_claims([runs[0], claims(1.0, 1.0, "x", epochs=4)], ["a.json", "c.json"])
+    row = {"lab_runs": [1700.0, 2300.0, 2600.0]}
+    assert load_script("bench_lab_sim").spread(row) == " (1700-2600)"
+
+
 def test_held_out_verdict_is_the_median_inside_the_uninterrupted_range():
     compare = load_script("bench_held_out").compare
     inside = compare([96.0, 97.0, 98.0], [95.0, 96.5, 99.0])
