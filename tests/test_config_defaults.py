@@ -102,3 +102,28 @@ def test_the_schemas_are_what_composes():
     cfg = composed([])
     assert cfg["launcher.nprocs"] == 4 and cfg["launcher.procs_per_node"] == 2
     assert cfg["trainer.keep_checkpoints"] == run_defaults()["trainer.keep_checkpoints"]
+
+
+def test_schemas_are_stored_again_when_a_registry_changes_or_the_store_lost_them():
+    """register_schemas() skips the store while nothing changed (a third of a composition),
+    but a choice registered since, or a store emptied (Hydra's is a process-wide singleton),
+    gets every schema stored again."""
+    from hydra.core.config_store import ConfigStore
+
+    import recipes  # noqa: F401 - the commands import them first
+    from runner.commands.compose import compose_all, register_schemas
+    from runner.recipe import RECIPES
+
+    store = ConfigStore.instance().repo
+    compose_all(["algo=ssgd"], False, "config")
+    recipe = RECIPES.get("digit_images")
+    RECIPES.register("schema_cache_check")(recipe)
+    try:
+        register_schemas()
+        assert "schema_cache_check.yaml" in store["schema"]["recipe"]
+    finally:
+        del RECIPES._entries["schema_cache_check"]
+        del store["schema"]["recipe"]["schema_cache_check.yaml"]
+    del store["schema"]["run.yaml"]
+    assert compose_all(["algo=ssgd"], False, "config")[0].algo.name == "ssgd"
+    assert "run.yaml" in store["schema"]
