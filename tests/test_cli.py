@@ -113,6 +113,24 @@ def test_every_bad_override_is_caught_by_the_command_line_check(capsys, args, ca
     assert_one_line_error(exit_info.value.code, capsys.readouterr().err, cause, fix)
 
 
+def test_suggestions_come_from_the_recipe_each_command_line_chose(capsys):
+    """One process checking command lines one after another (the config a mistake is
+    compared with is composed once per set of group choices): each suggestion comes from its
+    own command line's recipe, whichever came before."""
+    from runner.commands.run import check_command_line
+
+    said = {}
+    for recipe, key in [("digit_images", "hiden"), ("imagenet", "lodaer"),
+                        ("digit_images", "lodaer"), ("imagenet", "hiden")]:
+        with pytest.raises(SystemExit):
+            check_command_line([f"recipe={recipe}", f"recipe.{key}=1"])
+        said[recipe, key] = capsys.readouterr().err
+    assert "did you mean recipe.hidden?" in said["digit_images", "hiden"]
+    assert "did you mean recipe.loader?" in said["imagenet", "lodaer"]
+    assert "the keys of recipe are name, heldout_fraction" in said["digit_images", "lodaer"]
+    assert "the keys of recipe are name, data, model" in said["imagenet", "hiden"]
+
+
 @pytest.mark.slow
 def test_a_bad_value_in_any_sweep_combination_stops_the_sweep_before_it_starts(tmp_path):
     proc = run_cli(["-m", "algo=ssgd", "launcher.nprocs=1", "optim.lr=0.2,-1",

@@ -252,16 +252,32 @@ def job_config(cfg: DictConfig) -> DictConfig:
 
 def _chosen_groups(compose, config_name: str, overrides) -> DictConfig:
     """The config with only the command line's group choices (``recipe=imagenet``...): the
-    keys a mistyped key is compared with, so that suggestions come from the chosen recipe."""
-    choices = [str(o) for o in overrides
-               if "=" in str(o) and not str(o).startswith(("+", "~"))
-               and "." not in str(o).split("=", 1)[0]]
+    keys a mistyped key is compared with, so that suggestions come from the chosen recipe.
+    Only read. The package's conf/ does not change while a process runs, so the same
+    choices over the same schemas give the same config: composed once (a process that checks
+    many command lines, as the tests do, paid a second composition for each mistake); not
+    where ``hydra.searchpath`` adds a user's directory, whose files may change meanwhile."""
+    choices = tuple(str(o) for o in overrides
+                    if "=" in str(o) and not str(o).startswith(("+", "~"))
+                    and "." not in str(o).split("=", 1)[0])
+    if any(str(o).startswith("hydra.searchpath=") for o in overrides):
+        return _compose_choices(compose, config_name, choices)
+    key = (config_name, choices, _registered)  # and the schemas it was composed over
+    if key not in _CHOSEN:
+        if len(_CHOSEN) >= 64:
+            _CHOSEN.pop(next(iter(_CHOSEN)))
+        _CHOSEN[key] = _compose_choices(compose, config_name, choices)
+    return _CHOSEN[key]
+
+
+_CHOSEN: dict[tuple, DictConfig] = {}  # _chosen_groups' configs, the oldest first
+
+
+def _compose_choices(compose, config_name: str, choices: tuple[str, ...]) -> DictConfig:
     try:
-        return compose(config_name=config_name, overrides=choices)
+        return compose(config_name=config_name, overrides=list(choices))
     except Exception:  # noqa: BLE001 - a bad group choice: fall back to the defaults
         return compose(config_name=config_name)
-
-
 
 
 
