@@ -381,6 +381,15 @@ _factory = 0  # in a forked rank: the factory's pid
 _told = False
 
 
+def use_environment_threads() -> None:
+    """Size torch's intra-op thread pool from this process's ``OMP_NUM_THREADS``: torch reads
+    it as it loads, which a forked rank did in the factory, under the factory's environment."""
+    threads = os.environ.get("OMP_NUM_THREADS")
+    torch = sys.modules.get("torch")
+    if threads and torch is not None:
+        torch.set_num_threads(int(threads))
+
+
 def started_as() -> str:
     """How this rank's process started, for its log."""
     return f"forked from the rank factory (pid {_factory})" if _stand_in else "cold"

@@ -33,9 +33,7 @@ def main() -> None:
     script = os.path.abspath(sys.argv[1])
     sys.argv = sys.argv[1:]
     sys.path[0] = os.path.dirname(script)
-    threads = os.environ.get("OMP_NUM_THREADS")
-    if threads and "torch" in sys.modules:
-        sys.modules["torch"].set_num_threads(int(threads))
+    rank_factory.use_environment_threads()
     runpy.run_path(script, run_name="__main__")
 
 

@@ -236,7 +236,7 @@ def _run_rank(run_dir: Path, in_process: bool, respawned: bool) -> int:
     if respawned:  # merge with the job at once: its learners wait for it in MPI_Comm_spawn
         tune_mpi(run_dir)
         joined = join_the_job()
-    import torch
+    import torch  # noqa: F401 - loaded before its threads are sized (use_environment_threads)
 
     import recipes  # noqa: F401 - fills the recipe registry (runner/recipe.py)
 
@@ -271,9 +271,7 @@ def _run_rank(run_dir: Path, in_process: bool, respawned: bool) -> int:
         cfg = load_run_config(run_dir)
         if cfg.launcher.get("elastic") and not in_process:
             watch_peer_exits(run_dir, rank)  # peers that end unseen by MPI: taken for failed
-        threads = os.environ.get("OMP_NUM_THREADS")
-        if threads:
-            torch.set_num_threads(int(threads))
+        rank_factory.use_environment_threads()
         world, comm, node_comm, device, started_torch_group = learner_world(cfg, world_mpi,
                                                                             joined)
         trainer = Trainer(cfg, run_dir, world, comm, node_comm, device, progress_stream=console)
