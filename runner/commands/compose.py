@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import hashlib
 import importlib.resources
 import importlib.util
@@ -261,24 +262,18 @@ def _chosen_groups(compose, config_name: str, overrides) -> DictConfig:
                     if "=" in str(o) and not str(o).startswith(("+", "~"))
                     and "." not in str(o).split("=", 1)[0])
     if any(str(o).startswith("hydra.searchpath=") for o in overrides):
-        return _compose_choices(compose, config_name, choices)
-    key = (config_name, choices, _registered)  # and the schemas it was composed over
-    if key not in _CHOSEN:
-        if len(_CHOSEN) >= 64:
-            _CHOSEN.pop(next(iter(_CHOSEN)))
-        _CHOSEN[key] = _compose_choices(compose, config_name, choices)
-    return _CHOSEN[key]
+        return _compose_choices.__wrapped__(compose, config_name, choices, _registered)
+    return _compose_choices(compose, config_name, choices, _registered)
 
 
-_CHOSEN: dict[tuple, DictConfig] = {}  # _chosen_groups' configs, the oldest first
-
-
-def _compose_choices(compose, config_name: str, choices: tuple[str, ...]) -> DictConfig:
+@functools.lru_cache(maxsize=64)
+def _compose_choices(compose, config_name: str, choices: tuple[str, ...],
+                     schemas: tuple | None) -> DictConfig:
+    """``schemas``: what register_schemas() stored (part of the cache's key only)."""
     try:
         return compose(config_name=config_name, overrides=list(choices))
     except Exception:  # noqa: BLE001 - a bad group choice: fall back to the defaults
         return compose(config_name=config_name)
-
 
 
 def _declared_type(key: str, base: DictConfig | None) -> str | None:
