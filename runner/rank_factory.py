@@ -65,11 +65,11 @@ _HEADER = struct.Struct("!I")
 
 def starts_warm(launcher: Any) -> bool:
     """Whether a local launcher's ranks (its config: ``launcher``) fork from a factory: not
-    with a hostfile (each starts where mpiexec puts it), nor in elastic jobs (ULFM learns of a
-    death from the runtime, which would see the stand-in die a moment after the rank), nor
-    on one rank (it runs inside adpsgd-run)."""
-    return bool(launcher.warm_start and not launcher.hostfile and not launcher.elastic
-                and launcher.nprocs > 1)
+    with a hostfile (each starts where mpiexec puts it), nor on one rank (it runs inside
+    adpsgd-run). Elastic jobs' too: a killed rank's survivors learn of it through their
+    broken connections, and its stand-in follows it within milliseconds (the runtime's notice,
+    which then comes late, concerns a process they have already left behind)."""
+    return bool(launcher.warm_start and not launcher.hostfile and launcher.nprocs > 1)
 
 
 @contextlib.contextmanager

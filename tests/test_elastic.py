@@ -697,8 +697,8 @@ def test_a_sample_that_kills_every_learner_it_reaches_ends_the_job_at_its_second
              for line in log.read_text(errors="replace").splitlines()
              if "training samples both were about to train" in line]
     assert lists and all(700 in json.loads(listed) for listed in lists), lists
-    # An elastic job's ranks start cold (runner/rank_factory.py: ULFM must see a death at once).
-    assert "started cold" in (run_dir / "logs" / "rank0.log").read_text()
+    # An elastic job's ranks fork from the rank factory as other local jobs' do.
+    assert "started forked from the rank factory" in (run_dir / "logs" / "rank0.log").read_text()
     # The failed job's summary lists both losses.
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "failed"

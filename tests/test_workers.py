@@ -4,6 +4,7 @@ on one worker (conftest.py's worker_groups); the longest chains are queued first
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -64,19 +65,45 @@ def test_the_queue_starts_with_shared_resources_then_processes_then_unit_tests()
     assert [i.name for i in sorted(items, key=schedule_rank)] == ["lab", "job", "cli", "unit"]
 
 
+# A test file of this suite's shape: half its tests share a module fixture, half are free.
+GROUPED_FILE = """
+import pytest
+
+
+@pytest.fixture(scope="module")
+def shared():
+    return object()
+
+
+@pytest.mark.parametrize("n", range(6))
+def test_with_the_fixture(shared, n):
+    pass
+
+
+@pytest.mark.parametrize("n", range(6))
+def test_alone(n):
+    pass
+"""
+
+
 @pytest.mark.slow
-def test_tests_of_one_group_run_on_one_worker():
-    """Two workers on a file whose tests partly share a module fixture: the grouped tests carry
-    their group and all run on one worker. (pytest 9.2 dropped the group xdist writes into the
-    node id, and the tests were spread over both without a word: setup.cfg pins pytest.)"""
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-n", "2", "--dist", "loadgroup",
-                           "--no-loadscope-reorder", "-v", "-p", "no:cacheprovider",
-                           "tests/test_imagenet_recipe.py"], cwd=REPO, capture_output=True,
-                          text=True, timeout=300)
+def test_tests_of_one_group_run_on_one_worker(tmp_path):
+    """Two workers on a file whose tests partly share a module fixture, grouped by this
+    suite's conftest: the grouped tests carry their group and all run on one worker. (pytest
+    9.2 dropped the group xdist writes into the node id, and the tests were spread over both
+    without a word: setup.cfg pins pytest.)"""
+    (tmp_path / "test_grouped.py").write_text(GROUPED_FILE)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), str(REPO)])}
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "conftest", "-n", "2",
+                           "--dist", "loadgroup", "--no-loadscope-reorder", "-v",
+                           "-p", "no:cacheprovider", "--rootdir", str(tmp_path),
+                           "test_grouped.py"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:]
     ran = re.findall(r"^\[(gw\d+)\] \[ *\d+%\] PASSED (\S+)", proc.stdout, flags=re.M)
     workers = defaultdict(set)
     for worker, nodeid in ran:
         workers[nodeid.rpartition("@")[2] if "@" in nodeid else None].add(worker)
-    assert len(ran) >= 10 and "test_imagenet_recipe.py.tree" in workers, proc.stdout[-3000:]
-    assert len(workers["test_imagenet_recipe.py.tree"]) == 1, ran
+    assert len(ran) == 12 and "test_grouped.py.shared" in workers, proc.stdout[-3000:]
+    assert len(workers["test_grouped.py.shared"]) == 1, ran
+    assert len([n for n in ran if "@" in n[1]]) == 6, ran

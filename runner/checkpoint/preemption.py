@@ -184,10 +184,10 @@ class StopAgreement:
     def abandon(self) -> None:
         """Drop the check in flight and the communicator, which hold a lost learner
         (launcher.elastic): the survivors start a new agreement."""
-        from ..comm.ulfm import free_quietly, keep_abandoned
+        from ..comm.ulfm import keep_abandoned, retire_comm
 
         if self._pending is None:
-            free_quietly(self.comm)
+            retire_comm(self.comm)
         else:  # its schedule still runs in MPI's progress, on this communicator: dropping
             # the request frees it in flight (its failed send then aborts the process, "Send
             # error after request freed"), and freeing the communicator under it crashes

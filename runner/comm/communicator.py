@@ -43,8 +43,8 @@ from .traffic import Traffic
 from .ulfm import (
     GarbledMessage,
     free_completed,
-    free_quietly,
     keep_abandoned,
+    retire_comm,
     start_recv,
     start_send,
     track,
@@ -345,7 +345,7 @@ class Communicator:
 
     def close(self) -> None:
         self._executor.shutdown(wait=True)
-        free_quietly(self._tensor_comm)  # revoked, after a peer died in an elastic run
+        retire_comm(self._tensor_comm)  # revoked, after a peer died in an elastic run
         self._tensor_comm = None
 
 

@@ -29,7 +29,7 @@ import time
 import numpy as np
 
 from .pairwise import ExchangeTimeout
-from .ulfm import free_completed, free_quietly, keep_abandoned, start_send, track
+from .ulfm import free_completed, keep_abandoned, retire_comm, start_send, track
 from .world import mpi
 
 TAG = 31
@@ -89,7 +89,7 @@ class MilestoneSignal:
             self.closed = True
             keep_abandoned(self._sends)  # in flight to the lost peer: never freed in flight
             self._sends = []
-            free_quietly(self.comm)
+            retire_comm(self.comm)
 
     def close(self) -> None:
         """Receive every announcement still on its way, complete the sends, free."""

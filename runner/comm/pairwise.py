@@ -50,9 +50,9 @@ from .global_clock import ProgressTable
 from .traffic import Traffic
 from .ulfm import (
     free_completed,
-    free_quietly,
     keep_abandoned,
     post_each,
+    retire_comm,
     start_recv,
     start_send,
     track,
@@ -282,7 +282,7 @@ class PairwiseAverager:
             self._state.notify_all()
         self._ticks.release()
         self._thread.join(timeout=self.timeout_s)
-        free_quietly(self.comm)
+        retire_comm(self.comm)
 
     def raise_if_failed(self) -> None:
         if self.error is not None:

@@ -45,7 +45,7 @@ import torch
 
 from ..comm import Communicator, World
 from ..comm.hostfile import read_hostfile
-from ..comm.ulfm import agree, free_quietly, is_mpi_error, revoke_all, shrink, track
+from ..comm.ulfm import agree, is_mpi_error, retire_comm, revoke_all, shrink, track
 from ..comm.world import mpi
 from ..errors import TooFewLearners, UserError
 from ..runlog.failure_events import record_event
@@ -430,7 +430,7 @@ class Membership:
         shrunk = shrink(self.everyone, self.trainer.comm.timeout_s, f"process {self.me}")
         gone = [self.members[r] for r in shrunk.lost]
         self.lost_hosts += [self.hosts[n] for n in gone if n in self.learners]
-        free_quietly(self.everyone)
+        retire_comm(self.everyone)
         self.everyone = shrunk.comm
         self.members = [self.members[r] for r in shrunk.survivors]
         if spares := [n for n in gone if n not in self.learners]:
@@ -577,7 +577,7 @@ class Membership:
             self.pending_deal = (survivors, lost_counts)
             for unused in (comm, node_comm):
                 unused.close()
-                free_quietly(unused.mpi_comm)
+                retire_comm(unused.mpi_comm)
             return
         mine = self.streams.deal(survivors, lost_counts)[self.learners[world.rank]]
         t.regroup(world, comm, node_comm, None, own=(mine.epoch, mine.current))

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..comm import ulfm
-from ..comm.ulfm import free_quietly, track
+from ..comm.ulfm import retire_comm, track
 from ..comm.world import mpi
 from ..runlog.failure_events import record_event
 from ..runlog.liveness import hosts_answering
@@ -76,7 +76,7 @@ def join_the_job() -> Joined:
     MPI = mpi()
     parent = MPI.Comm.Get_parent()
     everyone = parent.Merge(high=True)
-    free_quietly(parent)
+    retire_comm(parent)
     sketch = everyone.bcast(None, root=0)
     me = sketch["numbers"][everyone.Get_rank() - len(sketch["members"])]
     hosts, names = _exchange_names(everyone, new=True)
@@ -207,7 +207,7 @@ def respawn(m: Membership) -> None:
         m.respawn_failed = True
         say_respawn_failed(m, len(hosts), f"MPI_Comm_spawn failed: {ex.Get_error_string()}")
         return
-    free_quietly(spawned)
+    retire_comm(spawned)
     for host in hosts:  # the lost learners' hosts taken again (or as many, taken elsewhere)
         same = [h for h in m.lost_hosts if host is not None and short_name(h) == host]
         if same or m.lost_hosts:
@@ -218,7 +218,7 @@ def respawn(m: Membership) -> None:
                     "hosts": m.hosts, "unready": sorted(m.unready),
                     "lost_hosts": m.lost_hosts, "launches": m.launches}, root=0)
     hosts_now, names = _exchange_names(everyone, new=False)
-    free_quietly(m.everyone)
+    retire_comm(m.everyone)
     m.everyone = track(everyone)
     m.members = m.members + numbers
     m.hosts = m.hosts + hosts_now

@@ -12,7 +12,7 @@ import numpy as np
 
 from ..algos import ALGORITHMS
 from ..comm import Communicator, World
-from ..comm.ulfm import free_quietly
+from ..comm.ulfm import retire_comm
 from ..errors import ConfigError, UserError
 from ..runlog.console import ProgressBar
 from ..runlog.records import read_metrics
@@ -36,7 +36,7 @@ def regroup(t: Trainer, world: World, comm: Communicator, node_comm: Communicato
     # The communicators left: revoked after a loss, idle after a join.
     for closing in t.seat.move(world, comm, node_comm):
         closing.close()
-        free_quietly(closing.mpi_comm)
+        retire_comm(closing.mpi_comm)
     # The parts that read the seat (the algorithm's context, checkpoints, evaluation) follow
     # it; what is built from the world is built again by the methods __init__ uses.
     t.deal(t.shards.dealt_to(world.rank, world.size, partial))
