@@ -7,8 +7,8 @@ STAMP := $(VENV)/.installed
 PYTEST_ARGS ?= --durations=20
 # make test runs the suite on TEST_WORKERS pytest processes (pytest-xdist): tests that mostly
 # wait (timeouts, SLURM, the lab's links) overlap with the others. Tests that share a job or a
-# resource stay on one worker (tests/conftest.py, worker_groups): the lab's tests on one, the
-# SLURM clusters' on another (both mostly wait), while the rest compute. TEST_WORKERS=0: one
+# resource stay on one worker (tests/conftest.py, worker_groups), and the lab's and the local
+# SLURM's tests, which mostly wait, share one while the others compute. TEST_WORKERS=0: one
 # process.
 # 3: 4 (2026-12-01, a fresh clone's CI) shortened the suite by 5 % but loaded 2 cores so
 # much that two tests that pass at 3 raced (a SLURM job's start-up killed, a ULFM declaration).

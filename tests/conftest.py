@@ -227,11 +227,12 @@ def pytest_sessionfinish(session) -> None:
     _shared_factory.close()
 
 
-# The lab's tests (tests/test_lab.py) and SLURM's (test_slurm_cluster.py, and test_slurm_lab.py
-# on a lab of its own) mostly wait: links, heartbeats, SLURM's scheduling. They once shared
-# one worker, while the suite was bound by its CPU; since elastic jobs fork their ranks
-# (2026-12-03) that chain, 1,369 s of wall time in CI, was the suite's longest, and each
-# resource has a worker of its own.
+# Resources whose tests mostly wait (links, heartbeats, SLURM's scheduling: in CI the lab's
+# and the SLURM files used 13 CPU seconds in 100 of wall time) share one worker, one after
+# another: on their own workers they ran side by side for the suite's first 14 minutes and
+# left the cores half idle (1.1 of 2 in use, benchmarks/suite_profile.py), while the other
+# workers keep both cores busy with the tests that compute.
+WAITING_RESOURCES = ("lab", "slurm")
 
 
 def worker_groups(items) -> dict:
@@ -240,7 +241,8 @@ def worker_groups(items) -> dict:
 
     Two reasons bind tests to one worker, and a test bound by both joins both groups:
     * a resource that one test at a time may use, named by ``pytest.mark.resource(NAME)``:
-      the lab's hosts and links (a test cuts them), the local SLURM, the GPU;
+      the lab's hosts and links (a test cuts them), the local SLURM, the GPU; the resources
+      whose tests mostly wait (:data:`WAITING_RESOURCES`) are one group;
     * a module- or session-scoped fixture of a test file (one job whose results several
       tests check): on two workers it would run twice.
     Groups are the connected parts of the tests and their resources and fixtures."""
@@ -255,7 +257,8 @@ def worker_groups(items) -> dict:
     bound = {}
     for item in items:
         resources = [mark.args[0] for mark in item.iter_markers("resource")]
-        keys = [f"resource {r}" for r in resources]
+        keys = [f"resource {WAITING_RESOURCES[0] if r in WAITING_RESOURCES else r}"
+                for r in resources]
         fixtures = getattr(item, "_fixtureinfo", None)
         for name in fixtures.names_closure if fixtures else ():
             for definition in fixtures.name2fixturedefs.get(name, ()):

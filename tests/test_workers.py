@@ -47,7 +47,7 @@ def test_a_shared_job_or_resource_binds_tests_to_one_group_and_others_stay_free(
         "lab2": FakeItem("lab2", resources=["lab"], fixtures=[("env", "session",
                                                                "test_b.py")]),
         "b": FakeItem("b", fixtures=[("env", "session", "test_b.py")]),
-        # the local SLURM: a group of its own, beside the lab's
+        # the local SLURM mostly waits, as the lab does: one worker takes both in turn
         "slurm": FakeItem("slurm", resources=["slurm"]),
         "gpu": FakeItem("gpu", resources=["gpu"]),
         # conftest.py's own fixtures bind nothing
@@ -56,7 +56,7 @@ def test_a_shared_job_or_resource_binds_tests_to_one_group_and_others_stay_free(
     groups = worker_groups(list(items.values()))
     named = {item.name: group for item, group in groups.items()}
     assert named == {"a1": "test_a.py.job", "a2": "test_a.py.job", "lab1": "lab", "lab2": "lab",
-                     "b": "lab", "slurm": "slurm", "gpu": "gpu"}, named
+                     "b": "lab", "slurm": "lab", "gpu": "gpu"}, named
 
 
 def test_the_queue_starts_with_shared_resources_then_processes_then_unit_tests():
