@@ -67,8 +67,8 @@ def starts_warm(launcher: Any) -> bool:
     """Whether a local launcher's ranks (its config: ``launcher``) fork from a factory: not
     with a hostfile (each starts where mpiexec puts it), nor on one rank (it runs inside
     adpsgd-run). Elastic jobs' too: a killed rank's survivors learn of it through their
-    broken connections, and its stand-in follows it within milliseconds (the runtime's notice,
-    which then comes late, concerns a process they have already left behind)."""
+    broken connections, and its stand-in follows it as soon as the factory reaps it (the
+    runtime's notice, which comes a moment later, is of a process they have left behind)."""
     return bool(launcher.warm_start and not launcher.hostfile and launcher.nprocs > 1)
 
 

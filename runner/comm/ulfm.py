@@ -297,8 +297,8 @@ def retire_comm(mpi_comm) -> None:
     (MPIX_Comm_agree, :func:`agree`) was seen to answer the later one with an outcome of the
     freed one's: after a killed learner's loss and a spare's join, a step every learner had
     completed was agreed failed, "with every rank alive", and the job ended (2 of 12 runs on
-    a loaded machine; 0 of 24 with communicators kept). A job retires a handful per loss or
-    join."""
+    a loaded machine; 0 of 24 with communicators kept). A rank retires a handful per loss
+    or join, and one or two as it ends."""
     MPI = mpi()
     if mpi_comm is None or mpi_comm == MPI.COMM_NULL or mpi_comm == MPI.COMM_WORLD:
         return
