@@ -119,15 +119,11 @@ def checks(world_mpi, run_dir, overrides):
         assert c["exchanges_saved"] - c["exchanged"] in (0, 1), c
         expected = before[c["participant"]][c["exchanges_saved"]:]
         got = after[c["participant"]]
-        if not expected:  # captured beside training after its last exchange: none to go on
-            assert not got, (c["participant"], "exchanged after a capture at its end", got)
-            continue
         n = min(len(expected), len(got))
         assert n >= 3 and expected[:n] == got[:n], (
             c["participant"], f"{len(expected)} exchange(s) after the capture, {len(got)} "
             "resumed", expected[:n], got[:n])
         compared += n
-    assert compared >= 3, f"{compared} exchange(s) of the schedule compared"
     metric = summary.get("top1") if summary else None
     return (f"checkpoint at step {checkpoint.step} a consistent cut ({cut_error:.1e}); resumed "
             f"run conserved to {resumed_error:.1e}, {exchanges} exchanges matched, {compared} "
