@@ -23,8 +23,14 @@ that would import what it loaded (the same Python and ``PYTHONPATH``); others st
 
 The factory loads no MPI (``mpi4py.MPI`` initializes MPI as it is imported), initializes no
 CUDA and starts no thread of its own, so a fork is as safe as a DataLoader worker's. Anything
-amiss (no factory, one that failed to load, another network namespace) and the stand-in runs
-the rank itself, as a cold start: warm start never decides whether a run works.
+amiss (no factory, one that failed to load, one on another machine, a namespace to join
+without root) and the stand-in runs the rank itself, as a cold start: warm start never
+decides whether a run works.
+
+A stand-in in other namespaces of this machine (a lab host's network, hostname and mounts,
+scripts/lab_cluster.sh) reaches the factory through its socket file and sends its namespaces
+with its request; the fork joins them before it takes over, so the rank runs where its
+stand-in would have.
 """
 
 from __future__ import annotations
@@ -32,7 +38,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import secrets
 import select
 import selectors
 import signal
@@ -65,11 +70,13 @@ _HEADER = struct.Struct("!I")
 
 def starts_warm(launcher: Any) -> bool:
     """Whether a local launcher's ranks (its config: ``launcher``) fork from a factory: not
-    with a hostfile (each starts where mpiexec puts it), nor on one rank (it runs inside
-    adpsgd-run). Elastic jobs' too: a killed rank's survivors learn of it through their
-    broken connections, and its stand-in follows it as soon as the factory reaps it (the
-    runtime's notice, which comes a moment later, is of a process they have left behind)."""
-    return bool(launcher.warm_start and not launcher.hostfile and launcher.nprocs > 1)
+    on one rank (it runs inside adpsgd-run). With a hostfile, the ranks on this machine do
+    (a lab's hosts are namespaces of it: the fork joins the stand-in's), and those on other
+    machines, which find no factory's socket there, start cold. Elastic jobs' too: a killed
+    rank's survivors learn of it through their broken connections, and its stand-in follows
+    it as soon as the factory reaps it (the runtime's notice, which comes a moment later, is
+    of a process they have left behind)."""
+    return bool(launcher.warm_start and launcher.nprocs > 1)
 
 
 @contextlib.contextmanager
@@ -138,11 +145,17 @@ def rank_factory(serving: str, log_path: Path, env: dict[str, str]) -> Iterator[
     ranks', so that what torch reads as it loads, OMP_NUM_THREADS among it, is what they
     would read). It ends with this block, or on its own if its starter dies (its stdin
     closes). Its stderr: ``log_path`` (a job's: logs/warm-start.log)."""
-    # An abstract socket: no file to clean up, and reachable only from this network
-    # namespace, which a lab host (scripts/lab_cluster.sh) is not.
-    address = f"adpsgd-rank-factory-{os.getpid()}-{secrets.token_hex(6)}"
+    import shutil
+    import tempfile
+
+    # A socket file, not an abstract socket: those are reachable only from their network
+    # namespace, and a lab's hosts (scripts/lab_cluster.sh) are namespaces of their own on
+    # this machine. Its folder is our user's alone; ranks on other machines find no file.
+    folder = tempfile.mkdtemp(prefix="adpsgd-rank-factory-",
+                              dir="/tmp" if len(tempfile.gettempdir()) > 60 else None)
+    address = os.path.join(folder, "socket")
     listening = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listening.bind("\0" + address)
+    listening.bind(address)
     listening.listen(4096)  # every stand-in may queue while torch loads
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as factory_log:
@@ -163,6 +176,7 @@ def rank_factory(serving: str, log_path: Path, env: dict[str, str]) -> Iterator[
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+        shutil.rmtree(folder, ignore_errors=True)  # the factory's own leaving removed it
 
 
 # --- the factory ------------------------------------------------------------------------
@@ -189,7 +203,7 @@ def serve(run_dir: str, load: Callable[[], None]) -> None:
     while True:
         for key, _ in events.select():
             if key.fileobj is sys.stdin:  # closed: every rank has ended, or the launcher died
-                _leave(ranks)
+                _leave(ranks, listening.getsockname())
             elif key.fileobj is listening:
                 conn, _ = listening.accept()
                 pid = _fork_rank(conn, lambda: _forget_the_factory(events, listening, ranks))
@@ -230,10 +244,13 @@ class _Forked:
         self.stand_in.close()
 
 
-def _leave(ranks: list[_Forked]) -> None:
+def _leave(ranks: list[_Forked], address: str) -> None:
     """Reap the forked ranks that ended (their CPU time then counts as the launcher's
-    children's) and exit; a rank still running belongs to a launcher that died, and goes on
-    alone, tied to its stand-in."""
+    children's), remove our socket file (a launcher killed with -9 cannot) and exit; a rank
+    still running belongs to a launcher that died, and goes on alone, tied to its stand-in."""
+    with contextlib.suppress(OSError):
+        os.unlink(address)
+        os.rmdir(os.path.dirname(address))
     for rank in ranks:
         with contextlib.suppress(ChildProcessError):
             done, status = os.waitpid(rank.pid, os.WNOHANG)
@@ -263,11 +280,14 @@ def _fork_rank(conn: socket.socket, forget_the_factory: Callable[[], None]) -> i
     except (OSError, ValueError):
         conn.close()
         return None
+    namespaces: list[tuple[str, int]] = []
     try:
         _check_imports_alike(request)
+        fds, namespaces = _split_namespaces(request, fds)
+        joined = _namespaces_to_join(namespaces)
         pid = os.fork()
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as ex:  # or a bad request
-        for fd in fds:
+        for fd in fds + [fd for _, fd in namespaces]:
             os.close(fd)
         _answer(conn, {"cold": str(ex)})
         conn.close()
@@ -275,6 +295,7 @@ def _fork_rank(conn: socket.socket, forget_the_factory: Callable[[], None]) -> i
     if pid == 0:
         try:
             forget_the_factory()  # first: its descriptors' numbers may be the rank's
+            _join_namespaces(joined, namespaces)
             _take_over(request, fds, conn)
         except BaseException:  # noqa: BLE001 - nothing of the factory's may run on in the rank
             import traceback
@@ -282,10 +303,59 @@ def _fork_rank(conn: socket.socket, forget_the_factory: Callable[[], None]) -> i
             traceback.print_exc()
             os._exit(1)
         return 0
-    for fd in fds:  # the rank's now: held here too, mpiexec's pipes would never close
+    # The rank's now: held here too, mpiexec's pipes would never close.
+    for fd in fds + [fd for _, fd in namespaces]:
         os.close(fd)
     _answer(conn, {"forked": pid})
     return pid
+
+
+# The namespaces a stand-in may run in apart from the factory (a lab host: `ip netns exec`
+# gives it a network and mounts of its own, lab_cluster.sh a hostname), and setns's flags.
+NAMESPACES = {"net": 0x40000000, "uts": 0x04000000, "mnt": 0x00020000}
+
+
+def _split_namespaces(request: dict, fds: list[int]) -> tuple[list[int], list[tuple[str, int]]]:
+    """The stand-in's descriptors for the rank to take over, and its namespaces (the last
+    ones it sent, by kind)."""
+    kinds = request.get("namespaces", [])
+    if len(request["fds"]) + len(kinds) != len(fds) or not set(kinds) <= set(NAMESPACES):
+        raise ValueError("the descriptors sent do not match the request")
+    return fds[:len(request["fds"])], list(zip(kinds, fds[len(request["fds"]):]))
+
+
+# Joining a namespace takes CAP_SYS_ADMIN, a mount namespace CAP_SYS_CHROOT as well.
+_JOINING_CAPABILITIES = (1 << 21) | (1 << 18)
+
+
+def _namespaces_to_join(namespaces: list[tuple[str, int]]) -> list[tuple[str, int]]:
+    """The stand-in's namespaces that are not the factory's, which its fork joins; where the
+    factory may not join them (not root, or root in a container without the capabilities)
+    the rank starts cold."""
+    joined = [(kind, fd) for kind, fd in namespaces
+              if os.fstat(fd).st_ino != os.stat(f"/proc/self/ns/{kind}").st_ino]
+    if joined:
+        status = Path("/proc/self/status").read_text()
+        effective = int(status.split("CapEff:")[1].split()[0], 16)
+        if effective & _JOINING_CAPABILITIES != _JOINING_CAPABILITIES:
+            raise PermissionError(f"the rank runs in another {joined[0][0]} namespace, and "
+                                  "joining it needs root's CAP_SYS_ADMIN")
+    return joined
+
+
+def _join_namespaces(joined: list[tuple[str, int]], namespaces: list[tuple[str, int]]
+                     ) -> None:
+    """In the fork: enter the stand-in's namespaces that differ from the factory's
+    (``joined``), then close the descriptors of all it sent (``namespaces``)."""
+    if joined:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        for kind, fd in joined:
+            if libc.setns(fd, NAMESPACES[kind]) != 0:
+                raise OSError(ctypes.get_errno(), f"setns into the stand-in's {kind} namespace")
+    for _, fd in namespaces:
+        os.close(fd)
 
 
 _LOADED_WITH = (sys.executable, os.environ.get("PYTHONPATH", ""))
@@ -429,7 +499,7 @@ def hand_off() -> None:
     answers = conn.makefile("rb")
     forked, message = None, {}
     try:
-        conn.connect("\0" + address)
+        conn.connect(address)
         conn.settimeout(ANSWER_TIMEOUT_S)  # a factory still loading, or stuck
         if "hello" in _read(answers):
             conn.settimeout(None)  # from the request on, the factory may fork us any time
@@ -443,7 +513,7 @@ def hand_off() -> None:
                     rank_pid.append(message["pid"])
                     for signum in pending:
                         pass_on(signum, None)
-    except (OSError, ValueError):  # no factory here (another namespace), or a failed one
+    except (OSError, ValueError):  # no factory here (another machine), or a failed one
         pass
     if forked is None:  # nobody forked this rank: it starts here
         conn.close()
@@ -463,14 +533,21 @@ def _read(answers: BinaryIO) -> dict:
 def _send_request(conn: socket.socket) -> None:
     fds = sorted(fd for fd in map(int, os.listdir("/proc/self/fd"))
                  if fd != conn.fileno() and _inherited(fd))
+    # Where this process runs (a lab host's network, name and mounts): the rank goes there.
+    namespaces = [os.open(f"/proc/self/ns/{kind}", os.O_RDONLY | os.O_CLOEXEC)
+                  for kind in NAMESPACES]
     umask = os.umask(0)
     os.umask(umask)
     body = json.dumps({"argv": sys.argv, "executable": sys.executable,
                        "env": dict(os.environ), "cwd": os.getcwd(),
-                       "umask": umask, "fds": fds,
+                       "umask": umask, "fds": fds, "namespaces": list(NAMESPACES),
                        "cpus": sorted(os.sched_getaffinity(0))}).encode()
     message = _HEADER.pack(len(body)) + body
-    sent = socket.send_fds(conn, [message], fds)
+    try:
+        sent = socket.send_fds(conn, [message], fds + namespaces)
+    finally:
+        for fd in namespaces:
+            os.close(fd)
     conn.sendall(message[sent:])
 
 

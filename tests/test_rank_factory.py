@@ -196,16 +196,109 @@ def test_jobs_given_a_shared_factory_fork_their_ranks_from_it(tmp_path):
 
 @pytest.mark.skipif(os.getuid() != 0, reason="needs root, to connect as another user")
 def test_a_factory_answers_its_own_user_only(tmp_path):
-    """The factory's socket is abstract (no file permissions): a connection from another
-    user gets no answer, so it could never have a rank forked as the factory's user."""
-    hear = ("import socket, sys; s = socket.socket(socket.AF_UNIX); "
-            "s.connect('\\0' + sys.argv[1]); s.settimeout(60); print(s.recv(100))")
+    """The factory's socket file is in a folder of its user alone: another user cannot
+    connect; and were the folder opened to all, the factory would still not answer them, so
+    it could never have a rank forked as the factory's user."""
+    hear = ("import socket, sys; s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); "
+            "s.settimeout(60); print(s.recv(100))")
+
+    def listen_as(user: int, address: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["/usr/bin/python3", "-c", hear, address], user=user,
+                              capture_output=True, text=True, timeout=120)
+
     with rank_factory(str(tmp_path), tmp_path / "factory.log", dict(os.environ)) as serving:
-        heard = {user: subprocess.run(["/usr/bin/python3", "-c", hear, serving.address],
-                                      user=user, capture_output=True, text=True, timeout=120)
-                 for user in (os.getuid(), 65534)}
-    assert heard[os.getuid()].stdout.startswith("b'{\"hello\":"), heard
-    assert heard[65534].stdout.strip() == "b''", heard
+        own, other = listen_as(os.getuid(), serving.address), listen_as(65534, serving.address)
+        os.chmod(os.path.dirname(serving.address), 0o777)
+        os.chmod(serving.address, 0o777)
+        other_let_in = listen_as(65534, serving.address)
+    assert own.stdout.startswith("b'{\"hello\":"), own
+    assert "PermissionError" in other.stderr, other
+    assert other_let_in.stdout.strip() == "b''", other_let_in
+    assert not os.path.exists(os.path.dirname(serving.address))  # removed as the factory left
+
+
+def json_objects(text: str) -> list[dict]:
+    """The JSON objects in ``text``: mpiexec passes the ranks' output on as it comes, and
+    two ranks' lines can arrive glued together (2 of 6 runs of the test below, on 2 cores)."""
+    decoder, found, at = json.JSONDecoder(), [], 0
+    while (at := text.find("{", at)) >= 0:
+        obj, at = decoder.raw_decode(text, at)
+        found.append(obj)
+    return found
+
+
+SEEN_FROM_A_NAMESPACE = """
+import json, os, socket
+from runner.rank_factory import started_as
+print(json.dumps({"started": started_as(), "host": socket.gethostname(), "cwd": os.getcwd(),
+                  "namespaces": {kind: os.stat(f"/proc/self/ns/{kind}").st_ino
+                                 for kind in ("net", "uts", "mnt")}}))
+"""
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root, to make namespaces and join them")
+def test_a_stand_in_in_other_namespaces_has_its_rank_forked_into_them(tmp_path):
+    """A stand-in in a network, hostname and mount namespace of its own (as on a lab host,
+    scripts/lab_cluster.sh) reaches the factory through its socket file: the fork joins its
+    namespaces and sees what a cold start there sees (the host's name, its network, its
+    mounts), not the factory's."""
+    script = tmp_path / "seen.py"
+    script.write_text(SEEN_FROM_A_NAMESPACE)
+    inside = ["unshare", "--net", "--uts", "--mount", "sh", "-c",
+              'hostname nshost && exec "$@"', "sh", sys.executable]
+    env = dict(os.environ)
+
+    def seen(factory: str | None) -> dict:
+        proc = subprocess.run([*inside, "-m", "runner.warm_script", str(script)], cwd=tmp_path,
+                              env={**env, **({FACTORY_ADDRESS: factory} if factory else {})},
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        return json.loads(proc.stdout)
+
+    with rank_factory("namespaces", tmp_path / "factory.log", env) as factory:
+        warm = seen(factory.address)
+    cold = seen(None)
+    ours = {kind: os.stat(f"/proc/self/ns/{kind}").st_ino for kind in ("net", "uts", "mnt")}
+    assert warm["started"] == f"forked from the rank factory (pid {factory.pid})", warm
+    assert cold["started"] == "cold"
+    for name, result in (("warm", warm), ("cold", cold)):
+        assert result["host"] == "nshost" and result["cwd"] == str(tmp_path), (name, result)
+        assert all(result["namespaces"][kind] != ours[kind] for kind in ours), (name, result)
+    assert (tmp_path / "factory.log").read_text() == ""
+
+
+JOINS = """
+import os, sys
+from runner.rank_factory import NAMESPACES, _namespaces_to_join
+fds = [(kind, os.open(f"/proc/{sys.argv[1]}/ns/{kind}", os.O_RDONLY)) for kind in NAMESPACES]
+try:
+    print(sorted(kind for kind, _ in _namespaces_to_join(fds)))
+except PermissionError as ex:
+    print("cold:", ex)
+"""
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root, to make namespaces")
+def test_a_factory_that_may_not_join_a_namespace_starts_the_rank_cold():
+    """Root in a container without CAP_SYS_ADMIN cannot join another namespace: the factory
+    says so before it forks (the stand-in then starts the rank cold) instead of forking a
+    rank that would fail; with the capability it joins every namespace that differs."""
+    elsewhere = subprocess.Popen(["unshare", "--net", "--uts", "--mount", "sleep", "60"])
+    try:
+        wait_for(lambda: all(
+            os.stat(f"/proc/{elsewhere.pid}/ns/{kind}").st_ino !=
+            os.stat(f"/proc/self/ns/{kind}").st_ino for kind in ("net", "uts", "mnt")),
+            "the namespaces were not made", timeout_s=10)
+        joins = [sys.executable, "-c", JOINS, str(elsewhere.pid)]
+        able = subprocess.run(joins, capture_output=True, text=True, timeout=60, cwd=REPO)
+        unable = subprocess.run(["setpriv", "--bounding-set=-sys_admin", *joins],
+                                capture_output=True, text=True, timeout=60, cwd=REPO)
+    finally:
+        elsewhere.kill()
+        elsewhere.wait()
+    assert able.stdout.strip() == "['mnt', 'net', 'uts']", able
+    assert unable.stdout.strip() == ("cold: the rank runs in another net namespace, and "
+                                     "joining it needs root's CAP_SYS_ADMIN"), unable
 
 
 def test_the_jobs_of_a_sweep_fork_their_ranks_from_one_factory(tmp_path):
@@ -245,8 +338,7 @@ def test_a_script_run_warm_sees_what_it_sees_run_cold_and_ends_as_it_ends(tmp_pa
     seen = {}
     for name, proc in (("warm", warm), ("cold", cold)):
         assert proc.returncode == 0, proc.stderr
-        lines = sorted((json.loads(line) for line in proc.stdout.splitlines()),
-                       key=lambda line: line["rank"])
+        lines = sorted(json_objects(proc.stdout), key=lambda line: line["rank"])
         assert [line["rank"] for line in lines] == [0, 1], proc.stdout
         started = {line.pop("started") for line in lines}
         assert started == ({f"forked from the rank factory (pid {factory.pid})"}

@@ -97,8 +97,8 @@ class LocalConfig(LauncherConfig, LossDetectionKeys):
     # How mpiexec enters a host of the hostfile (ssh's calling convention); null: ssh.
     remote_shell: Optional[str] = None
     # Fork the ranks from one process that has loaded torch instead of each loading it
-    # (about 1.7 CPU s a rank; runner/rank_factory.py). Not with a hostfile, whose ranks
-    # start cold.
+    # (about 1.7 CPU s a rank; runner/rank_factory.py). With a hostfile, ranks on other
+    # machines start cold.
     warm_start: bool = True
 
     def check(self, prefix, cfg):

@@ -21,6 +21,7 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
+from ..rank_factory import FACTORY_ADDRESS, starts_warm
 from ..runlog.console import CONSOLE_IS_TERMINAL
 from ..runlog.liveness import (
     HEARTBEAT_TO,
@@ -95,7 +96,8 @@ class OpenMpiUlfm(OpenMpi):
                 cleanup_by_watchdog: bool, session_dirs: str | None) -> list[str]:
         if cfg.hostfile:
             hosts = [*hosts, *open_mpi_remote_args(self.mpiexec, [*RANK_ENVIRONMENT, *(
-                name for name in ("PYTHONPATH",) if name in os.environ)])]
+                name for name in ("PYTHONPATH",) if name in os.environ),
+                *([FACTORY_ADDRESS] if starts_warm(cfg) else [])])]
             if cfg.elastic:
                 hosts += open_mpi_link_args()
         return [self.mpiexec, "-n", str(processes), *open_mpi_args(cfg.elastic, session_dirs),

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-import platform
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +30,10 @@ def host_record() -> dict[str, Any]:
     try:
         machine = Path("/proc/sys/kernel/random/boot_id").read_text().strip()[:8]
     except OSError:
-        machine = platform.node()
-    return {"name": platform.node(), "cores": int(cores or 1), "machine": machine}
+        machine = socket.gethostname()
+    # Not platform.node(): it keeps the first answer, which a rank forked from the rank
+    # factory would take over from the factory (a lab host's rank would name the head).
+    return {"name": socket.gethostname(), "cores": int(cores or 1), "machine": machine}
 
 
 def bytes_sent_entry(sent: list[dict[str, Any]]) -> dict[str, Any]:
