@@ -19,7 +19,8 @@ A program that runs many jobs (a sweep script, the test suite) can start one fac
 all of them (:func:`shared_rank_factory`): the local launcher then sends its ranks there
 (``ADPSGD_SHARED_RANK_FACTORY``) and starts none of its own, which saves each job the factory's
 loading. A factory forks only for its own user (the socket's peer credentials) and only ranks
-that would import what it loaded (the same Python and ``PYTHONPATH``); others start cold.
+that would import what it loaded (the same Python, ``PYTHONPATH`` and ``LD_PRELOAD``); others
+start cold.
 
 The factory loads no MPI (``mpi4py.MPI`` initializes MPI as it is imported), initializes no
 CUDA and starts no thread of its own, so a fork is as safe as a DataLoader worker's. Anything
@@ -116,8 +117,15 @@ def factory_for_job(run_dir: Path, env: dict[str, str], warm: bool) -> Iterator[
     elif shared:
         yield {FACTORY_ADDRESS: shared}
     else:
-        with rank_factory(str(run_dir), run_dir / "logs" / "warm-start.log", env) as factory:
-            yield {FACTORY_ADDRESS: factory.address}
+        with contextlib.ExitStack() as stack:
+            try:
+                factory = stack.enter_context(
+                    rank_factory(str(run_dir), run_dir / "logs" / "warm-start.log", env))
+            except OSError as ex:  # no room for its socket file (a full /tmp), say
+                print(f"adpsgd-run: note: the ranks start cold (each loads torch): no rank "
+                      f"factory: {ex}", file=sys.stderr, flush=True)
+                factory = None
+            yield {FACTORY_ADDRESS: factory.address} if factory else {}
 
 
 @contextlib.contextmanager
@@ -358,15 +366,19 @@ def _join_namespaces(joined: list[tuple[str, int]], namespaces: list[tuple[str, 
         os.close(fd)
 
 
-_LOADED_WITH = (sys.executable, os.environ.get("PYTHONPATH", ""))
+_LOADED_WITH = (sys.executable, os.environ.get("PYTHONPATH", ""),
+                os.environ.get("LD_PRELOAD", ""))
 
 
 def _check_imports_alike(request: dict) -> None:
     """A rank whose Python or PYTHONPATH differs from the factory's (another virtual
-    environment, a copy of the source tree) would import other code: it starts cold."""
-    asked = (request.get("executable"), request["env"].get("PYTHONPATH", ""))
+    environment, a copy of the source tree) would import other code, and one with another
+    LD_PRELOAD would load another library before any (a fork has the factory's): it starts
+    cold."""
+    asked = (request.get("executable"), request["env"].get("PYTHONPATH", ""),
+             request["env"].get("LD_PRELOAD", ""))
     if asked != _LOADED_WITH:
-        raise ValueError(f"the rank imports from {asked}, the factory loaded from "
+        raise ValueError(f"the rank loads from {asked}, the factory loaded from "
                          f"{_LOADED_WITH}")
 
 

@@ -171,9 +171,12 @@ def test_a_stand_in_ends_as_its_rank_and_starts_cold_without_a_factory(tmp_path,
 def test_jobs_given_a_shared_factory_fork_their_ranks_from_it(tmp_path):
     """A factory started for many jobs (ADPSGD_SHARED_RANK_FACTORY): a job's ranks fork from
     it and the job starts no factory of its own; a job whose PYTHONPATH differs from the
-    factory's (it would import other code) and one with launcher.warm_start=false start
-    cold; the factory outlives the jobs and ends with its block."""
-    jobs = {"shared": {}, "other_path": {"PYTHONPATH": str(REPO)}, "warm_start_off": {}}
+    factory's (it would import other code), one whose LD_PRELOAD does (a fork would lack the
+    library) and one with launcher.warm_start=false start cold; the factory outlives the jobs
+    and ends with its block."""
+    jobs = {"shared": {}, "other_path": {"PYTHONPATH": str(REPO)},
+            "other_preload": {"LD_PRELOAD": "libm.so.6"},
+            "warm_start_off": {}}
     with shared_rank_factory(tmp_path / "factory.log") as factory:
         for name, env in jobs.items():
             off = ["launcher.warm_start=false"] if name == "warm_start_off" else []
@@ -191,7 +194,8 @@ def test_jobs_given_a_shared_factory_fork_their_ranks_from_it(tmp_path):
             assert started in log, (name, log)
     evaluations = {name: [(m["step"], m["split"], m["loss"], m.get("top1"))
                           for m in read_run(tmp_path / name)[0]] for name in jobs}
-    assert evaluations["shared"] == evaluations["warm_start_off"] == evaluations["other_path"]
+    assert evaluations["shared"] == evaluations["warm_start_off"] == \
+        evaluations["other_path"] == evaluations["other_preload"]
 
 
 @pytest.mark.skipif(os.getuid() != 0, reason="needs root, to connect as another user")
@@ -265,6 +269,26 @@ def test_a_stand_in_in_other_namespaces_has_its_rank_forked_into_them(tmp_path):
         assert result["host"] == "nshost" and result["cwd"] == str(tmp_path), (name, result)
         assert all(result["namespaces"][kind] != ours[kind] for kind in ours), (name, result)
     assert (tmp_path / "factory.log").read_text() == ""
+
+
+def test_without_room_for_the_factory_s_socket_the_ranks_start_cold(tmp_path, monkeypatch,
+                                                                     capsys):
+    """A full /tmp (no room for the socket file's folder) costs the job its warm start, said
+    in one line, not the job."""
+    import errno
+    import tempfile
+
+    from runner.rank_factory import factory_for_job
+
+    def full(*_args, **_kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device", "/tmp/adpsgd-rank-factory-x")
+
+    monkeypatch.setattr(tempfile, "mkdtemp", full)
+    with factory_for_job(tmp_path, dict(os.environ), warm=True) as environment:
+        assert environment == {}
+    assert capsys.readouterr().err == (
+        "adpsgd-run: note: the ranks start cold (each loads torch): no rank factory: "
+        "[Errno 28] No space left on device: '/tmp/adpsgd-rank-factory-x'\n")
 
 
 JOINS = """

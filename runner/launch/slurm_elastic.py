@@ -143,8 +143,10 @@ class AllocationLauncher(LocalLauncher):
     def __init__(self, slurm: Any, hostfile: Path):
         shared = [f.name for f in (*fields(LauncherConfig), *fields(LossDetectionKeys))
                   if f.name != "name"]
+        # Cold ranks: each must hang off its node's slurmstepd (a lost node takes only its
+        # own) and load native/pmix_quiet.c, which a fork of a rank factory would not.
         super().__init__(LocalConfig(**{name: getattr(slurm, name) for name in shared},
-                                     hostfile=str(hostfile)))
+                                     hostfile=str(hostfile), warm_start=False))
         self.slurm = slurm
 
     @property
