@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -223,7 +224,8 @@ def test_a_factory_answers_its_own_user_only(tmp_path):
 
 def json_objects(text: str) -> list[dict]:
     """The JSON objects in ``text``: mpiexec passes the ranks' output on as it comes, and
-    two ranks' lines can arrive glued together (2 of 6 runs of the test below, on 2 cores)."""
+    two ranks' lines can arrive glued together (2 of 6 runs of
+    test_a_script_run_warm_sees_what_it_sees_run_cold_and_ends_as_it_ends on 2 cores)."""
     decoder, found, at = json.JSONDecoder(), [], 0
     while (at := text.find("{", at)) >= 0:
         obj, at = decoder.raw_decode(text, at)
@@ -240,7 +242,8 @@ print(json.dumps({"started": started_as(), "host": socket.gethostname(), "cwd": 
 """
 
 
-@pytest.mark.skipif(os.getuid() != 0, reason="needs root, to make namespaces and join them")
+@pytest.mark.skipif(os.getuid() != 0 or not shutil.which("unshare"),
+                    reason="needs root and unshare (util-linux), to make namespaces")
 def test_a_stand_in_in_other_namespaces_has_its_rank_forked_into_them(tmp_path):
     """A stand-in in a network, hostname and mount namespace of its own (as on a lab host,
     scripts/lab_cluster.sh) reaches the factory through its socket file: the fork joins its
@@ -302,7 +305,8 @@ except PermissionError as ex:
 """
 
 
-@pytest.mark.skipif(os.getuid() != 0, reason="needs root, to make namespaces")
+@pytest.mark.skipif(os.getuid() != 0 or not shutil.which("setpriv"),
+                    reason="needs root, unshare and setpriv (util-linux), to make namespaces")
 def test_a_factory_that_may_not_join_a_namespace_starts_the_rank_cold():
     """Root in a container without CAP_SYS_ADMIN cannot join another namespace: the factory
     says so before it forks (the stand-in then starts the rank cold) instead of forking a
