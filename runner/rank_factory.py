@@ -159,6 +159,7 @@ def rank_factory(serving: str, log_path: Path, env: dict[str, str]) -> Iterator[
     # A socket file, not an abstract socket: those are reachable only from their network
     # namespace, and a lab's hosts (scripts/lab_cluster.sh) are namespaces of their own on
     # this machine. Its folder is our user's alone; ranks on other machines find no file.
+    # A socket's path holds at most 107 bytes: a long TMPDIR gives way to /tmp.
     folder = tempfile.mkdtemp(prefix="adpsgd-rank-factory-",
                               dir="/tmp" if len(tempfile.gettempdir()) > 60 else None)
     address = os.path.join(folder, "socket")
