@@ -500,3 +500,46 @@ def test_a_record_no_rank_wrote_is_emptied_after_the_job_and_a_written_one_kept(
     # here: a job that failed before the first one once recorded at_samples null).
     assert ranks_progress(tmp_path, 3) == [None, 640, None]
     assert not (tmp_path / "logs" / "rank2.exit").exists()
+
+
+@pytest.mark.parametrize("elastic", [False, True])
+def test_an_mpiexec_that_outlives_every_rank_is_stopped_and_the_job_ends_as_its_ranks_did(
+        tmp_path, capsys, monkeypatch, elastic):
+    """Open MPI's prterun once deadlocked after every rank of an elastic job had aborted
+    (1 run in 8 on 2 loaded cores), and the launcher waited for it for ever. Here an mpiexec
+    that never ends (a real process in its own session) outlives its 2 ranks, one of which
+    failed with status 2: MPIEXEC_HANG_S after the last one ended it is killed with its
+    session, one note says so, and the job's status is the failed rank's."""
+    from types import SimpleNamespace
+
+    from runner.launch import supervision
+
+    monkeypatch.setattr(supervision, "MPIEXEC_HANG_S", 1.0)
+    (tmp_path / "logs").mkdir()
+    mpiexec = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"],
+                               start_new_session=True)
+    ranks = [sleeper() for _ in range(2)]
+    for rank, proc in enumerate(ranks):
+        write_pid_file(tmp_path, rank)  # its blank exit record; the pid is the rank's:
+        (tmp_path / "logs" / f"rank{rank}.pid").write_text(f"{proc.pid} {socket.gethostname()}\n")
+    watchdog = RankWatchdog(tmp_path, 2)
+    cfg = SimpleNamespace(elastic=elastic, hostfile=None, stall_timeout_s=0.0, nprocs=2)
+    try:
+        seen(lambda: len(watchdog.pids) == 2, "the pid files")
+        write_exit_record(tmp_path, 0, 0)
+        write_exit_record(tmp_path, 1, 2)
+        for proc in ranks:
+            kill(proc)
+        started = time.monotonic()
+        with StopForwarding(watchdog) as forwarding:
+            status = supervision.Supervision(cfg).supervise(mpiexec, watchdog, forwarding, 3.0)
+        waited = time.monotonic() - started
+    finally:
+        for proc in (mpiexec, *ranks):
+            proc.kill()
+            proc.wait()
+        watchdog.stop()
+    assert status == 2 and mpiexec.returncode == -signal.SIGKILL
+    assert 0.5 < waited < 10, waited
+    assert capsys.readouterr().err.startswith(
+        "adpsgd-run: note: every rank of the job had ended 1 s before and "), "no note"

@@ -2,7 +2,7 @@
 gets, tells the survivors of an elastic job across hosts which learners went silent behind a
 cut link, kills a hung learner of an elastic job on this host, and ends a job whose rank died
 (when mpiexec does not within MPIEXEC_GRACE_S) or stalled, or whose learners left behind
-keep mpiexec waiting."""
+keep mpiexec waiting, and stops an mpiexec that outlives every rank (MPIEXEC_HANG_S)."""
 
 from __future__ import annotations
 
@@ -26,6 +26,11 @@ from .watchdog import DeadRank, HeartbeatListener, RankWatchdog, StalledRank, ra
 POLL_S = 0.25  # how often the watchdog looks at the ranks
 # After the watchdog sees a rank die, mpiexec gets this long to end the job by itself.
 MPIEXEC_GRACE_S = 3.0
+# After the last rank ended, mpiexec gets this long to end too. Open MPI 5's prterun was seen
+# to deadlock (its main thread waiting on a mutex of its own, no process left to watch) after
+# the survivors of an elastic job aborted: 1 run in 8 on 2 loaded cores. Its teardown takes
+# well under a second otherwise.
+MPIEXEC_HANG_S = 10.0
 
 
 class Supervision:
@@ -71,6 +76,9 @@ class Supervision:
                     return next((s for r, s in statuses.items() if s and r not in behind), 0)
             else:
                 left_since = None
+            if (ended := watchdog.last_rank_ended()) is not None and \
+                    time.time() - ended >= MPIEXEC_HANG_S:
+                return self.end_hung_mpiexec(proc, watchdog)
             if self.cfg.stall_timeout_s and (stalled := watchdog.stalled(
                     self.cfg.stall_timeout_s)) is not None:
                 if self.cfg.elastic and stalled.host is None:
@@ -148,6 +156,21 @@ class Supervision:
                                "learner": stalled.rank, "host": socket.gethostname(),
                                "at_samples": rank_progress(run_dir, stalled.rank),
                                "cause": cause})
+
+    def end_hung_mpiexec(self, proc: subprocess.Popen, watchdog: RankWatchdog) -> int:
+        """Every rank has ended but mpiexec has not, for MPIEXEC_HANG_S: kill it, and take
+        the ranks' own ends for the job's (the first failure among their exit records, else 0),
+        as mpiexec would have reported them."""
+        print(f"adpsgd-run: note: every rank of the job had ended {MPIEXEC_HANG_S:g} s before "
+              f"and {os.path.basename(str(proc.args[0]))} (pid {proc.pid}) still ran, with no "
+              "process left to wait for: stopped it; the job ends as its ranks did",
+              file=sys.stderr, flush=True)
+        stop_process_group(proc, grace_s=0.0)
+        statuses = watchdog.exit_statuses()
+        failed = next((s for s in statuses.values() if s), None)
+        if failed is None and None in statuses.values() and not self.cfg.elastic:
+            return 128 + signal.SIGKILL  # a rank died without a record: the job failed
+        return failed or 0
 
     @staticmethod
     def end_job(proc: subprocess.Popen, watchdog: RankWatchdog) -> int:

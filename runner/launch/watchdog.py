@@ -516,6 +516,18 @@ class RankWatchdog:
             os.close(self._mpiexec_fd)
             self._mpiexec_fd = None
 
+    def last_rank_ended(self) -> float | None:
+        """When (time.time()) the last of the job's ranks ended, once every one of them ran on
+        this host and has ended; None while one runs, or runs on another host (its death is not
+        seen here)."""
+        self.refresh()
+        with self._lock:
+            ended = {rank: when for when, rank, _ in self.deaths}
+            every = set(range(self.nprocs))
+        if set(self.pids) != every or set(ended) != every:
+            return None
+        return max(ended.values())
+
     def check(self) -> DeadRank | None:
         """The first rank that ended without an exit record, if one did and no rank had
         failed with a message before (ranks that fail because a peer died come after it)."""
