@@ -9,7 +9,7 @@ Everything runs in ONE mpiexec job, so both sides share the processes, the threa
 (the local launcher's OMP_NUM_THREADS) and the machine's load at that moment. Each rank first
 runs one untimed epoch of each (warm-up: allocator, caches, the process group), then
 ``--repeats`` timed runs of each, alternating which goes first so that a drift in load hits
-both alike. SSGD is the trainer exactly as adpsgd-run runs it (runner.worker.run_rank on a run
+both alike. SSGD is the trainer exactly as adpsgd-run runs it (runner.rank.run_rank on a run
 dir; its summary's samples_per_s). DDP is a plain training loop over the same recipe, the same
 sharded batches (runner/train/data.py), learning-rate schedule, optimizer, compute path and bucket
 size (``comm.bucket_mb`` as ``bucket_cap_mb``), with gloo on CPU and NCCL on GPU. Both count
@@ -142,8 +142,8 @@ def rank_job(spec_path: Path) -> None:
     """Warm-up of each, then the timed runs in alternating order; rank 0 writes the DDP
     numbers next to the spec (SSGD's are in its run dirs' summaries)."""
     from runner.comm.communicator import init_torch_distributed, shutdown_torch_distributed
+    from runner.rank import load_run_config, run_rank
     from runner.train.compute_path import resolve_device
-    from runner.worker import load_run_config, run_rank
 
     spec = json.loads(spec_path.read_text())
     world_mpi = _mpi().COMM_WORLD

@@ -40,8 +40,8 @@ BIN = Path(sys.executable).parent
 FULL = {"repeats": 5, "nprocs": [2, 4]}
 QUICK = {"repeats": 1, "nprocs": [2]}
 JOB = ["recipe=digit_images", "algo=ssgd", "trainer.epochs=1", "trainer.progress=false"]
-# What a rank imports, beyond the interpreter (runner/worker.py and what it loads to train).
-RANK_IMPORTS = "import torch, mpi4py.MPI, runner.worker, runner.trainer, recipes"
+# What a rank imports, beyond the interpreter (runner/rank.py and what it loads to train).
+RANK_IMPORTS = "import torch, mpi4py.MPI, runner.rank, runner.trainer, recipes"
 MD_HEADER = ("| date | what | median s | CPU s | note |\n|---|---|---|---|---|\n")
 
 

@@ -9,7 +9,7 @@ structure and sanity only.
 Training jobs run as the worker runs them, minus the process start: :func:`prepare_cases`
 composes and validates each case's overrides exactly as ``adpsgd-run`` does and saves
 ``RUN_DIR/.hydra/run.yaml``; :func:`run_cases` then starts ONE ``mpiexec`` job (``python
-benchmarks/harness.py RUN_DIR ...``) whose ranks call :func:`runner.worker.run_rank` on every run
+benchmarks/harness.py RUN_DIR ...``) whose ranks call :func:`runner.rank.run_rank` on every run
 dir in turn. Starting ranks costs 5-10 s of imports here, more than many cases train, and one
 job for many cases is what makes a ``--quick`` mode take seconds. Each case leaves an ordinary
 run dir (``metrics.jsonl``, ``summary.json``, ``tb/``), which ``adpsgd-report`` reads.
@@ -274,8 +274,8 @@ def prepare_cases(root: Path, cases: dict[str, list[str]]) -> dict[str, Path]:
     ``.hydra/run.yaml`` as adpsgd-run would, and prepare the recipes' data caches."""
     from omegaconf import OmegaConf
 
+    from runner.rank import RUN_CONFIG
     from runner.recipe import RECIPES
-    from runner.worker import RUN_CONFIG
 
     run_dirs, prepared = {}, set()
     for name, overrides in cases.items():
@@ -331,7 +331,7 @@ def simulate_cases(root: Path, cases: dict[str, list[str]]) -> dict[str, dict[st
 def parameter_count(run_dir: str | Path) -> int:
     """Parameters of the model a run dir's config builds."""
     from recipes import RECIPES
-    from runner.worker import load_run_config
+    from runner.rank import load_run_config
 
     cfg = load_run_config(Path(run_dir))
     model = RECIPES.get(cfg.recipe.name)(cfg.recipe).build_model()
@@ -393,8 +393,8 @@ def run_cases(root: Path, cases: dict[str, list[str]], nprocs: int, timeout_s: f
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Rank side of :func:`run_cases`: train each RUN_DIR in turn, as runner.worker would."""
-    from runner.worker import run_rank
+    """Rank side of :func:`run_cases`: train each RUN_DIR in turn, as runner/rank.py would."""
+    from runner.rank import run_rank
 
     logger = logging.getLogger("adpsgd")
     for run_dir in (sys.argv[1:] if argv is None else argv):

@@ -144,9 +144,10 @@ def test_schemas_and_registries_are_leaves():
 # the same parts as the trainer -> checkpoints -> the training
 # loop's parts -> algorithms -> what a run records -> topology, communication -> recipes ->
 # config, registries and errors.
-FLOORS = [("runner.commands",), ("runner.launch",), ("runner.worker",), ("runner.trainer",),
-          ("runner.elastic",), ("runner.sim",), ("runner.checkpoint",), ("runner.train",),
-          ("runner.algos",), ("runner.runlog",), ("runner.topology",), ("runner.comm",),
+FLOORS = [("runner.commands",), ("runner.launch",), ("runner.worker", "runner.rank"),
+          ("runner.trainer",), ("runner.elastic",), ("runner.sim",), ("runner.checkpoint",),
+          ("runner.train",), ("runner.algos",), ("runner.runlog",), ("runner.topology",),
+          ("runner.comm",),
           ("recipes",),
           ("runner", "runner.config", "runner.recipe", "runner.errors", "runner.lazy",
            "runner.ctrl_c")]
@@ -182,22 +183,22 @@ def test_nothing_below_the_elastic_package_imports_it():
     graph = import_graph()
     users = {module for module, targets in graph.items() if not module.startswith(
         "runner.elastic") and any(t.startswith("runner.elastic") for t in targets)}
-    assert users == {"runner.trainer.loop", "runner.trainer.meetings", "runner.worker"}, users
+    assert users == {"runner.trainer.loop", "runner.trainer.meetings", "runner.rank"}, users
 
 
 def test_the_floors_rule_catches_an_import_up():
     """The check itself: the worker importing the launcher's watchdog, and the topology
     importing the algorithms, are found."""
     graph = import_graph()
-    graph["runner.worker"] = graph["runner.worker"] | {"runner.launch.watchdog"}
+    graph["runner.rank"] = graph["runner.rank"] | {"runner.launch.watchdog"}
     graph["runner.topology.base"] = graph["runner.topology.base"] | {"runner.algos"}
-    assert imports_up(graph) == ["runner.topology.base -> runner.algos",
-                                 "runner.worker -> runner.launch.watchdog"]
+    assert imports_up(graph) == ["runner.rank -> runner.launch.watchdog",
+                                 "runner.topology.base -> runner.algos"]
 
 
 # The runner's modules that may import the recipes package: it registers the recipes in
-# runner/recipe.py's RECIPES, which the commands and the worker (a rank's entry point) fill.
-RECIPE_IMPORTERS = ("runner.commands.", "runner.worker")
+# runner/recipe.py's RECIPES, which the commands and a rank (runner/rank.py) fill.
+RECIPE_IMPORTERS = ("runner.commands.", "runner.rank")
 
 
 def recipe_imports(graph: dict[str, set[str]]) -> dict[str, set[str]]:
@@ -214,7 +215,7 @@ def test_the_runner_stands_below_the_recipes():
     graph = import_graph()
     assert recipe_imports(graph) == {}
     assert any("recipes" in graph[m] for m in graph if m.startswith("runner.commands."))
-    assert "recipes" in graph["runner.worker"]
+    assert "recipes" in graph["runner.rank"]
     for recipe in ("recipes.digit_images", "recipes.imagenet.recipe", "recipes.speech.recipe"):
         assert "runner.recipe" in graph[recipe], recipe
 

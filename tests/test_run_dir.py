@@ -114,7 +114,7 @@ STUCK_RANK = """
 import sys, time
 from pathlib import Path
 from runner.runlog.liveness import write_pid_file
-from runner.worker import launcher_gone
+from runner.rank import launcher_gone
 
 run_dir = Path(sys.argv[1])
 write_pid_file(run_dir, 0)

@@ -36,7 +36,7 @@ def already_run(run_dir: Path, cfg: Any) -> bool:
     """A completed run of exactly this config (a run dir left by other settings is not)."""
     from omegaconf import OmegaConf
 
-    from runner.worker import RUN_CONFIG
+    from runner.rank import RUN_CONFIG
 
     if not bench.completed(run_dir) or not (run_dir / RUN_CONFIG).exists():
         return False

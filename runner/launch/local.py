@@ -248,7 +248,7 @@ class LocalLauncher(Launcher):
     def launch(self, run_cfg, run_dir):
         run_dir = Path(run_dir)
         if self.cfg.nprocs == 1:
-            from ..worker import run_rank
+            from ..rank import run_rank
 
             if self.cfg.max_restarts:
                 print("adpsgd-run: note: launcher.max_restarts does not apply to "

@@ -543,7 +543,7 @@ class RankWatchdog:
 
     def stalled(self, timeout_s: float) -> StalledRank | None:
         """The live rank, still without an exit record, whose heartbeat (its pid file's time,
-        runner/worker.py; a rank on another host: its last datagram) is older than
+        runner/rank.py; a rank on another host: its last datagram) is older than
         ``timeout_s``; of several, the one silent longest (the others may only wait for
         it)."""
         now = time.time()

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from mpi4py import MPI
 
-from runner.worker import mpi_failure_line
+from runner.rank import mpi_failure_line
 
 for code in (MPI.ERR_IN_STATUS, MPI.ERR_OTHER):
     print(mpi_failure_line(0, MPI.Exception(code), Path("/runs/x/logs/rank0.log")), flush=True)
