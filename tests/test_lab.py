@@ -328,7 +328,7 @@ def test_an_elastic_job_goes_on_without_the_learners_behind_a_cut_link(lab_overr
 
 def test_a_loaded_machine_gives_no_false_loss(lab_overrides, tmp_path):
     """benchmarks/bench_false_loss.py, shorter than as measured (docs/RESULTS.md: 20 runs of
-    4 epochs beside 2 busy processes): 20 elastic runs of 2 epochs across two lab hosts (the
+    4 epochs beside 2 busy processes): 10 elastic runs of 2 epochs across two lab hosts (the
     loss detector's defaults: a learner is lost after 1 s of silence, more where its heartbeats
     come irregularly), two runs at a time (4 ranks on the 2 cores, so each loads the other)
     beside 1 process that spins on a core: no learner is ever taken for lost, every run
@@ -336,15 +336,16 @@ def test_a_loaded_machine_gives_no_false_loss(lab_overrides, tmp_path):
     its threshold. Every run still starts, evaluates and checkpoints under load, where the
     detector knows the least; in make test the other workers load the cores as well (a second
     spinning process, in a session of its own, took a core's share from the whole suite for
-    the test's 3 minutes)."""
+    the test's 3 minutes). 10 runs, not 20: the suite's longest test (106 s, 127 CPU s, and its
+    spinning process's core), where the benchmark's 20 x 4 is the measurement."""
     from test_benchmarks import load_script
 
     out = tmp_path / "false_loss.json"
     assert load_script("bench_false_loss").main(
-        ["--count", "20", "--epochs", "2", "--hogs", "1", "--json", str(out), "--runs",
+        ["--count", "10", "--epochs", "2", "--hogs", "1", "--json", str(out), "--runs",
          str(tmp_path / "runs")]) == 0
     result = json.loads(out.read_text())
-    assert result["false_losses"] == 0 and result["completed_on_both"] == 20, [
+    assert result["false_losses"] == 0 and result["completed_on_both"] == 10, [
         (run["run"], run["silent"], run["membership"]) for run in result["runs"]]
     for run in result["runs"]:
         assert set(run["closest_calls"]) == {"0", "1"}, run
