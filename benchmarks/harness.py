@@ -342,12 +342,19 @@ def rank_command(nprocs: int, program: Sequence[str], placement: dict[str, Any] 
                  ) -> tuple[list[str], dict[str, str]]:
     """``mpiexec -n N python PROGRAM...`` and the environment the local launcher gives its
     ranks (one BLAS thread pool per core, not per rank). ``placement``: launcher keys of a
-    job across hosts (hostfile, remote_shell, procs_per_node), placed as the launcher does."""
+    job across hosts (hostfile, remote_shell, procs_per_node), placed as the launcher does.
+    Where a shared rank factory is up (the test suite's, runner/rank_factory.py), the ranks
+    are forks of it, as the launcher's are (``python -m runner.warm_script PROGRAM...``):
+    each saves loading torch (1-2 CPU s)."""
     from runner.launch.local import LocalConfig, LocalLauncher
+    from runner.rank_factory import FACTORY_ADDRESS, SHARED_FACTORY
 
     launcher = LocalLauncher(LocalConfig(nprocs=nprocs, **(placement or {})))
-    return launcher.mpiexec_command(list(program), cleanup_by_watchdog=False), \
-        launcher.environment()
+    env = launcher.environment()
+    shared = os.environ.get(SHARED_FACTORY)
+    if shared:
+        program, env[FACTORY_ADDRESS] = ["-m", "runner.warm_script", *program], shared
+    return launcher.mpiexec_command(list(program), cleanup_by_watchdog=False), env
 
 
 def run_ranks(nprocs: int, program: Sequence[str], timeout_s: float, what: str,
