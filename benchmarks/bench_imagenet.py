@@ -41,7 +41,9 @@ from recipes.imagenet.model import RESNETS, build_resnet
 from recipes.imagenet.recipe import ImageNet, ImageNetConfig
 from runner.algos.optim import parameter_groups
 from runner.comm.buffers import flatten_parameters
+from runner.config.run_schema import OptimConfig
 from runner.train.compute_path import AMP_CHOICES, ComputePath, amp_dtype
+from runner.train.lr_schedule import LRSchedule
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # run as a file from anywhere: this checkout's benchmarks
@@ -103,7 +105,12 @@ def benchmark(args: argparse.Namespace) -> dict:
     model = build_resnet(args.arch, args.classes, zero_init_residual=True).to(device)
     flatten_parameters(model.parameters())  # the trainer's layout
     path.prepare_model(model)
-    optimizer = torch.optim.SGD(parameter_groups(model, 1e-4, False), lr=0.1, momentum=0.9,
+    # The rate the trainer gives this batch (0.1 per 256 images, scaled linearly): the full
+    # setting's 0.1, and no divergence in --quick's tiny batches (0.1 on 2 images gave a NaN
+    # loss after two steps on one CI machine's CPU).
+    optimizer = torch.optim.SGD(parameter_groups(model, 1e-4, False),
+                                lr=LRSchedule(OptimConfig(), args.batch_size, 1, 1).peak,
+                                momentum=0.9,
                                 nesterov=True, weight_decay=1e-4)
     images = torch.randint(0, 256, (args.batch_size, 3, args.image_size, args.image_size),
                            dtype=torch.uint8)
