@@ -279,6 +279,39 @@ def test_gpu_loader_decodes_crops_and_flips_on_the_gpu_as_on_the_cpu(tmp_path):
     assert resolve_loader("auto", CUDA, ranks_on_host=1000) == "gpu"  # too few cores each
 
 
+def test_the_gpu_loader_gives_the_same_pixels_batch_after_batch_while_the_gpu_is_busy(tmp_path):
+    """The same batch of files, prepared 60 times a batch ahead on the prefetch thread's stream
+    while the training stream is kept busy, gives the pixels it gives alone every time. Without
+    the wait before nvJPEG decodes (recipes/imagenet/loaders.py, decode_on_gpu), the decoder
+    could be handed memory the previous batch's crops still read: a ResNet-50 benchmark from
+    JPEG files on an H200 reached a NaN loss."""
+    from test_imagenet_loaders import SIZE, loads, recipe_for
+
+    from recipes.imagenet.data import EncodedImage
+    from recipes.imagenet.loaders import EncodedTrain
+
+    write_fake_imagenet(tmp_path, classes=2, train_per_class=16, val_per_class=1, size=500,
+                        photos=True)
+    photos = sorted((tmp_path / "train").rglob("*.JPEG"))
+    items = loads(EncodedTrain(SIZE, 0.08, fallback=None), photos)
+    assert all(isinstance(item, EncodedImage) for item in items)
+    recipe = recipe_for("gpu")
+    batch = recipe.collate([(item, 0) for item in items])
+    alone = recipe.to_device(batch, CUDA, torch.float32)[0]
+    torch.cuda.synchronize()
+    path, busy = ComputePath(device=CUDA), torch.randn(4096, 4096, device=CUDA)
+    got = []
+    with path.batches(recipe, iter([batch] * 60), prefetch=True) as stream:
+        for each in stream:
+            images, _ = path.batch(recipe, each)
+            busy = (busy @ busy).tanh()  # the training stream's work
+            got.append(images.sum(dim=(1, 2, 3)))
+    torch.cuda.synchronize()
+    expected = alone.sum(dim=(1, 2, 3))
+    assert all(torch.equal(sums, expected) for sums in got), [
+        int((sums != expected).sum()) for sums in got]
+
+
 def test_prefetching_on_a_side_stream_hands_over_the_batches_it_was_given():
     path = ComputePath(device=CUDA)
 

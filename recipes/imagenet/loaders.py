@@ -205,6 +205,14 @@ def decode_on_gpu(encoded: EncodedImages, device: torch.device, size: int
     from torchvision.io import ImageReadMode, decode_jpeg
 
     files = list(torch.split(encoded.data, encoded.sizes))
+    # torchvision allocates the decoded images on this stream but decodes on a stream of its
+    # own that does not wait for this one (nvJPEG's hardware engine ignores stream order in
+    # any case): memory freed here while queued kernels still read it, such as the previous
+    # batch's crops, can be handed to the decoder and overwritten. Seen as a NaN loss on an
+    # H200 after a few hundred batches. Waiting for this stream's work first closes the gap;
+    # it stalls only the thread that prepares batches, never the training stream.
+    if device.type == "cuda":
+        torch.cuda.current_stream(device).synchronize()
     try:
         images = decode_jpeg(files, mode=ImageReadMode.RGB, device=device)
     except RuntimeError:  # one bad file fails the batch: find it, file by file
