@@ -47,8 +47,8 @@ RATIO = (3 / 4, 4 / 3)  # RandomResizedCrop's aspect-ratio range
 CROP_TRIES = 10
 SCALE_FACTORS = (8, 4, 2)  # libjpeg's power-of-two IDCT scalings (others are slower there)
 # Cores per rank from which loader=auto decodes on the CPU rather than the GPU: ResNet-50 takes
-# about 4,500 images/s in bf16 on an H200; a simplejpeg worker crops 300-340 per core on the
-# slow CI machine (docs/RESULTS.md), more on a server's cores.
+# about 4,500 images/s eager in bf16 on an H200; a simplejpeg worker crops 300-340 per core on
+# the slow CI machine, 269-454 on the H200's (docs/RESULTS.md).
 CPU_DECODE_CORES = 8
 
 
