@@ -58,7 +58,11 @@ def test_killing_the_script_stops_its_hogs():
             command = [int(c.split()[0]) for c in children if c.split()[1] == "sleep"]
         # Each hog leads a session of its own, as another user's job does, so that a kernel
         # that shares the CPU by session (autogroup) sets it against every rank, not only
-        # against the command's own session.
+        # against the command's own session. A hog is listed from its fork on: its setsid()
+        # may still be to come (seen under make coverage, which slows every process).
+        deadline = time.monotonic() + 10
+        while not all(os.getsid(h) == h for h in hogs) and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert all(os.getsid(h) == h for h in hogs) and os.getsid(command[0]) != hogs[0]
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)
