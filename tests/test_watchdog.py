@@ -18,6 +18,7 @@ from runner.checkpoint.preemption import install_stop_handlers, request_stop, st
 from runner.launch.loss_detector import Sensitivity
 from runner.launch.stop_forwarding import ForcedStop, StopForwarding
 from runner.launch.watchdog import (
+    MPIEXEC_END_SLACK_S,
     ExitPoller,
     HeartbeatListener,
     RankWatchdog,
@@ -97,9 +98,24 @@ def test_a_rank_killed_before_mpiexec_is_seen_first(job):
     watchdog, mpiexec, rank = job
     kill(rank)
     dead = first_death(watchdog)
+    time.sleep(MPIEXEC_END_SLACK_S + 0.1)
     kill(mpiexec)
     seen(lambda: watchdog.mpiexec_wakeup is not None, "mpiexec end")
     assert watchdog.mpiexec_ended_first(dead) is False
+
+
+def test_a_rank_seen_dead_just_before_mpiexec_ends_went_down_with_it(job):
+    """A killed mpiexec's proxies take its ranks down as its sockets close, which comes before
+    the kernel reports its own end: a rank seen dead less than MPIEXEC_END_SLACK_S before
+    mpiexec's end, in an earlier wake-up, counts as taken down with it."""
+    watchdog, mpiexec, rank = job
+    kill(rank)
+    dead = first_death(watchdog)
+    kill(mpiexec)
+    seen(lambda: watchdog.mpiexec_wakeup is not None, "mpiexec end")
+    assert dead.wakeup < watchdog.mpiexec_wakeup  # seen in that order
+    gap = watchdog.mpiexec_ended_at - dead.when  # well under the slack unless very loaded
+    assert watchdog.mpiexec_ended_first(dead) is (gap < MPIEXEC_END_SLACK_S), gap
 
 
 def test_without_mpiexec_seen_ending_the_order_is_unknown(job):

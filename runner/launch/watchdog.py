@@ -419,6 +419,13 @@ class ExitPoller:
             self._epoll.close()
 
 
+# A killed mpiexec's sockets close before the kernel reports its end, and its proxies kill
+# the ranks on that EOF: on a loaded machine a rank's death can be seen first, by a few
+# scheduling rounds (seen: kill -9 of mpiexec named as a rank's death in 1 CI run of 4). A
+# rank seen dead less than this before mpiexec's end counts as taken down with it.
+MPIEXEC_END_SLACK_S = 0.5
+
+
 class RankWatchdog:
     """Watches the ranks of one job while it runs (see the module docstring)."""
 
@@ -433,6 +440,7 @@ class RankWatchdog:
         self.pids: dict[int, int] = {}  # rank -> pid, once its pid file appeared (this host)
         self.deaths: list[tuple[float, int, int]] = []  # (time.time(), rank, wake-up), in order
         self.mpiexec_wakeup: int | None = None  # the wake-up that saw mpiexec end
+        self.mpiexec_ended_at: float | None = None  # and its time.time()
         self.wakeups = 0  # of the thread, so far
         self._mpiexec_fd: int | None = None
         self._lock = threading.Lock()
@@ -463,12 +471,14 @@ class RankWatchdog:
             self._mpiexec_fd = None
 
     def mpiexec_ended_first(self, dead: DeadRank) -> bool | None:
-        """Whether mpiexec ended before ``dead`` (or in the same wake-up of the watchdog, so
-        that their order is unknown); None when the watchdog did not see mpiexec end."""
+        """Whether mpiexec ended before ``dead``: in an earlier or the same wake-up of the
+        watchdog (their order is then unknown), or less than MPIEXEC_END_SLACK_S after it; None
+        when the watchdog did not see mpiexec end."""
         with self._lock:
-            if self.mpiexec_wakeup is None or dead.wakeup < 0:
+            if self.mpiexec_wakeup is None or self.mpiexec_ended_at is None or dead.wakeup < 0:
                 return None
-            return self.mpiexec_wakeup <= dead.wakeup
+            return (self.mpiexec_wakeup <= dead.wakeup
+                    or self.mpiexec_ended_at - dead.when < MPIEXEC_END_SLACK_S)
 
     def _watch(self) -> None:
         poller, fds, watched = ExitPoller(), {}, set()
@@ -498,7 +508,7 @@ class RankWatchdog:
                 poller.unregister(fd)
                 if fd == mpiexec_fd:
                     with self._lock:
-                        self.mpiexec_wakeup = wakeup
+                        self.mpiexec_wakeup, self.mpiexec_ended_at = wakeup, time.time()
                 else:
                     self._died(fds[fd], wakeup)
         poller.close()
