@@ -421,7 +421,7 @@ class ExitPoller:
 
 # A killed mpiexec's sockets close before the kernel reports its end, and its proxies kill
 # the ranks on that EOF: on a loaded machine a rank's death can be seen first, by a few
-# scheduling rounds (seen: kill -9 of mpiexec named as a rank's death in 1 CI run of 4). A
+# scheduling rounds (seen: kill -9 of mpiexec named as a rank's death once in 5 suite runs). A
 # rank seen dead less than this before mpiexec's end counts as taken down with it.
 MPIEXEC_END_SLACK_S = 0.5
 
