@@ -287,7 +287,8 @@ def test_an_elastic_job_goes_on_without_the_learners_behind_a_cut_link(lab_overr
     proc = start(["recipe=digit_images", f"algo={algo}", "launcher.nprocs=4",
                   "launcher.procs_per_node=2", "launcher.elastic=true", "launcher.spares=2",
                   "launcher.link_timeout_s=5", *AFTER_A_LOSS, "trainer.epochs=3",
-                  "trainer.progress=false", "faults.delay_s=0.05", *lab_overrides, f"hydra.run.dir={run_dir}"], tmp_path)
+                  "trainer.progress=false", "faults.delay_s=0.05", *lab_overrides,
+                  f"hydra.run.dir={run_dir}"], tmp_path)
     try:
         wait_for_an_evaluation(run_dir, proc)
         cut = time.time()
