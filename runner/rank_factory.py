@@ -229,7 +229,9 @@ def serve(run_dir: str, load: Callable[[], None]) -> None:
                 _, status = os.waitpid(rank.pid, 0)
                 _answer(rank.stand_in, {"status": status})
                 rank.close(events)
-            else:  # the stand-in sends nothing after its request: it is gone (kill -9)
+            elif key.data in ranks:  # the stand-in sends nothing after its request: gone
+                # (A rank reaped above in this same batch closed its stand-in's socket too:
+                # unwatching that again killed the suite's shared factory once.)
                 events.unregister(key.fileobj)
                 # Its rank may be stopped (SIGSTOP), where its own watch cannot run.
                 with contextlib.suppress(ProcessLookupError):
