@@ -285,18 +285,12 @@ def test_the_gpu_loader_gives_the_same_pixels_batch_after_batch_while_the_gpu_is
     the wait before nvJPEG decodes (recipes/imagenet/loaders.py, decode_on_gpu), the decoder
     could be handed memory the previous batch's crops still read: a ResNet-50 benchmark from
     JPEG files on an H200 reached a NaN loss."""
-    from test_imagenet_loaders import SIZE, loads, recipe_for
-
-    from recipes.imagenet.data import EncodedImage
-    from recipes.imagenet.loaders import EncodedTrain
+    from test_imagenet_loaders import encoded_batch, recipe_for
 
     write_fake_imagenet(tmp_path, classes=2, train_per_class=16, val_per_class=1, size=500,
                         photos=True)
-    photos = sorted((tmp_path / "train").rglob("*.JPEG"))
-    items = loads(EncodedTrain(SIZE, 0.08, fallback=None), photos)
-    assert all(isinstance(item, EncodedImage) for item in items)
+    batch = encoded_batch(sorted((tmp_path / "train").rglob("*.JPEG")))
     recipe = recipe_for("gpu")
-    batch = recipe.collate([(item, 0) for item in items])
     alone = recipe.to_device(batch, CUDA, torch.float32)[0]
     torch.cuda.synchronize()
     path, busy = ComputePath(device=CUDA), torch.randn(4096, 4096, device=CUDA)

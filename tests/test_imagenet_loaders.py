@@ -61,12 +61,17 @@ def loads(load, paths, seed=0):
     return [load(str(p)) for p in paths]
 
 
+def encoded_batch(paths, seed=0):
+    """The gpu loader's first half: the workers' EncodedTrain items, collated into a batch."""
+    items = loads(EncodedTrain(SIZE, 0.08, fallback=None), paths, seed)
+    assert all(isinstance(item, EncodedImage) for item in items)
+    return recipe_for("gpu").collate([(item, 0) for item in items])
+
+
 def gpu_path_on(device, paths, seed=0):
     """The gpu loader's two halves: the worker's EncodedTrain, then the batch's decode, crop
     and resize on ``device`` (the recipe's to_device)."""
-    items = loads(EncodedTrain(SIZE, 0.08, fallback=None), paths, seed)
-    assert all(isinstance(item, EncodedImage) for item in items)
-    batch = recipe_for("pil").collate([(item, 0) for item in items])
+    batch = encoded_batch(paths, seed)
     images, failed = decode_on_gpu(batch.encoded, torch.device(device), SIZE)
     assert failed == []
     return images.cpu()
