@@ -122,8 +122,35 @@ def measure_one_worker(root: Path, loader: str, args: argparse.Namespace) -> dic
             recipe.to_device(batch, device, torch.float32)
         sync(device)
         row["device_images_per_s"] = 3 * args.batch_size / (time.perf_counter() - started)
+        row.update(device_parts(batch.encoded, device, args.image_size))
     row["images_per_s_per_worker"] = row["images_per_s"]
     return row
+
+
+def device_parts(encoded: Any, device: torch.device, size: int, repeats: int = 5
+                 ) -> dict[str, float]:
+    """The gpu loader's two device parts timed apart, images/s each: nvJPEG's decode of the
+    batch, and the crops' resampling (recipes/imagenet/loaders.py, resized_crops)."""
+    from torchvision.io import ImageReadMode, decode_jpeg
+
+    from recipes.imagenet.loaders import resized_crops
+
+    files = list(torch.split(encoded.data, encoded.sizes))
+
+    def rate(work: Any) -> tuple[float, Any]:
+        result = work()
+        sync(device)
+        started = time.perf_counter()
+        for _ in range(repeats):
+            result = work()
+        sync(device)
+        return repeats * len(files) / (time.perf_counter() - started), result
+
+    decode_rate, images = rate(lambda: decode_jpeg(files, mode=ImageReadMode.RGB, device=device))
+    resample_rate, _ = rate(lambda: resized_crops(images, encoded.boxes, encoded.flips, size,
+                                                  torch.float16))
+    return {"device_decode_images_per_s": decode_rate,
+            "device_resample_images_per_s": resample_rate}
 
 
 def measure_all(root: Path, loader: str, workers: int, args: argparse.Namespace) -> dict:
@@ -175,7 +202,9 @@ def main(argv: list[str] | None = None) -> None:
                 row = (measure_one_worker(root, loader, args) if count == 1
                        else measure_all(root, loader, count, args))
                 rows.append(row)
-                device_part = (f"; the GPU's part {row['device_images_per_s']:.0f} img/s"
+                device_part = (f"; the GPU's part {row['device_images_per_s']:.0f} img/s: "
+                               f"decode {row['device_decode_images_per_s']:.0f}, resample "
+                               f"{row['device_resample_images_per_s']:.0f} apart"
                                if "device_images_per_s" in row else "")
                 print(f"{loader:>10} x {count:2d} workers: {row['images_per_s']:8.1f} img/s "
                       f"({row['images_per_s_per_worker']:.1f} per worker{device_part})",

@@ -130,10 +130,10 @@ if [[ " $PARTS " == *" bench "* ]]; then  # last: compilation alone takes about 
 fi
 if [[ " $PARTS " == *" input "* ]]; then
     # ImageNet from JPEG files (docs/RESULTS.md, "ImageNet from JPEG files"), in the order of
-    # what a short lease must not miss: ResNet-50 end to end from the files against the
-    # synthetic batch, eager then compiled (the second compile of the same graph reads the
-    # first one's cache); the input pipeline alone; AD-PSGD and H-ADPSGD ranks sharing the GPU;
-    # the loaders' GPU tests; the other loaders end to end.
+    # what a short lease must not miss: ResNet-50 end to end from the files with the gpu
+    # loader against the synthetic batch, eager then compiled (the second compile of the same
+    # graph reads the first one's cache); the loaders' GPU tests; the input pipeline alone;
+    # H-ADPSGD ranks sharing the GPU; simplejpeg workers end to end; AD-PSGD ranks; Pillow.
     JPEGS=$(mktemp -d)/photos
     CORES=$(nproc)
     step make-jpegs "$BIN/adpsgd-imagenet" fake "$JPEGS" --photos --size 500 --classes 10 \
@@ -149,26 +149,28 @@ if [[ " $PARTS " == *" input "* ]]; then
     JPEG_STEPS=$(( 20 * CORES ))
     JPEG=(--data "$JPEGS" --workers "$CORES" --steps "$JPEG_STEPS")
     e2e synthetic
-    e2e jpeg_auto "${JPEG[@]}" --loader auto
+    e2e jpeg_gpu "${JPEG[@]}" --loader gpu
     e2e synthetic_compile --compile
-    e2e jpeg_auto_compile "${JPEG[@]}" --loader auto --compile
+    e2e jpeg_gpu_compile "${JPEG[@]}" --loader gpu --compile
+    step input-tests "$PY" -m pytest -m gpu -rs -v -p no:cacheprovider tests/test_gpu.py \
+        -k "loader or prefetch" --junitxml "$OUT_DIR/gpu_tests_input.xml"
     step input-1-worker "$PY" benchmarks/bench_imagenet_input.py --data "$JPEGS" --workers 1 \
         --json "$OUT_DIR/imagenet_input_1_worker.json"
     step input-all-cores "$PY" benchmarks/bench_imagenet_input.py --data "$JPEGS" \
         --workers "$CORES" --json "$OUT_DIR/imagenet_input_all_cores.json"
     # Ranks sharing the one GPU, from the JPEG files (recipe.loader=auto), three epochs each.
     RUNS=$(mktemp -d)
-    for run in "adpsgd 2 2" "hadpsgd 4 2"; do
-        read -r algo n per_node <<<"$run"
-        step "imagenet-jpeg-$algo-$n" "$BIN/adpsgd-run" recipe=imagenet "recipe.data.root=$JPEGS" \
-            algo=$algo launcher.nprocs=$n launcher.procs_per_node=$per_node \
+    ranks() {  # ranks ALGO NPROCS PROCS_PER_NODE
+        step "imagenet-jpeg-$1-$2" "$BIN/adpsgd-run" recipe=imagenet "recipe.data.root=$JPEGS" \
+            algo=$1 launcher.nprocs=$2 launcher.procs_per_node=$3 \
             trainer.device=cuda trainer.epochs=3 trainer.batch_size=128 \
-            trainer.num_workers=$(( CORES / n - 1 )) "hydra.run.dir=$RUNS/$algo-$n"
-        cp "$RUNS/$algo-$n/summary.json" "$OUT_DIR/run_imagenet_jpeg_${algo}_$n.json" 2>/dev/null
-    done
-    step input-tests "$PY" -m pytest -m gpu -rs -v -p no:cacheprovider tests/test_gpu.py \
-        -k "loader or prefetch" --junitxml "$OUT_DIR/gpu_tests_input.xml"
-    e2e jpeg_gpu "${JPEG[@]}" --loader gpu
+            trainer.num_workers=$(( CORES / $2 - 1 )) "hydra.run.dir=$RUNS/$1-$2"
+        cp "$RUNS/$1-$2/summary.json" "$OUT_DIR/run_imagenet_jpeg_$1_$2.json" 2>/dev/null
+    }
+    ranks hadpsgd 4 2
+    e2e jpeg_simplejpeg_compile "${JPEG[@]}" --loader simplejpeg --compile
+    e2e jpeg_simplejpeg "${JPEG[@]}" --loader simplejpeg
+    ranks adpsgd 2 2
     e2e jpeg_gpu_no_prefetch "${JPEG[@]}" --loader gpu --no-prefetch
     e2e jpeg_pil "${JPEG[@]}" --loader pil
     rm -rf "$RUNS" "$(dirname "$JPEGS")"

@@ -77,3 +77,20 @@ def test_the_input_benchmark_measures_each_cpu_loader_and_says_why_gpu_is_left_o
     assert rows["pil", 2]["batches"] == 8  # at least 4 batches per worker
     assert result["skipped"] == ["gpu: no CUDA GPU visible here"]
     assert result["files"] == 20 and 10 < result["mean_file_kb"] < 200
+
+
+def test_the_gpu_loaders_two_device_parts_are_timed_apart_here_on_the_cpu(tmp_path):
+    """What the input benchmark times of the gpu loader on a GPU (nvJPEG's decode, then the
+    batched resample), run through the CPU's decode so that the code is exercised here."""
+    import torch
+    from test_imagenet_loaders import encoded_batch
+
+    from recipes.imagenet.synthetic import write_fake_imagenet
+
+    write_fake_imagenet(tmp_path, classes=2, train_per_class=4, val_per_class=1, size=120,
+                        photos=True)
+    batch = encoded_batch(sorted((tmp_path / "train").rglob("*.JPEG")))
+    parts = load_bench("bench_imagenet_input").device_parts(batch.encoded, torch.device("cpu"),
+                                                            64, repeats=1)
+    assert set(parts) == {"device_decode_images_per_s", "device_resample_images_per_s"}
+    assert all(rate > 0 for rate in parts.values())

@@ -265,9 +265,9 @@ def test_bfloat16_exchange_from_gpu_models_trains_on_fewer_bytes(algo, tmp_path)
 def test_gpu_loader_decodes_crops_and_flips_on_the_gpu_as_on_the_cpu(tmp_path):
     """recipe.loader=gpu: nvJPEG's decode and the crop on the device give the CPU path's pixels
     (the same file, box and flip), and an undecodable file is still named."""
-    from test_imagenet_loaders import gpu_path_on
+    from test_imagenet_loaders import gpu_path_on, random_crops
 
-    from recipes.imagenet.loaders import resolve_loader
+    from recipes.imagenet.loaders import resized_crops, resolve_loader
 
     write_fake_imagenet(tmp_path, classes=2, train_per_class=6, val_per_class=1, size=320,
                         photos=True)
@@ -276,12 +276,18 @@ def test_gpu_loader_decodes_crops_and_flips_on_the_gpu_as_on_the_cpu(tmp_path):
     # nvJPEG's IDCT and chroma upsampling are not libjpeg's: a few grey levels on these noisy
     # photos, against > 30 for another crop or the other flip (tests/test_imagenet_loaders.py).
     assert (on_gpu - on_cpu).abs().mean(dim=(1, 2, 3)).max() < 6
+    # The batch's resampling on the device (float16 products) is the CPU's (float32) alone.
+    images, boxes, flips = random_crops(16, seed=1)
+    on_cpu = resized_crops(images, boxes, flips, 64)
+    on_gpu = resized_crops([image.to(CUDA) for image in images], boxes, flips, 64, torch.float16)
+    assert (on_gpu.cpu() - on_cpu).abs().max() < 0.25
     assert resolve_loader("auto", CUDA, ranks_on_host=1000) == "gpu"  # too few cores each
 
 
 def test_the_gpu_loader_gives_the_same_pixels_batch_after_batch_while_the_gpu_is_busy(tmp_path):
     """The same batch of files, prepared 60 times a batch ahead on the prefetch thread's stream
-    while the training stream is kept busy, gives the pixels it gives alone every time. Without
+    while the training stream is kept busy, gives the pixels it gives alone every time (to
+    rounding). Without
     the wait before nvJPEG decodes (recipes/imagenet/loaders.py, decode_on_gpu), the decoder
     could be handed memory the previous batch's crops still read: a ResNet-50 benchmark from
     JPEG files on an H200 reached a NaN loss."""
@@ -299,11 +305,12 @@ def test_the_gpu_loader_gives_the_same_pixels_batch_after_batch_while_the_gpu_is
         for each in stream:
             images, _ = path.batch(recipe, each)
             busy = (busy @ busy).tanh()  # the training stream's work
-            got.append(images.sum(dim=(1, 2, 3)))
+            got.append((images - alone).abs().amax(dim=(1, 2, 3)))
     torch.cuda.synchronize()
-    expected = alone.sum(dim=(1, 2, 3))
-    assert all(torch.equal(sums, expected) for sums in got), [
-        int((sums != expected).sum()) for sums in got]
+    # cuBLAS may pick another algorithm on another stream (rounding); a raced buffer is garbage.
+    # 0.01 after normalisation is about half a grey level.
+    worst = torch.stack(got).amax(dim=1)
+    assert (worst < 0.01).all(), worst.tolist()
 
 
 def test_prefetching_on_a_side_stream_hands_over_the_batches_it_was_given():

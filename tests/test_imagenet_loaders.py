@@ -15,10 +15,13 @@ from PIL import Image
 
 from recipes.imagenet.data import BadImage, EncodedImage, PillowImage, train_transform
 from recipes.imagenet.loaders import (
+    CANVAS_SIDE,
+    CropBox,
     EncodedTrain,
     SimpleJpegTrain,
     crop_box,
     decode_on_gpu,
+    resized_crops,
     resolve_loader,
 )
 from recipes.imagenet.recipe import ImageNet, ImageNetConfig
@@ -94,6 +97,47 @@ def test_every_loader_gives_pillows_crops_from_the_same_seed(photos):
     # Another crop, or the other flip, of the same photos differs by far more.
     assert per_image(pil.roll(1, 0), pil).min() > 30
     assert per_image(pil.flip(-1), pil).min() > 30
+
+
+def random_crops(count, seed):
+    """uint8 images of random sizes, a random box in each (some smaller than the output, so
+    upsampled), every other one flipped."""
+    generator = torch.Generator().manual_seed(seed)
+
+    def draw(low, high):
+        return int(torch.randint(low, high + 1, (1,), generator=generator))
+
+    images, boxes = [], []
+    for _ in range(count):
+        height, width = draw(8, 300), draw(8, 300)
+        images.append(torch.randint(0, 256, (3, height, width), dtype=torch.uint8,
+                                    generator=generator))
+        box_height, box_width = draw(1, height), draw(1, width)
+        boxes.append(CropBox(draw(0, height - box_height), draw(0, width - box_width),
+                             box_height, box_width))
+    return images, boxes, [k % 2 == 1 for k in range(count)]
+
+
+@pytest.mark.parametrize("canvas_side", [CANVAS_SIDE, 200, 0])
+def test_the_batched_resize_is_torchs_antialiased_bilinear_crop_by_crop(canvas_side):
+    """The gpu loader's resampling of a whole batch (two matrix products over a padded canvas;
+    crops over canvas_side one by one) gives each crop what interpolate(antialias=True) gives
+    it alone, flipped where drawn: in float32 to rounding, in float16 (the GPU's) within a
+    quarter of a grey level."""
+    images, boxes, flips = random_crops(16, seed=canvas_side % 7)
+    expected = []
+    for image, box, flip in zip(images, boxes, flips):
+        crop = image[:, box.top:box.top + box.height, box.left:box.left + box.width]
+        alone = torch.nn.functional.interpolate(crop[None].float(), size=(SIZE, SIZE),
+                                                mode="bilinear", antialias=True)[0]
+        expected.append(alone.flip(-1) if flip else alone)
+    expected = torch.stack(expected)
+    batched = resized_crops(images, boxes, flips, SIZE, canvas_side=canvas_side)
+    assert batched.dtype == torch.float32 and batched.shape == (16, 3, SIZE, SIZE)
+    assert (batched - expected).abs().max() < 1e-3
+    half = resized_crops(images, boxes, flips, SIZE, torch.float16, canvas_side=canvas_side)
+    assert (half - expected).abs().max() < 0.25
+    assert (batched.flip(-1) - expected).abs().mean() > 10  # a flip is not a rounding
 
 
 def test_simplejpeg_decodes_a_large_photo_at_a_reduced_scale_with_the_same_content(tmp_path):
@@ -189,7 +233,6 @@ def test_a_jpeg_in_memory_decodes_the_same_through_the_gpu_path_on_a_cpu():
     Image.fromarray(rgb).save(buffer, "JPEG", quality=95)
     data = torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8)
     from recipes.imagenet.data import pack_encoded
-    from recipes.imagenet.loaders import CropBox
 
     whole = CropBox(0, 0, rgb.shape[0], rgb.shape[1])
     packed = pack_encoded([EncodedImage("mem", data, whole, False),

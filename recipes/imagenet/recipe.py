@@ -192,7 +192,7 @@ class ImageNet(Recipe):
             decoded, failed = decode_on_gpu(batch.encoded, device, self.cfg.image_size)
             for index, reason in failed:
                 self._undecodable(BadImage(batch.encoded.paths[index], reason))
-            images = torch.cat([images.float(), decoded])
+            images = torch.cat([images.float(), decoded]) if len(images) else decoded
             if failed:
                 keep = torch.ones(len(labels), dtype=torch.bool)
                 keep[[len(batch.images) + index for index, _ in failed]] = False
