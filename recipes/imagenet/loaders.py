@@ -237,7 +237,7 @@ ALIGN = 8  # the canvas's sides are padded to a multiple of this: float16 produc
 
 
 def resized_crops(images: list[torch.Tensor], boxes: list[CropBox], flips: list[bool],
-                  size: int, dtype: torch.dtype = torch.float32,
+                  size: int, dtype: torch.dtype | None = None,
                   canvas_side: int = CANVAS_SIDE) -> torch.Tensor:
     """Each uint8 3 x H x W image's box resized to ``size`` x ``size`` by torch's antialiased
     bilinear filter (``interpolate(..., antialias=True)``'s weights), flipped where asked:
@@ -246,11 +246,11 @@ def resized_crops(images: list[torch.Tensor], boxes: list[CropBox], flips: list[
     The filter is separable, so each crop's resampling is two matrix products, columns then
     rows, with the filter's weights as matrices (zero outside the box; a flip reverses the
     column matrix's rows). The batch's images are padded into one canvas (a nested tensor's
-    padding: no Python per image) and resampled by two batched products in ``dtype``: a few
-    kernels and no per-image Python for the batch, where a loop over the images held the
-    interpreter long enough to slow the training step beside it. float16 (the GPU's choice)
-    holds every grey level exactly and the weights to 2^-11: its pixels are within a quarter
-    of a grey level of float32's."""
+    padding: no Python per image) and resampled by two batched products in ``dtype``
+    (float32 unless given): a few kernels for the batch, where a crop, resize and flip per
+    image took more of the training step beside it (docs/RESULTS.md). float16 (the GPU's
+    choice) holds every grey level exactly and the weights to 2^-11: its pixels are within a
+    quarter of a grey level of float32's."""
     out = torch.empty((len(images), 3, size, size), dtype=torch.float32,
                       device=images[0].device if images else "cpu")
     together = [i for i, image in enumerate(images) if max(image.shape[1:]) <= canvas_side]
@@ -262,7 +262,7 @@ def resized_crops(images: list[torch.Tensor], boxes: list[CropBox], flips: list[
         out[i] = resized.flip(-1) if flips[i] else resized
     if not together:
         return out
-    device, count = out.device, len(together)
+    device, count, dtype = out.device, len(together), dtype or torch.float32
     group = [images[i] for i in together]
     height = -(-max(image.shape[1] for image in group) // ALIGN) * ALIGN
     width = -(-max(image.shape[2] for image in group) // ALIGN) * ALIGN
