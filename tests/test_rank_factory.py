@@ -380,3 +380,45 @@ def test_a_script_run_warm_sees_what_it_sees_run_cold_and_ends_as_it_ends(tmp_pa
     assert not_a_script.returncode == 2 and "runner.warm_script: no such file: -c; usage" in \
         not_a_script.stderr, not_a_script.stderr
     assert (tmp_path / "factory.log").read_text() == ""
+
+
+def test_a_rank_and_its_stand_in_ending_at_one_instant_leave_the_factory_serving(tmp_path):
+    """A rank ends and its stand-in is killed while the factory is stopped, so that it sees
+    both at once: it reaps the rank (which closes the stand-in's socket) and lets the stand-in
+    go, and forks the next stand-in's rank. Once it unwatched the socket the reaping had closed
+    and died: every later rank of the suite's shared factory started cold."""
+    script = tmp_path / "until_go.py"
+    script.write_text("import os, sys, time\nfrom pathlib import Path\n"
+                      "here = Path(sys.argv[1])\n(here / 'pid').write_text(str(os.getpid()))\n"
+                      "while not (here / 'go').exists():\n    time.sleep(0.01)\n")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+    def stand_in(address: str) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-m", "runner.warm_script", str(script),
+                                 str(tmp_path)], env={**env, FACTORY_ADDRESS: address},
+                                cwd=tmp_path)
+
+    def rank_of(proc: subprocess.Popen) -> int:
+        wait_for(lambda: (tmp_path / "pid").exists() and (tmp_path / "pid").read_text(),
+                 "the rank never started", timeout_s=60)
+        pid = int((tmp_path / "pid").read_text())
+        (tmp_path / "pid").unlink()
+        return pid
+
+    with rank_factory("scripts", tmp_path / "factory.log", env) as factory:
+        first = stand_in(factory.address)
+        rank = rank_of(first)
+        assert rank != first.pid  # a fork of the factory
+        os.kill(factory.pid, signal.SIGSTOP)
+        try:
+            (tmp_path / "go").touch()
+            wait_for(lambda: not alive(rank), "the rank did not end", timeout_s=30)
+            first.kill()
+            first.wait(timeout=30)
+        finally:
+            os.kill(factory.pid, signal.SIGCONT)
+        second = stand_in(factory.address)
+        second_rank = rank_of(second)
+        assert second.wait(timeout=60) == 0
+        assert second_rank != second.pid and alive(factory.pid)
+    assert (tmp_path / "factory.log").read_text() == ""
