@@ -50,7 +50,7 @@ if str(REPO) not in sys.path:  # run as a file from anywhere: this checkout's be
     sys.path.insert(0, str(REPO))
 
 from benchmarks.bench_imagenet_input import input_batches, make_photos  # noqa: E402
-from benchmarks.harness import cpu_model, time_training_steps  # noqa: E402
+from benchmarks.harness import PROFILED_STEPS, cpu_model, time_training_steps  # noqa: E402
 
 FULL = {"arch": "resnet50", "image_size": 224, "batch_size": 256, "warmup": 10, "steps": 40}
 QUICK = {"arch": "resnet18", "image_size": 32, "batch_size": 8, "warmup": 1, "steps": 3}
@@ -77,6 +77,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--data", type=Path, help="train from this ImageFolder's JPEGs")
     p.add_argument("--make", type=int, help="train from this many generated photo-like JPEGs")
     p.add_argument("--loader", default="auto", help="recipe.loader for --data/--make")
+    p.add_argument("--gpu-share", type=float,
+                   help="recipe.gpu_share for --loader hybrid (default: the recipe's)")
+    p.add_argument("--profile", type=Path,
+                   help=f"after the timed steps, {PROFILED_STEPS} more under torch's profiler: "
+                   "its table of operators by device time to this file")
     p.add_argument("--workers", type=int, default=os.cpu_count(),
                    help="loader workers for --data/--make (default: one per core)")
     p.add_argument("--prefetch", action=argparse.BooleanOptionalAction, default=None,
@@ -88,6 +93,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for key, value in (QUICK if args.quick else FULL).items():
         if getattr(args, key) is None:
             setattr(args, key, value)
+    if args.gpu_share is not None and args.loader != "hybrid":
+        p.error("--gpu-share is the hybrid loader's: add --loader hybrid")
     if min(args.batch_size, args.steps, args.image_size) < 1 or args.warmup < 0:
         p.error("--batch-size, --steps and --image-size must be >= 1, --warmup >= 0")
     return args
@@ -128,13 +135,15 @@ def benchmark(args: argparse.Namespace) -> dict:
             queue = max(1, args.workers)
             args.steps = max(args.steps, 10 * queue)
             recipe, data = input_batches(root, args.loader, args.image_size, args.batch_size,
-                                         args.warmup + args.steps, args.workers, device,
-                                         prefetch_factor=1)
+                                         args.warmup + args.steps
+                                         + (PROFILED_STEPS if args.profile else 0),
+                                         args.workers, device, prefetch_factor=1,
+                                         gpu_share=args.gpu_share)
             prefetch = use_cuda if args.prefetch is None else args.prefetch
             stream = stack.enter_context(path.batches(recipe, iter(data), prefetch))
             host_batch = functools.partial(next, stream)
         timed = time_training_steps(model, recipe, path, optimizer, host_batch, args.warmup,
-                                    args.steps)
+                                    args.steps, profile=args.profile)
     elapsed = timed.seconds
     result = {
         "images_per_s": args.batch_size * args.steps / elapsed,
@@ -160,6 +169,7 @@ def benchmark(args: argparse.Namespace) -> dict:
                  if jpegs else
                  "synthetic uint8 batch in pinned host memory, copied to the device each step"),
         "loader": recipe.loader if jpegs else None,
+        "gpu_share": recipe.cfg.gpu_share if jpegs and recipe.loader == "hybrid" else None,
         # JPEG files: the workers may have decoded this many batches ahead during the warm-up,
         # and the rate as if they had not counted.
         "loader_queue_batches": queue if jpegs else None,

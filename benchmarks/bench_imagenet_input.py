@@ -71,12 +71,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def input_batches(root: Path, loader: str, image_size: int, batch_size: int, batches: int,
-                  workers: int, device: torch.device, prefetch_factor: int = 2
-                  ) -> tuple[ImageNet, Any]:
+                  workers: int, device: torch.device, prefetch_factor: int = 2,
+                  gpu_share: float | None = None) -> tuple[ImageNet, Any]:
     """The recipe (its loader made concrete for ``device``) and a DataLoader of ``batches``
     random batches of its training set (drawn with replacement, so a small folder serves any
     number), as the trainer's loader makes them: the recipe's collate, pinned on a GPU."""
-    recipe = recipe_for(root, loader, image_size, device)
+    recipe = recipe_for(root, loader, image_size, device, gpu_share)
     train, _ = recipe.datasets()
     sampler = torch.utils.data.RandomSampler(range(len(train)), replacement=True,
                                              num_samples=batches * batch_size)
@@ -87,8 +87,11 @@ def input_batches(root: Path, loader: str, image_size: int, batch_size: int, bat
     return recipe, data
 
 
-def recipe_for(root: Path, loader: str, image_size: int, device: torch.device) -> ImageNet:
+def recipe_for(root: Path, loader: str, image_size: int, device: torch.device,
+               gpu_share: float | None = None) -> ImageNet:
     cfg = OmegaConf.structured(ImageNetConfig(loader=loader, image_size=image_size))
+    if gpu_share is not None:
+        cfg.gpu_share = gpu_share
     cfg.data.root = str(root)
     recipe = ImageNet(cfg)
     recipe.place(device)

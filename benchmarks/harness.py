@@ -180,16 +180,22 @@ class TimedSteps:
     peak_memory_gib: float | None  # CUDA only: the most the timed steps held
 
 
+PROFILED_STEPS = 10  # time_training_steps(profile=...): steps under torch's profiler
+
+
 def time_training_steps(model: Any, recipe: Any, path: Any, optimizer: Any, host_batch: Any,
                         warmup: int, steps: int,
-                        clip_grad_norm: float | None = None) -> TimedSteps:
+                        clip_grad_norm: float | None = None,
+                        profile: Path | None = None) -> TimedSteps:
     """The benchmarks' training step, as the trainer takes it on one rank: the host batch to
     the device (``path``: runner.train.compute_path.ComputePath), forward under autocast, backward,
     gradient clipping where the recipe clips (``optim.clip_grad_norm``), optimizer step.
     ``host_batch`` is one batch used every step, or a callable giving each step's batch.
     ``warmup`` untimed steps first (compilation, cuDNN autotuning, allocator), then ``steps``
     timed ones; CUDA launches are asynchronous, so the device is synchronised at both ends of
-    each interval."""
+    each interval. ``profile``: after the timed steps, ``PROFILED_STEPS`` more under torch's
+    profiler (every thread's kernels on the device, a prefetching thread's too), its table of
+    operators by their own device time (CPU time without a GPU) written to this file."""
     import torch
 
     cuda = path.device.type == "cuda"
@@ -222,6 +228,17 @@ def time_training_steps(model: Any, recipe: Any, path: Any, optimizer: Any, host
     sync()
     seconds = time.perf_counter() - started
     peak = torch.cuda.max_memory_allocated(path.device) / 2**30 if cuda else None
+    if profile is not None:
+        from torch.profiler import ProfilerActivity
+        from torch.profiler import profile as profiler
+
+        activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]
+        with profiler(activities=activities) as profiled:
+            for _ in range(PROFILED_STEPS):
+                step()
+            sync()
+        profile.write_text(profiled.key_averages().table(
+            sort_by="self_cuda_time_total" if cuda else "self_cpu_time_total", row_limit=40))
     return TimedSteps(seconds, warmup_s, float(loss.detach()), peak)
 
 

@@ -130,10 +130,11 @@ if [[ " $PARTS " == *" bench "* ]]; then  # last: compilation alone takes about 
 fi
 if [[ " $PARTS " == *" input "* ]]; then
     # ImageNet from JPEG files (docs/RESULTS.md, "ImageNet from JPEG files"), in the order of
-    # what a short lease must not miss: ResNet-50 end to end from the files with the gpu
-    # loader against the synthetic batch, eager then compiled (the second compile of the same
-    # graph reads the first one's cache); the loaders' GPU tests; the input pipeline alone;
-    # H-ADPSGD ranks sharing the GPU; simplejpeg workers end to end; AD-PSGD ranks; Pillow.
+    # what a short lease must not miss: the synthetic batch, eager and compiled (the
+    # reference); compiled from the files with the hybrid loader at three GPU shares, then
+    # eager; the gpu and simplejpeg loaders compiled with the profiler's table of where the
+    # device time went; the loaders' GPU tests; the input pipeline alone; ranks sharing the
+    # GPU; the other loaders. A second compile of the same graph reads the first one's cache.
     JPEGS=$(mktemp -d)/photos
     CORES=$(nproc)
     step make-jpegs "$BIN/adpsgd-imagenet" fake "$JPEGS" --photos --size 500 --classes 10 \
@@ -149,9 +150,15 @@ if [[ " $PARTS " == *" input "* ]]; then
     JPEG_STEPS=$(( 20 * CORES ))
     JPEG=(--data "$JPEGS" --workers "$CORES" --steps "$JPEG_STEPS")
     e2e synthetic
-    e2e jpeg_gpu "${JPEG[@]}" --loader gpu
     e2e synthetic_compile --compile
-    e2e jpeg_gpu_compile "${JPEG[@]}" --loader gpu --compile
+    e2e jpeg_hybrid20_compile "${JPEG[@]}" --loader hybrid --gpu-share 0.2 --compile
+    e2e jpeg_hybrid30_compile "${JPEG[@]}" --loader hybrid --gpu-share 0.3 --compile
+    e2e jpeg_hybrid40_compile "${JPEG[@]}" --loader hybrid --gpu-share 0.4 --compile
+    e2e jpeg_hybrid30 "${JPEG[@]}" --loader hybrid --gpu-share 0.3
+    e2e jpeg_gpu_compile "${JPEG[@]}" --loader gpu --compile \
+        --profile "$OUT_DIR/profile_jpeg_gpu_compile.txt"
+    e2e jpeg_simplejpeg_compile "${JPEG[@]}" --loader simplejpeg --compile \
+        --profile "$OUT_DIR/profile_jpeg_simplejpeg_compile.txt"
     step input-tests "$PY" -m pytest -m gpu -rs -v -p no:cacheprovider tests/test_gpu.py \
         -k "loader or prefetch" --junitxml "$OUT_DIR/gpu_tests_input.xml"
     step input-1-worker "$PY" benchmarks/bench_imagenet_input.py --data "$JPEGS" --workers 1 \
@@ -168,7 +175,7 @@ if [[ " $PARTS " == *" input "* ]]; then
         cp "$RUNS/$1-$2/summary.json" "$OUT_DIR/run_imagenet_jpeg_$1_$2.json" 2>/dev/null
     }
     ranks hadpsgd 4 2
-    e2e jpeg_simplejpeg_compile "${JPEG[@]}" --loader simplejpeg --compile
+    e2e jpeg_gpu "${JPEG[@]}" --loader gpu
     e2e jpeg_simplejpeg "${JPEG[@]}" --loader simplejpeg
     ranks adpsgd 2 2
     e2e jpeg_gpu_no_prefetch "${JPEG[@]}" --loader gpu --no-prefetch

@@ -52,16 +52,20 @@ def test_training_from_jpeg_files_records_the_loader_and_a_lower_bound(tmp_path,
 
     write_fake_imagenet(tmp_path / "photos", classes=2, train_per_class=8, val_per_class=1,
                         size=120, photos=True)
-    out = tmp_path / "bench.json"
+    out, profile = tmp_path / "bench.json", tmp_path / "profile.txt"
     load_bench().main(["--quick", "--image-size", "16", "--batch-size", "4", "--steps", "2",
                        "--data", str(tmp_path / "photos"), "--loader", "pil", "--workers", "1",
-                       "--json", str(out)])
+                       "--json", str(out), "--profile", str(profile)])
     result = json.loads(out.read_text())
     # One worker may hold one batch ready: at least 10 timed steps per such batch.
     assert result["loader"] == "pil" and result["loader_queue_batches"] == 1
     assert result["steps"] == 10 and "recipe.loader=pil" in result["data"]
     assert 0 < result["images_per_s_lower_bound"] == pytest.approx(
         result["images_per_s"] * 9 / 10)
+    assert result["gpu_share"] is None  # the hybrid loader's alone
+    # 10 more steps under torch's profiler (from batches of their own): operators by time.
+    table = profile.read_text()
+    assert "Self CPU" in table and "aten::convolution" in table, table[:2000]
 
 
 @pytest.mark.slow

@@ -328,13 +328,14 @@ def test_prefetching_on_a_side_stream_hands_over_the_batches_it_was_given():
     assert [float(g[0]) for g in got] == [512.0 * k * k for k in range(8)]
 
 
-def test_imagenet_trains_from_jpegs_with_the_gpu_loader(tmp_path):
+@pytest.mark.parametrize("loader", ["gpu", "hybrid"])
+def test_imagenet_trains_from_jpegs_with_the_gpu_loader(tmp_path, loader):
     root = tmp_path / "photos"
     write_fake_imagenet(root, classes=CLASSES, train_per_class=12, val_per_class=2, size=160,
                         photos=True)
     run_dir = tmp_path / "run"
-    run_cli([*IMAGENET, f"recipe.data.root={root}", "recipe.loader=gpu", "algo=adpsgd",
+    run_cli([*IMAGENET, f"recipe.data.root={root}", f"recipe.loader={loader}", "algo=adpsgd",
              "launcher.nprocs=2", "trainer.device=cuda", "trainer.num_workers=2",
              f"hydra.run.dir={run_dir}"], cwd=tmp_path)
     _, summary = read_run(run_dir)
-    assert summary["status"] == "completed" and summary["loader"] == "gpu"
+    assert summary["status"] == "completed" and summary["loader"] == loader

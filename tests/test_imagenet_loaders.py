@@ -18,6 +18,7 @@ from recipes.imagenet.loaders import (
     CANVAS_SIDE,
     CropBox,
     EncodedTrain,
+    HybridTrain,
     SimpleJpegTrain,
     crop_box,
     decode_on_gpu,
@@ -138,6 +139,46 @@ def test_the_batched_resize_is_torchs_antialiased_bilinear_crop_by_crop(canvas_s
     half = resized_crops(images, boxes, flips, SIZE, torch.float16, canvas_side=canvas_side)
     assert (half - expected).abs().max() < 0.25
     assert (batched.flip(-1) - expected).abs().mean() > 10  # a flip is not a rounding
+
+
+def test_the_hybrid_loader_gives_each_file_the_crop_of_the_loader_it_draws(photos):
+    """loader=hybrid: about gpu_share of the files go to the GPU path, the rest are decoded by
+    simplejpeg; each file's pixels are those of the loader that took it, with the crop and flip
+    every loader draws for it (the coin is Python's random, not torch's stream); the recipe's
+    to_device puts the batch back together, labels in the order of its images."""
+    import random
+
+    hybrid = HybridTrain(SimpleJpegTrain(SIZE, 0.08, fallback=None),
+                         EncodedTrain(SIZE, 0.08, fallback=None), gpu_share=0.5)
+    random.seed(1)
+    items = loads(hybrid, photos)
+    on_gpu = [i for i, item in enumerate(items) if isinstance(item, EncodedImage)]
+    on_cpu = [i for i, item in enumerate(items) if not isinstance(item, EncodedImage)]
+    assert on_gpu and on_cpu
+    by_cpu = loads(SimpleJpegTrain(SIZE, 0.08, fallback=None), photos)
+    by_gpu = gpu_path_on("cpu", photos)
+    for i in on_cpu:
+        assert torch.equal(items[i], by_cpu[i]), i
+    recipe = recipe_for("hybrid")
+    batch = recipe.collate([(item, index) for index, item in enumerate(items)])
+    images, labels = recipe.to_device(batch, torch.device("cpu"), torch.float32)
+    expected = recipe.to_device(recipe.collate(
+        [(by_cpu[i], i) for i in on_cpu] + [(by_cpu[i], i) for i in on_gpu]),
+        torch.device("cpu"), torch.float32)[0]
+    assert labels.tolist() == on_cpu + on_gpu
+    assert torch.equal(images[:len(on_cpu)], expected[:len(on_cpu)])
+    # The GPU path's files: its decode, crop and resize (a grey level from simplejpeg's).
+    gpu_part = recipe.to_device(recipe.collate([(items[i], i) for i in on_gpu]),
+                                torch.device("cpu"), torch.float32)[0]
+    assert torch.allclose(images[len(on_cpu):], gpu_part)
+    assert torch.allclose(gpu_part, recipe.to_device(recipe.collate(
+        [(by_gpu[i].round().clamp(0, 255).to(torch.uint8), i) for i in on_gpu]),
+        torch.device("cpu"), torch.float32)[0], atol=0.02)
+
+
+def test_the_hybrid_loader_needs_a_gpu():
+    with pytest.raises(UserError, match="recipe.loader=hybrid decodes on the training GPU"):
+        resolve_loader("hybrid", torch.device("cpu"))
 
 
 def test_simplejpeg_decodes_a_large_photo_at_a_reduced_scale_with_the_same_content(tmp_path):

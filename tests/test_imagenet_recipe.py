@@ -153,6 +153,12 @@ def bad_commands(tree: Path, tmp_path: Path) -> list[tuple[list[str], str, str]]
         ([f"recipe.data.root={tree}", "recipe.data.skip=true"],
          "unknown key 'recipe.data.skip'", "recipe.data.skip_bad"),
         ([f"recipe.data.root={tree}", "trainer.amp=fp8"], "trainer.amp", "trainer.amp=auto"),
+        ([f"recipe.data.root={tree}", "recipe.loader=hybird"], "unknown loader 'hybird'",
+         "recipe.loader=hybrid"),
+        ([f"recipe.data.root={tree}", "recipe.loader=hybrid", "trainer.device=cpu"],
+         "loader=hybrid decodes on the training GPU", "recipe.loader=auto"),
+        ([f"recipe.data.root={tree}", "recipe.gpu_share=1.5"], "recipe.gpu_share",
+         "recipe.gpu_share=0.3"),
         ([f"recipe.data.root={tree}", "trainer.compile_backend=inductr"],
          "trainer.compile_backend", "trainer.compile_backend=inductor"),
     ]

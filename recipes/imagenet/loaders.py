@@ -1,4 +1,5 @@
-"""How JPEG files become training crops: ``recipe.loader`` = pil | simplejpeg | gpu | auto.
+"""How JPEG files become training crops: ``recipe.loader`` = pil | simplejpeg | gpu | hybrid |
+auto.
 
 All three give the same augmentation (torchvision's RandomResizedCrop: a box of ``scale`` =
 (min_crop_scale, 1) of the area and aspect ratio in (3/4, 4/3), log-uniform, ten tries, else
@@ -18,6 +19,11 @@ filtering; then a horizontal flip with probability 1/2). They differ in where th
   with ``device='cuda'``), and crops, resizes and flips there. Files nvJPEG cannot take (not a
   JPEG, CMYK) are decoded by the worker on the CPU as with ``simplejpeg``/``pil``, and a batch
   whose GPU decode fails is decoded file by file, so an undecodable file is still named.
+* ``hybrid``: both at once. Each file goes to the GPU with probability ``recipe.gpu_share``
+  and is decoded by a loader worker (simplejpeg, else Pillow) otherwise, so that the CPU
+  workers and the GPU's JPEG decoder each take the share they can keep up with. The coin is
+  Python's ``random`` (seeded per worker by the DataLoader), not torch's stream, so each file's
+  crop and flip are the draws every other loader makes for it.
 
 Evaluation (resize the shorter side, centre crop) decodes on the CPU with the fastest CPU
 decoder present, whatever the training loader: held-out numbers do not depend on the choice.
@@ -32,6 +38,7 @@ import functools
 import io
 import math
 import os
+import random
 from typing import Any
 
 import numpy as np
@@ -42,7 +49,8 @@ from runner.lazy import torch
 
 from .data import DECODE_ERRORS, CropBox, EncodedImage, EncodedImages
 
-LOADERS = ("auto", "pil", "simplejpeg", "gpu")
+LOADERS = ("auto", "pil", "simplejpeg", "gpu", "hybrid")
+ON_THE_GPU = ("gpu", "hybrid")  # loaders that decode (some) files on the training GPU
 RATIO = (3 / 4, 4 / 3)  # RandomResizedCrop's aspect-ratio range
 CROP_TRIES = 10
 SCALE_FACTORS = (8, 4, 2)  # libjpeg's power-of-two IDCT scalings (others are slower there)
@@ -96,14 +104,14 @@ def resolve_loader(name: str, device: torch.device | None, ranks_on_host: int = 
     if name == "simplejpeg" and not has_simplejpeg():
         raise UserError("recipe.loader=simplejpeg but simplejpeg is not installed",
                         "pip install simplejpeg, or set recipe.loader=auto")
-    if name == "gpu":
+    if name in ON_THE_GPU:
         if not cuda:
-            raise UserError("recipe.loader=gpu decodes on the training GPU, but this run trains "
-                            f"on {device.type if device is not None else 'the CPU'}",
+            raise UserError(f"recipe.loader={name} decodes on the training GPU, but this run "
+                            f"trains on {device.type if device is not None else 'the CPU'}",
                             "set trainer.device=cuda, or recipe.loader=auto")
         if not gpu_decodes_jpeg(device.index or 0):
-            raise UserError("recipe.loader=gpu: this torchvision cannot decode JPEG on the GPU "
-                            "(built without nvJPEG)", "set recipe.loader=auto")
+            raise UserError(f"recipe.loader={name}: this torchvision cannot decode JPEG on the "
+                            "GPU (built without nvJPEG)", "set recipe.loader=auto")
     return name
 
 
@@ -194,6 +202,18 @@ class EncodedTrain:
 
         box = crop_box(height, width, self.min_scale)
         return EncodedImage(path, read_file(path), box, coin_flip())
+
+
+class HybridTrain:
+    """For ``loader=hybrid``: a file for the GPU (``on_gpu``'s bytes and draws) with
+    probability ``gpu_share``, else decoded here (``on_cpu``). The coin comes from Python's
+    ``random``, so torch's stream, and with it the file's crop and flip, is untouched."""
+
+    def __init__(self, on_cpu: Any, on_gpu: Any, gpu_share: float):
+        self.on_cpu, self.on_gpu, self.gpu_share = on_cpu, on_gpu, gpu_share
+
+    def __call__(self, path: str) -> torch.Tensor | EncodedImage:
+        return (self.on_gpu if random.random() < self.gpu_share else self.on_cpu)(path)
 
 
 def decode_on_gpu(encoded: EncodedImages, device: torch.device, size: int
