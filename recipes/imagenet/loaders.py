@@ -1,7 +1,7 @@
 """How JPEG files become training crops: ``recipe.loader`` = pil | simplejpeg | gpu | hybrid |
 auto.
 
-All three give the same augmentation (torchvision's RandomResizedCrop: a box of ``scale`` =
+Every loader gives the same augmentation (torchvision's RandomResizedCrop: a box of ``scale`` =
 (min_crop_scale, 1) of the area and aspect ratio in (3/4, 4/3), log-uniform, ten tries, else
 the centred crop of the clamped ratio; resized to ``image_size`` with antialiased bilinear
 filtering; then a horizontal flip with probability 1/2). They differ in where the work is done:
@@ -247,7 +247,7 @@ def decode_on_gpu(encoded: EncodedImages, device: torch.device, size: int
     out = resized_crops([images[i] for i in kept], [encoded.boxes[i] for i in kept],
                         [encoded.flips[i] for i in kept], size,
                         torch.float16 if cuda else torch.float32)
-    return out, failed
+    return out.to(device), failed  # (on the CPU if no file could be decoded)
 
 
 # Images up to this many pixels high and wide are resampled together in one zero-padded canvas
