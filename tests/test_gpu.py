@@ -287,10 +287,9 @@ def test_gpu_loader_decodes_crops_and_flips_on_the_gpu_as_on_the_cpu(tmp_path):
 def test_the_gpu_loader_gives_the_same_pixels_batch_after_batch_while_the_gpu_is_busy(tmp_path):
     """The same batch of files, prepared 60 times a batch ahead on the prefetch thread's stream
     while the training stream is kept busy, gives the pixels it gives alone every time (to
-    rounding). Without
-    the wait before nvJPEG decodes (recipes/imagenet/loaders.py, decode_on_gpu), the decoder
-    could be handed memory the previous batch's crops still read: a ResNet-50 benchmark from
-    JPEG files on an H200 reached a NaN loss."""
+    rounding). Without the wait before nvJPEG decodes (recipes/imagenet/loaders.py,
+    decode_on_gpu), the decoder could be handed memory the previous batch's crops still read:
+    a ResNet-50 benchmark from JPEG files on an H200 reached a NaN loss."""
     from test_imagenet_loaders import encoded_batch, recipe_for
 
     write_fake_imagenet(tmp_path, classes=2, train_per_class=16, val_per_class=1, size=500,
