@@ -18,7 +18,37 @@ from pathlib import Path
 
 import pytest
 
-import recipes  # noqa: F401 - fills the recipe registry, as the commands and the worker do
+
+def one_thread_pool_per_core() -> None:
+    """Under make test's N workers, torch's intra-op pool in each worker (and in what it starts
+    without an OMP_NUM_THREADS of its own: a one-rank run, a simulation) gets the cores / N
+    threads, not every core: as the launcher does for the ranks of one job, for the same
+    reason. Three workers with two threads each on 2 cores spent 15 % more CPU on the
+    simulator's tests (the pool's threads waiting for each other), for no test that needs a
+    second thread. Set before torch loads, which reads it once; a value given is kept."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // workers)))
+
+
+one_thread_pool_per_core()
+
+
+# Open MPI's ranks wait for a message by polling, and on cores they oversubscribe (its
+# --oversubscribe, which elastic jobs pass) they yield between polls: a rank that waits still
+# takes a core whenever one is free. The suite's elastic jobs wait a lot (steps slowed by
+# faults.delay_s, peers lost), beside two more workers' jobs on 2 cores: the lab's respawn test
+# used 77.6 CPU s over 54 s alone, and 24.1 over 46 s with waiting ranks that sleep 50 us
+# between polls instead (2026-12-04). Real Open MPI as users run it, only its idle loop
+# gentler; 4-rank elastic runs train 8-12 % fewer samples a second so (docs/lab.md), which no
+# test measures. A value in the environment is kept.
+WAITING_RANKS_SLEEP = {"OMPI_MCA_mpi_yield_when_idle": "1",
+                       "OMPI_MCA_threads_pthreads_yield_strategy": "nanosleep",
+                       "OMPI_MCA_threads_pthreads_nanosleep_time": "50000"}
+for _name, _value in WAITING_RANKS_SLEEP.items():
+    os.environ.setdefault(_name, _value)
+
+import recipes  # noqa: E402, F401 - fills the recipe registry, as the commands and the worker do
 
 BIN = Path(sys.executable).parent
 REPO = Path(__file__).resolve().parents[1]

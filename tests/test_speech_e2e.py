@@ -17,9 +17,11 @@ from runner.commands.score import main as score_main
 
 from conftest import read_run, run_cli
 
-# A test-sized corpus: a third of the default's utterances and voices, 5 epochs.
+# A test-sized corpus: a third of the default's utterances and voices, 4 epochs (2026-12-04,
+# the run below with seeds 0-3: final WER 20.5, 16.0, 22.0, 22.0 against the test's 30;
+# 5 epochs reached 9.9 for a quarter more CPU, 3 only 62.3).
 SMALL = ["recipe=spoken_digits", "recipe.synth.num_train=640", "recipe.synth.num_eval=64",
-         "recipe.synth.train_speakers=40", "trainer.epochs=5", "trainer.batch_size=16",
+         "recipe.synth.train_speakers=40", "trainer.epochs=4", "trainer.batch_size=16",
          "optim.lr=0.4"]
 
 
@@ -40,7 +42,7 @@ def test_spoken_digits_on_2_ranks_reaches_a_wer_below_30_percent(speech_run):
     metrics, summary = read_run(speech_run)
     assert summary["status"] == "completed" and summary["nprocs"] == 2
     assert summary["wer"] < 30.0, [m["wer"] for m in metrics]
-    assert [m["epoch"] for m in metrics] == [1, 2, 3, 4, 5]
+    assert [m["epoch"] for m in metrics] == [1, 2, 3, 4]
     assert metrics[-1]["wer"] < metrics[0]["wer"]
     assert all({"wer", "loss", "lr", "samples", "wall_s"} <= set(m) for m in metrics)
     assert "wer_swb" not in summary["final"]  # digit utterance ids belong to no Hub5 subset
@@ -55,7 +57,7 @@ def test_tensorboard_has_wer_lr_and_decoded_examples(speech_run):
     events.Reload()
     assert {"eval/wer", "eval/loss", "train/loss", "train/lr"} <= set(events.Tags()["scalars"])
     panels = events.Tensors("eval/examples/text_summary")
-    assert len(panels) == 5  # one per evaluation
+    assert len(panels) == 4  # one per evaluation
     table = panels[-1].tensor_proto.string_val[0].decode()
     assert table.startswith("| utterance | reference | hypothesis |")
     rows = table.splitlines()[2:]
