@@ -33,21 +33,6 @@ def one_thread_pool_per_core() -> None:
 
 one_thread_pool_per_core()
 
-
-# Open MPI's ranks wait for a message by polling, and on cores they oversubscribe (its
-# --oversubscribe, which elastic jobs pass) they yield between polls: a rank that waits still
-# takes a core whenever one is free. The suite's elastic jobs wait a lot (steps slowed by
-# faults.delay_s, peers lost), beside two more workers' jobs on 2 cores: the lab's respawn test
-# used 77.6 CPU s over 54 s alone, and 24.1 over 46 s with waiting ranks that sleep 50 us
-# between polls instead (2026-12-04). Real Open MPI as users run it, only its idle loop
-# gentler; 4-rank elastic runs train 8-12 % fewer samples a second so (docs/lab.md), which no
-# test measures. A value in the environment is kept.
-WAITING_RANKS_SLEEP = {"OMPI_MCA_mpi_yield_when_idle": "1",
-                       "OMPI_MCA_threads_pthreads_yield_strategy": "nanosleep",
-                       "OMPI_MCA_threads_pthreads_nanosleep_time": "50000"}
-for _name, _value in WAITING_RANKS_SLEEP.items():
-    os.environ.setdefault(_name, _value)
-
 import recipes  # noqa: E402, F401 - fills the recipe registry, as the commands and the worker do
 
 BIN = Path(sys.executable).parent
