@@ -263,8 +263,8 @@ def test_a_host_whose_link_is_cut_is_named(lab_overrides, tmp_path):
 # 2026-12-02: under MPIX_Comm_shrink, in ompi_errhandler_proc_failed_internal; 2026-12-04:
 # from the progress loop's events), and both survivors' in their shrink, which ended the job
 # (make test, 2026-12-04). The wheel's libmpi has no symbols for the agreement's own functions:
-# each time the faulting instruction was libmpi.so.40+0x129463, inside the code that follows
-# mca_coll_ftagree_comm_query (nm -D), the one crash site named so in a trace.
+# in both of 2026-12-04's crashes the faulting instruction was libmpi.so.40+0x129463, in the
+# code that follows mca_coll_ftagree_comm_query (nm -D), under mca_coll_ftagree_iera_intra.
 OPEN_MPI_AGREEMENT_CRASH = re.compile(r"Segmentation fault[\s\S]*(?:"
                                       r"ompi_errhandler_proc_failed_internal|mca_coll_ftagree"
                                       r"|libmpi\.so\.40\(\+0x129463\))")
