@@ -26,9 +26,11 @@ def one_thread_pool_per_core() -> None:
     reason. Three workers with two threads each on 2 cores spent 15 % more CPU on the
     simulator's tests (the pool's threads waiting for each other), for no test that needs a
     second thread. Set before torch loads, which reads it once; a value given is kept."""
+    from runner.launch.local import threads_per_process  # torch-free, as the launcher is
+
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if workers > 1:
-        os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // workers)))
+        os.environ.setdefault("OMP_NUM_THREADS", str(threads_per_process(workers)))
 
 
 one_thread_pool_per_core()

@@ -13,7 +13,6 @@ CPU by tests/test_gpu_decisions.py.
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 import torch
@@ -25,6 +24,7 @@ from test_speech_e2e import SMALL as SPEECH
 from recipes.imagenet.synthetic import write_fake_imagenet
 from runner.algos.choco import COMPRESSIONS, ChocoConfig, compress, decode, draws
 from runner.comm.buffers import flatten_parameters
+from runner.launch.local import threads_per_process
 from runner.train.compute_path import ComputePath
 from runner.train.data import BatchFetcher
 
@@ -155,7 +155,7 @@ def test_recipe_trains_on_the_gpu(recipe, algo, nprocs, fake_imagenet, speech_ca
         data += ["trainer.batch_size=8", "trainer.epochs=8"]
     run_cli([*data, f"algo={algo}", f"launcher.nprocs={nprocs}", f"hydra.run.dir={run_dir}"],
             cwd=tmp_path, timeout=900,
-            env={"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 2) // nprocs))})
+            env={"OMP_NUM_THREADS": str(threads_per_process(nprocs))})
     metrics, summary = read_run(run_dir)
     print(json.dumps({"case": f"{recipe}-{algo}-{nprocs}", "metrics": metrics,
                       "samples_per_s": summary.get("samples_per_s"),

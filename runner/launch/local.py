@@ -141,6 +141,12 @@ class LocalConfig(LauncherConfig, LossDetectionKeys):
                               f"bring {host} back, or remove it from {self.hostfile}")
 
 
+def threads_per_process(sharing: int) -> int:
+    """Threads for torch's intra-op (OpenMP) pool of each of ``sharing`` processes on this
+    machine's cores: one pool per core, not per process, since oversubscribed pools thrash."""
+    return max(1, (os.cpu_count() or 1) // sharing)
+
+
 def check_gpus_for_nccl(ranks: int) -> None:
     """comm.backend=nccl with every rank on this machine: one GPU per rank, found here
     before ranks start (NCCL itself fails inside the first collective)."""
@@ -239,10 +245,8 @@ class LocalLauncher(Launcher):
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         # Rank 0's progress reaches our stderr through a pipe: a bar only if that is a terminal.
         env[CONSOLE_IS_TERMINAL] = "1" if sys.stderr.isatty() else "0"
-        # One BLAS/OpenMP pool per core, not per rank: oversubscribed ranks thrash otherwise.
         # (With a hostfile, each host is taken to have this machine's cores.)
-        env.setdefault("OMP_NUM_THREADS",
-                       str(max(1, (os.cpu_count() or 1) // self.ranks_per_machine())))
+        env.setdefault("OMP_NUM_THREADS", str(threads_per_process(self.ranks_per_machine())))
         return self.flavour.environment(env)
 
     def launch(self, run_cfg, run_dir):
