@@ -35,6 +35,22 @@ def one_thread_pool_per_core() -> None:
 
 one_thread_pool_per_core()
 
+
+def a_session_per_worker() -> None:
+    """Each of make test's workers runs in a session of its own, as each of MPICH's ranks and
+    each of under_load.py's busy processes does. Where the kernel shares the CPU between
+    sessions first (autogroup, on by default on many Linux systems, on this one too), the
+    workers and everything they start outside a job's own session (the command line, its
+    simulations, the tests that compute in the worker) otherwise shared one session's part of
+    a busy machine: three workers beside two busy processes got a third of the cores between
+    them. A Ctrl-C at the terminal reaches the workers through the controller
+    (:func:`pytest_configure`), as it reached them in its process group before."""
+    if os.environ.get("PYTEST_XDIST_WORKER") and os.getsid(0) != os.getpid():
+        os.setsid()
+
+
+a_session_per_worker()
+
 import recipes  # noqa: E402, F401 - fills the recipe registry, as the commands and the worker do
 
 BIN = Path(sys.executable).parent
@@ -173,6 +189,42 @@ def is_readme_simulation(command: str) -> bool:
     words = command.split()
     return words[0] == "adpsgd-run" and "launcher=sim" in words and \
         "launcher.timing_only=true" not in words
+
+
+def pytest_configure(config) -> None:
+    """On make test's controller, a Ctrl-C (SIGINT) is passed on to the workers, each in a
+    session of its own (:func:`a_session_per_worker`) that the terminal does not reach:
+    without it they stopped only when the controller's exit closed their channels, 5 to 15 s
+    later."""
+    if not getattr(config.option, "numprocesses", None) or hasattr(config, "workerinput"):
+        return
+    previous = signal.getsignal(signal.SIGINT)
+
+    def pass_on(signum, frame) -> None:
+        for pid in workers_in_sessions_of_their_own():
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGINT)
+        if callable(previous):
+            previous(signum, frame)
+        else:
+            raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, pass_on)
+
+
+def workers_in_sessions_of_their_own() -> list[int]:
+    """This process's children that lead a session (/proc/PID/stat: ppid, pgrp, session)."""
+    me, found = os.getpid(), []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):  # gone meanwhile
+            continue
+        if int(fields[1]) == me and int(fields[3]) == int(entry):
+            found.append(int(entry))
+    return found
 
 
 def pytest_sessionstart(session) -> None:
