@@ -65,7 +65,9 @@ def test_a_replacement_is_spawned_for_a_killed_asynchronous_learner(tmp_path):
                                   "launcher.min_learners=4", "faults.delay_s=0.2")
     history, summary = assert_spare_4_replaced_learner_2(proc, run_dir)  # at the loss
     assert_4_was_spawned(run_dir, summary)
-    assert summary["top1"] > 60, history
+    # It learns (chance: 10 %). Its 25 asynchronous steps end anywhere from 57 % (a loaded
+    # suite, 2026-12-04) to 92 % (79.7-92.5 in 7 runs alone, quiet or beside 2 busy loops).
+    assert summary["top1"] > 45, history
 
 
 @pytest.mark.mpi
