@@ -14,8 +14,6 @@ from runner.rank_factory import started_as
 print(json.dumps({"rank": MPI.COMM_WORLD.Get_rank(), "size": MPI.COMM_WORLD.Get_size(),
                   "started": started_as(), "argv": sys.argv, "name": __name__,
                   "path0": sys.path[0], "cwd": os.getcwd(), "threads": torch.get_num_threads(),
-                  "pid": os.getpid(),
-                  # a session of its own, as MPICH's mpiexec gives a rank (runner/rank_factory.py)
-                  "session_leader": os.getsid(0) == os.getpid()}), flush=True)
+                  "pid": os.getpid()}), flush=True)
 if "--exit-with" in sys.argv:
     raise SystemExit(int(sys.argv[sys.argv.index("--exit-with") + 1]))
