@@ -4,11 +4,15 @@ on one worker (conftest.py's worker_groups); the longest chains are queued first
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from collections import defaultdict
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -107,3 +111,62 @@ def test_tests_of_one_group_run_on_one_worker(tmp_path):
     assert len(ran) == 12 and "test_grouped.py.shared" in workers, proc.stdout[-3000:]
     assert len(workers["test_grouped.py.shared"]) == 1, ran
     assert len([n for n in ran if "@" in n[1]]) == 6, ran
+
+
+SLEEPING_FILE = '''
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+
+@pytest.mark.parametrize("n", range(2))
+def test_sleeps(n):
+    mark = Path(os.environ["MARKS"]) / f"{os.getpid()}"
+    mark.write_text(f"{os.getsid(0)}")
+    try:
+        time.sleep(120)
+    except KeyboardInterrupt:
+        mark.with_suffix(".interrupted").write_text("")
+        raise
+'''
+
+
+@pytest.mark.slow
+def test_workers_lead_sessions_of_their_own_and_a_ctrl_c_still_stops_them(tmp_path):
+    """Each worker leads a session (conftest.py's a_session_per_worker), so the terminal's
+    Ctrl-C, sent to the controller's process group, does not reach them itself; it still
+    stops them: each test sees its KeyboardInterrupt and no worker is left. (The controller
+    passes it on at once; xdist's own teardown would, some 5 s later, which this does not
+    tell apart: 8 s here with it, 12 s without.)"""
+    (tmp_path / "test_sleeping.py").write_text(SLEEPING_FILE)
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), str(REPO)]),
+           "MARKS": str(marks)}
+    proc = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "conftest", "-n", "2",
+                             "-p", "no:cacheprovider", "--rootdir", str(tmp_path),
+                             "test_sleeping.py"], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)  # its own group, as a terminal's job
+    try:
+        deadline = time.monotonic() + 120
+        while len([m for m in marks.iterdir() if not m.suffix]) < 2:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()
+            time.sleep(0.1)
+        workers = {int(m.name): int(m.read_text()) for m in marks.iterdir() if not m.suffix}
+        assert all(sid == pid for pid, sid in workers.items()), workers
+        os.killpg(proc.pid, signal.SIGINT)  # what the terminal does on Ctrl-C
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            for pid in workers:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+    assert proc.returncode == 2 and "KeyboardInterrupt" in out, out[-3000:]
+    assert sorted(m.stem for m in marks.glob("*.interrupted")) == sorted(map(str, workers))
+    for pid in workers:
+        assert not os.path.exists(f"/proc/{pid}") or \
+            Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z", pid
