@@ -161,8 +161,14 @@ def wait_for(condition, what: str, timeout_s: float = 180) -> None:
         time.sleep(0.05)
 
 
+def stat_fields(pid: int) -> list[str]:
+    """/proc/PID/stat after the command's name (state, ppid, pgrp, session, ...: proc(5)'s
+    fields from the third on); FileNotFoundError once the process is gone."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
 def parent_pid(pid: int) -> int:
-    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    return int(stat_fields(pid)[1])
 
 
 def read_run(run_dir: Path) -> tuple[list[dict], dict]:
@@ -219,7 +225,7 @@ def workers_in_sessions_of_their_own() -> list[int]:
         if not entry.isdigit():
             continue
         try:
-            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            fields = stat_fields(int(entry))
         except (OSError, IndexError):  # gone meanwhile
             continue
         if int(fields[1]) == me and int(fields[3]) == int(entry):
@@ -390,7 +396,7 @@ def shared_factory_cpu_seconds() -> float:
     """The shared factory's own CPU time and its reaped children's (until it ends, when
     RUSAGE_CHILDREN takes them over)."""
     try:
-        fields = Path(f"/proc/{_shared_factory_pid}/stat").read_text().rsplit(")", 1)[1].split()
+        fields = stat_fields(_shared_factory_pid)
     except (FileNotFoundError, ProcessLookupError):
         return 0.0
     return sum(int(tick) for tick in fields[11:15]) / os.sysconf("SC_CLK_TCK")

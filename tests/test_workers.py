@@ -12,10 +12,11 @@ import subprocess
 import sys
 import time
 from collections import defaultdict
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+
+from runner.runlog.liveness import process_alive
 
 from conftest import REPO, schedule_rank, worker_groups
 
@@ -150,6 +151,7 @@ def test_workers_lead_sessions_of_their_own_and_a_ctrl_c_still_stops_them(tmp_pa
                              "test_sleeping.py"], cwd=tmp_path, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)  # its own group, as a terminal's job
+    workers: dict[int, int] = {}  # pid -> session, as each worker's test wrote them
     try:
         deadline = time.monotonic() + 120
         while len([m for m in marks.iterdir() if not m.suffix]) < 2:
@@ -167,6 +169,4 @@ def test_workers_lead_sessions_of_their_own_and_a_ctrl_c_still_stops_them(tmp_pa
                     os.kill(pid, signal.SIGKILL)
     assert proc.returncode == 2 and "KeyboardInterrupt" in out, out[-3000:]
     assert sorted(m.stem for m in marks.glob("*.interrupted")) == sorted(map(str, workers))
-    for pid in workers:
-        assert not os.path.exists(f"/proc/{pid}") or \
-            Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z", pid
+    assert not [pid for pid in workers if process_alive(pid)], workers
