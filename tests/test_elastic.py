@@ -353,6 +353,20 @@ def test_a_stop_check_abandoned_in_flight_does_not_crash_the_survivors(tmp_path)
 
 
 @pytest.mark.mpi
+def test_the_step_agreement_is_right_beside_another_threads_traffic(tmp_path):
+    """3,000 agreements of 4 live ranks, each beside a thread's allreduces on another
+    communicator: every one says yes, with the flag every rank set. Open MPI 5.0.11's own
+    agreement answered 0 on every rank now and then there (about 1 in 400 rounds here), which
+    undid a step every learner had completed and ended the job "with every rank alive"
+    (DaSGD's first averaging, SGP with overlap); runner.comm.ulfm.agree asks it again."""
+    proc = run_on_ulfm(4, "agreement_beside_traffic.py", tmp_path, "3000")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for rank in range(4):
+        assert (f"rank {rank}: 3000 agreements beside a thread's allreduces, wrong: []"
+                in proc.stdout), proc.stdout + proc.stderr
+
+
+@pytest.mark.mpi
 def test_survivors_of_kills_in_the_middle_of_exchanges_go_on(tmp_path):
     """Ring exchanges of 40 KB (by rendezvous) while a rank dies, three times: with Isend and
     Irecv a failed wait freed the requests, and the revoke that followed failed one of them
@@ -377,16 +391,17 @@ def test_a_shrink_that_waits_for_a_peer_that_exited_unseen_ends_the_job_at_its_b
     assert "the shrink returned" not in proc.stdout, proc.stdout
 
 
-def run_on_ulfm(nprocs: int, script: str, cwd: Path) -> subprocess.CompletedProcess:
-    """``script`` of tests/mpi on ``nprocs`` ranks of Open MPI 5 with ULFM, as elastic
-    jobs run."""
+def run_on_ulfm(nprocs: int, script: str, cwd: Path, *args: str
+                ) -> subprocess.CompletedProcess:
+    """``script`` of tests/mpi (with ``args``) on ``nprocs`` ranks of Open MPI 5 with ULFM,
+    as elastic jobs run."""
     from runner.launch.ulfm_mpi import open_mpi_args, ulfm_environment
 
     mpiexec = str(ULFM_PREFIX / "bin" / "mpiexec")
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1",
            **ulfm_environment(mpiexec, dict(os.environ))}
     return subprocess.run([mpiexec, "-n", str(nprocs), *open_mpi_args(True),
-                           sys.executable, str(REPO / "tests" / "mpi" / script)], env=env,
+                           sys.executable, str(REPO / "tests" / "mpi" / script), *args], env=env,
                           capture_output=True, text=True, timeout=180, cwd=cwd)
 
 

@@ -22,12 +22,14 @@ groups (NCCL, gloo) cannot, so elastic runs move tensors over MPI.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from .world import mpi
 
+log = logging.getLogger("adpsgd")
 
 class FailureState:
     """What this process knows of failures: the communicators it uses (world, its
@@ -113,20 +115,48 @@ def is_mpi_error(ex: BaseException) -> bool:
     return isinstance(ex, (mpi().Exception, GarbledMessage))
 
 
+# Open MPI 5.0.11's agreement (MPIX_Comm_agree) now and then answers 0, on every survivor
+# alike, with no process failed and every one saying 1, when another thread of the process is
+# inside MPI meanwhile (a communication thread's collective or exchange, a checkpoint written
+# beside training). 4 ranks, each with a thread running allreduces or ring exchanges on
+# another communicator (2026-12-05): 1 agreement in 50 to 1 in 400 answered 0; none without
+# that thread, none with requests only pending. A step every learner had completed was then
+# undone and the job ended "with every rank alive" (DaSGD at its first averaging, SGP with
+# overlap). Asked again it answered right: of 343 such 0s in 18,000 agreements, 341 on the
+# first asking again, 2 on the second. So a 0 is asked again, by every survivor alike (each
+# got the same 0), and a real failure (some survivor said 0) answers 0 every time.
+AGREEMENT_ASKED_AGAIN = 4
+
+
 def agree(mpi_comm, ok: bool, flags: int = 0, timeout_s: float | None = None,
           who: str = "a rank") -> int:
     """Collective over the survivors: 1 only if every survivor says ``ok`` and nobody
     failed since the last agreement (the outcome is the same on every survivor), else 0.
     ``flags`` (bits from 1 on) are ANDed across the survivors into the same answer: a fact
     that one survivor knows goes to all with it (the others set its bit). ``timeout_s``:
-    as :meth:`FailureState.shrink`'s."""
+    as :meth:`FailureState.shrink`'s. A 0 is asked again, up to
+    :data:`AGREEMENT_ASKED_AGAIN` times (every survivor gets the same answer, so every one
+    asks): Open MPI's agreement can answer 0 wrongly beside another thread's traffic."""
     MPI = mpi()
-    try:
-        with _bounded(f"{who}: the survivors' agreement on a step", timeout_s):
-            agreed = mpi_comm.Agree(int(ok) | flags << 1)
-    except MPI.Exception:  # a process failed that not every survivor had acknowledged
-        return 0
-    return agreed if agreed & 1 else 0
+    said = int(ok) | flags << 1
+    for asked in range(1 + AGREEMENT_ASKED_AGAIN):
+        try:
+            with _bounded(f"{who}: the survivors' agreement on a step", timeout_s):
+                agreed = mpi_comm.Agree(said)
+        except MPI.Exception as ex:  # a process failed (MPI says so to every survivor
+            # that has not acknowledged it, and these never do)
+            log.info("%s: the agreement says a process failed (%s)", who,
+                     ex.Get_error_string().strip())
+            return 0
+        if agreed & 1:
+            if asked:
+                log.warning("%s: the agreement answered 0, then %d when asked again (%d "
+                            "time(s)): Open MPI's agreement beside another thread's traffic",
+                            who, agreed, asked)
+            return agreed
+    log.info("%s: the agreement answered 0 %d times (this rank said %d)", who,
+             1 + AGREEMENT_ASKED_AGAIN, said)
+    return 0
 
 
 def _bounded(what: str, timeout_s: float | None):
@@ -298,7 +328,9 @@ def retire_comm(mpi_comm) -> None:
     freed one's: after a killed learner's loss and a spare's join, a step every learner had
     completed was agreed failed, "with every rank alive", and the job ended (2 of 12 runs on
     a loaded machine; 0 of 24 with communicators kept). A rank retires a handful per loss
-    or join, and one or two as it ends."""
+    or join, and one or two as it ends. (The same symptom comes from Open MPI's agreement
+    beside another thread's traffic, found later (:data:`AGREEMENT_ASKED_AGAIN`), which may
+    have been part of those runs too; kept communicators cost little and stay.)"""
     MPI = mpi()
     if mpi_comm is None or mpi_comm == MPI.COMM_NULL or mpi_comm == MPI.COMM_WORLD:
         return
