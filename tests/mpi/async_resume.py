@@ -108,8 +108,12 @@ def checks(world_mpi, run_dir, overrides):
     resumed_error = conservation_error(resumed)
     assert resumed_error < TOLERANCE, f"the resumed run moved the sum by {resumed_error:.3g}"
     exchanges = matched_exchanges(resumed)
-    # The peer schedule goes on from the exchange count the checkpoint saved.
-    compared = 0
+    # The peer schedule goes on from the exchange count the checkpoint saved: each active's
+    # peers after the resume are the uninterrupted run's from there, 2 at least (a fixed
+    # pattern's whole cycle of 2 passives), 3 per active over all. How many the uninterrupted
+    # run made after the capture is the machine's: CI saw an active with 2 (the resumed run
+    # made 6 from there, the 2 matching), which one bound of 3 per active failed.
+    compared, actives = 0, 0
     before, after = actives_peers(whole), actives_peers(resumed)
     for c in cut:
         if c["participant"] % 2:
@@ -120,10 +124,11 @@ def checks(world_mpi, run_dir, overrides):
         expected = before[c["participant"]][c["exchanges_saved"]:]
         got = after[c["participant"]]
         n = min(len(expected), len(got))
-        assert n >= 3 and expected[:n] == got[:n], (
+        assert n >= 2 and expected[:n] == got[:n], (
             c["participant"], f"{len(expected)} exchange(s) after the capture, {len(got)} "
             "resumed", expected[:n], got[:n])
-        compared += n
+        compared, actives = compared + n, actives + 1
+    assert compared >= 3 * actives, f"{compared} peers compared for {actives} actives"
     metric = summary.get("top1") if summary else None
     return (f"checkpoint at step {checkpoint.step} a consistent cut ({cut_error:.1e}); resumed "
             f"run conserved to {resumed_error:.1e}, {exchanges} exchanges matched, {compared} "
