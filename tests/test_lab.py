@@ -33,9 +33,10 @@ HOSTS = 4
 # message and, oversubscribed, only yields the core between polls: under the kernel's
 # autogroup a rank in a session of its own (as the lab's are) hands it to nobody, and these
 # jobs wait a lot (steps slowed by faults.delay_s, peers cut off). Here waiting ranks sleep
-# 50 us between polls, as docs/lab.md tells users of a shared machine: test_lab.py used 318
-# CPU s in make test with polling and 171 with sleeps (2026-12-04). Only this file's jobs:
-# test_elastic's keep Open MPI's default, as users run it; no test here measures throughput.
+# 50 us between polls, as docs/lab.md tells users of a shared machine: in make test on a
+# fresh clone test_lab.py used 324 CPU s over 475 s with polling, 178 over 300 with sleeps
+# (2026-12-05; the false-loss test polls either way). Only this file's jobs: test_elastic's
+# keep Open MPI's default, as users run it; no test here measures throughput.
 WAITING_RANKS_SLEEP = {"OMPI_MCA_mpi_yield_when_idle": "1",
                        "OMPI_MCA_threads_pthreads_yield_strategy": "nanosleep",
                        "OMPI_MCA_threads_pthreads_nanosleep_time": "50000"}
@@ -629,8 +630,12 @@ def test_a_stop_across_hosts_checkpoints_and_the_run_resumes(lab_overrides, tmp_
     run_dir = tmp_path / "run"
     # 30 epochs: still training when the stop comes after the first evaluation, even on a
     # quick machine; the resume then asks for 4, a few more than the stop's checkpoint has.
+    # The elastic job's 3 epochs, its steps slowed (a sleep) for the same reason: unslowed
+    # they took 1.4 s, and under make test-loaded the job ended 0.9 s after its first
+    # evaluation, before the stop that rank 0 had seen after step 26 of 36 was agreed.
     job = (["algo=ssgd", "launcher.nprocs=2", "trainer.epochs=30"] if not elastic else
-           ["algo=dpsgd", "launcher.nprocs=4", "launcher.elastic=true", "trainer.epochs=3"])
+           ["algo=dpsgd", "launcher.nprocs=4", "launcher.elastic=true", "trainer.epochs=3",
+            "faults.delay_s=0.1"])
     common = ["recipe=digit_images", *job, "launcher.procs_per_node=1",
               "trainer.progress=false", *lab_overrides, f"hydra.run.dir={run_dir}"]
     proc = start(common, tmp_path)
