@@ -31,6 +31,7 @@ from .world import mpi
 
 log = logging.getLogger("adpsgd")
 
+
 class FailureState:
     """What this process knows of failures: the communicators it uses (world, its
     duplicates, node), which a failure revokes, and whether it has lost peers (MPI_Finalize
